@@ -1,0 +1,1 @@
+"""asyncredlock: asyncio-native Redlock over N Redis/Valkey masters."""
