@@ -1,1 +1,47 @@
-"""asyncredlock: asyncio-native Redlock over N Redis/Valkey masters."""
+"""asyncredlock: asyncio-native Redlock over N Redis/Valkey masters.
+
+```python
+from asyncredlock import AsyncRedlock
+
+async with AsyncRedlock(["redis://h1", "redis://h2", "redis://h3"]) as redlock:
+    async with redlock.lock("orders:42", ttl=10.0) as lease:
+        ...  # held on a majority; extended until the block exits
+```
+"""
+
+from __future__ import annotations
+
+from ._errors import LockLostError as LockLostError
+from ._errors import LockNotOwnedError as LockNotOwnedError
+from ._errors import LockTimeoutError as LockTimeoutError
+from ._errors import NodeOutcome as NodeOutcome
+from ._errors import QuorumUnavailableError as QuorumUnavailableError
+from ._errors import RedlockError as RedlockError
+from ._lease import Lease as Lease
+from ._lock import Lock as Lock
+from ._redlock import AsyncRedlock as AsyncRedlock
+from ._redlock import LockState as LockState
+from ._redlock import NodeLockState as NodeLockState
+from ._redlock import RedlockStatistics as RedlockStatistics
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncRedlock",
+    "Lease",
+    "Lock",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockState",
+    "LockTimeoutError",
+    "NodeLockState",
+    "NodeOutcome",
+    "QuorumUnavailableError",
+    "RedlockError",
+    "RedlockStatistics",
+]
+
+# Tracebacks and reprs show asyncredlock.X, not the private module (as httpx does).
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

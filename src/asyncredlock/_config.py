@@ -1,0 +1,93 @@
+"""Settings, their defaults with the reason for each value, and validation at the boundary."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["DEFAULTS", "Settings", "check_name", "check_seconds"]
+
+
+def check_seconds(
+    name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False
+) -> float:
+    """Validate a duration in seconds and return it as a float.
+
+    Raises:
+        TypeError: ``value`` is not an int or float (``bool`` is refused too).
+        ValueError: ``value`` is NaN, negative, infinite or zero where that is refused.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds) or (math.isinf(seconds) and not (allow_inf and seconds > 0)):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    return seconds
+
+
+def check_name(name: object) -> str:
+    """Validate a resource name.
+
+    Raises:
+        TypeError: ``name`` is not a ``str``.
+        ValueError: ``name`` is empty.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("a lock name must not be empty")
+    return name
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Validated settings of one ``AsyncRedlock`` (see ``AsyncRedlock`` for each)."""
+
+    ttl: float = 10.0
+    timeout: float = 10.0
+    node_timeout: float = 0.1
+    retry_delay: float = 0.2
+    drift_factor: float = 0.01
+    socket_timeout: float = 5.0
+    max_connections: int = 256
+    prefix: str = ""
+    auto_extend: bool = True
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        check_seconds("ttl", self.ttl)
+        check_seconds("timeout", self.timeout, allow_zero=True, allow_inf=True)
+        check_seconds("node_timeout", self.node_timeout)
+        check_seconds("retry_delay", self.retry_delay, allow_zero=True)
+        check_seconds("socket_timeout", self.socket_timeout)
+        _check_int("max_connections", self.max_connections, minimum=1)
+        if isinstance(self.drift_factor, bool) or not isinstance(self.drift_factor, int | float):
+            raise TypeError("drift_factor must be a number")
+        if not 0 <= self.drift_factor < 0.5:
+            raise ValueError(f"drift_factor must be in [0, 0.5), got {self.drift_factor!r}")
+        if not isinstance(self.prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(self.prefix).__name__}")
+        if not isinstance(self.auto_extend, bool):
+            raise TypeError("auto_extend must be a bool")
+        if not callable(self.clock):
+            raise TypeError("clock must be a callable returning seconds")
+
+    def drift(self, ttl: float) -> float:
+        """Clock drift allowance for a lock of ``ttl`` seconds (Redlock's rule)."""
+        return ttl * self.drift_factor + 0.002
+
+
+DEFAULTS = Settings()

@@ -1,0 +1,164 @@
+"""The shared machinery behind ``AsyncRedlock``, ``Lock`` and ``Lease``.
+
+:class:`Core` owns the masters, the quorum size, the settings, the background
+tasks and the counters. It also holds the per-master steps that acquisition,
+release and cleanup share, so each is written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._config import Settings
+from ._keys import aux_key
+from ._node import Node, Reply
+from ._quorum import Classify, Decision, MakeCall, NodeSkippedError, Round, TaskTracker, Verdict
+from ._quorum import describe_error as _describe_error
+from ._scripts import ACQUIRE, RELEASE
+
+if TYPE_CHECKING:
+    from ._lease import Lease
+
+__all__ = ["Core", "Counters", "classify_acquire", "classify_flag", "ms"]
+
+
+def ms(seconds: float) -> int:
+    """Seconds as whole milliseconds for ``PX``, at least 1."""
+    return max(1, round(seconds * 1000))
+
+
+def undo_key(key: str, value: str) -> str:
+    """The marker that refuses a late ``SET`` of the attempt holding ``value``."""
+    return aux_key(key, f"undo:{value}")
+
+
+def granted(reply: Reply) -> bool:
+    """Whether an acquire reply says the master took the lock."""
+    return reply.error is None and int(reply.value[0]) == 1
+
+
+def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
+    """Count an ``acquire.lua`` reply toward the quorum."""
+    if reply.error is not None:
+        return Verdict.FAILED, _describe_error(reply)
+    code = int(reply.value[0])
+    if code == 1:
+        return Verdict.YES, "granted"
+    if code == 0:
+        return Verdict.NO, f"held by another holder ({int(reply.value[1])} ms left)"
+    return Verdict.NO, "attempt already undone here"
+
+
+def classify_flag(reply: Reply) -> tuple[Verdict, str]:
+    """Count a 1/0 script reply (release, extend) toward the quorum."""
+    if reply.error is not None:
+        return Verdict.FAILED, _describe_error(reply)
+    if int(reply.value) == 1:
+        return Verdict.YES, "done"
+    return Verdict.NO, "not held by this lease"
+
+
+async def wait_done(future: asyncio.Future[Reply]) -> None:
+    """Wait for a call to finish without ever cancelling it."""
+    if not future.done():
+        await asyncio.wait([future])
+
+
+@dataclass(slots=True)
+class Counters:
+    """Running totals behind ``AsyncRedlock.statistics()``."""
+
+    attempts: int = 0
+    acquisitions: int = 0
+    failed_attempts: int = 0
+    timeouts: int = 0
+    unavailable: int = 0
+    extensions: int = 0
+    failed_extensions: int = 0
+    releases: int = 0
+    lost: int = 0
+
+
+class Core:
+    """Masters, quorum, settings, background tasks and counters of one ``AsyncRedlock``."""
+
+    def __init__(self, nodes: Sequence[Node], settings: Settings) -> None:
+        self.nodes = tuple(nodes)
+        self.settings = settings
+        self.quorum = len(self.nodes) // 2 + 1
+        self.tracker = TaskTracker()
+        self.counters = Counters()
+        self.held: set[Lease] = set()
+        self.closed = False
+
+    def clock(self) -> float:
+        """The monotonic clock that validity is measured with."""
+        return self.settings.clock()
+
+    def retry_pause(self) -> float:
+        """A retry delay with full jitter: uniform in ``[0, retry_delay]``."""
+        return random.uniform(0, self.settings.retry_delay)
+
+    def expiry(self, start: float, ttl: float) -> float:
+        """When a lock taken or extended from ``start`` stops being valid."""
+        return start + ttl - self.settings.drift(ttl)
+
+    def fan_out(self, make: MakeCall) -> Round:
+        """Send one operation to every master."""
+        if self.closed:
+            raise RuntimeError("this AsyncRedlock is closed")
+        return Round(self.tracker, self.nodes, make)
+
+    async def decide(self, rnd: Round, classify: Classify) -> Decision:
+        """Wait for ``rnd`` until its outcome is decided."""
+        return await rnd.decide(self.quorum, classify, self.settings.node_timeout)
+
+    def acquire_round(self, key: str, value: str, ttl: float) -> Round:
+        """Start ``SET NX PX`` (through ``acquire.lua``) on every master."""
+        keys = (key, undo_key(key, value))
+        args = (value, ms(ttl))
+        return self.fan_out(lambda _, node: node.call(ACQUIRE, keys, args))
+
+    async def release_on(
+        self,
+        node: Node,
+        key: str,
+        value: str,
+        acquired: asyncio.Future[Reply],
+        previous: asyncio.Future[Reply],
+        ttl: float,
+    ) -> Reply:
+        """Compare-and-delete on one master, after every earlier call of the lease there.
+
+        Waiting first is what keeps a release from overtaking the ``SET`` it undoes.
+        A master that refused the lock holds nothing of ours and gets no call; one
+        whose ``SET`` failed in an unknown way gets an undo marker too.
+        """
+        await wait_done(previous)
+        reply = acquired.result()
+        if reply.error is None and not granted(reply):
+            return Reply(0)
+        if isinstance(reply.error, NodeSkippedError):
+            return Reply(0)
+        marker_ttl = 0 if reply.error is None else ms(ttl)
+        keys = (key, undo_key(key, value))
+        return await node.call(RELEASE, keys, (value, marker_ttl))
+
+    def undo(
+        self, key: str, value: str, acquired: Sequence[asyncio.Future[Reply]], ttl: float
+    ) -> None:
+        """Release a failed or cancelled attempt on every master, in the background."""
+        for node, future in zip(self.nodes, acquired, strict=True):
+            self.tracker.call(self.release_on(node, key, value, future, future, ttl))
+
+    def describe(self) -> dict[str, Any]:
+        """Current gauges for statistics."""
+        return {
+            "held": len(self.held),
+            "background_tasks": self.tracker.pending,
+            "in_flight": sum(node.in_flight for node in self.nodes),
+        }

@@ -1,0 +1,97 @@
+"""The exceptions of asyncredlock, one tree under :class:`RedlockError`.
+
+```
+RedlockError
+├── LockTimeoutError        the lock stayed contended past the caller's timeout
+├── QuorumUnavailableError  a majority of masters did not answer: an outage, not contention
+├── LockLostError           a lease ended while its holder still relied on it
+└── LockNotOwnedError       release/extend of a lease that no longer holds a quorum
+```
+
+Every error carries the resource name and what each master said (``outcomes``), so
+the caller can tell which master refused, timed out or failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "NodeOutcome",
+    "QuorumUnavailableError",
+    "RedlockError",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOutcome:
+    """What one master answered to one operation.
+
+    Attributes:
+        node: The master's display name (its URL without password).
+        ok: Whether the operation took effect on this master.
+        detail: A short human-readable account: ``"granted"``, ``"held by another
+            holder"``, ``"no reply within 0.1 s"``, ``"ConnectionError: ..."``.
+    """
+
+    node: str
+    ok: bool
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.detail}"
+
+
+class RedlockError(Exception):
+    """Base class of every error raised by asyncredlock.
+
+    Attributes:
+        resource: The lock's resource name.
+        outcomes: What each master answered to the operation that failed
+            (empty where no master was asked).
+    """
+
+    def __init__(
+        self, message: str, *, resource: str, outcomes: Sequence[NodeOutcome] = ()
+    ) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.outcomes: tuple[NodeOutcome, ...] = tuple(outcomes)
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        if not self.outcomes:
+            return base
+        return base + " [" + "; ".join(str(o) for o in self.outcomes) + "]"
+
+
+class LockTimeoutError(RedlockError):
+    """The lock was held by others for the whole of the caller's ``timeout``."""
+
+
+class QuorumUnavailableError(RedlockError):
+    """Too many masters failed or did not answer for a majority to be reached.
+
+    This is an outage, not contention: retrying later or fixing the masters helps,
+    waiting longer for the holder does not.
+    """
+
+
+class LockLostError(RedlockError):
+    """A lease was lost while its ``async with`` block ran.
+
+    Raised when the block exits after its lease could not be extended in time, or
+    when release shows that a majority no longer held it. The block was cancelled
+    as soon as the loss was known.
+    """
+
+
+class LockNotOwnedError(RedlockError):
+    """``release()`` or ``extend()`` of a lease that no longer holds a quorum.
+
+    Whatever the lease still held on some masters has been removed.
+    """

@@ -1,0 +1,308 @@
+"""A held lock: validity from the monotonic clock, extension, release, loss."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Coroutine, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from ._config import check_seconds
+from ._core import Core, classify_flag, granted, ms
+from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
+from ._node import Node, Reply
+from ._quorum import Decision
+from ._scripts import EXTEND
+
+__all__ = ["Lease"]
+
+logger = logging.getLogger("asyncredlock")
+
+
+class _State(enum.Enum):
+    HELD = "held"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+class Lease:
+    """A lock held on a quorum of masters, returned by ``Lock.acquire()``.
+
+    The lease extends itself in the background (unless ``auto_extend=False``) about
+    every third of its TTL. If it cannot be extended before its validity ends it is
+    *lost*: :attr:`lost` becomes true and, inside ``async with``, the block is
+    cancelled and :class:`LockLostError` raised at its exit.
+
+    Attributes:
+        resource: The resource name passed to ``lock()``.
+        key: The Redis key that holds the lock (the name after the prefix).
+        value: This holder's random value (128 bits from :mod:`secrets`).
+        ttl: The time to live, in seconds, set on each extension.
+        token: The fencing token, or ``None`` while fencing is not enabled.
+    """
+
+    def __init__(
+        self,
+        core: Core,
+        *,
+        resource: str,
+        key: str,
+        value: str,
+        ttl: float,
+        expires_at: float,
+        acquired: Sequence[asyncio.Future[Reply]],
+        auto_extend: bool,
+    ) -> None:
+        self._core = core
+        self.resource = resource
+        self.key = key
+        self.value = value
+        self.ttl = ttl
+        self.token: int | None = None
+        self._expires_at = expires_at
+        self._acquired = tuple(acquired)
+        self._last: list[asyncio.Future[Reply]] = list(acquired)
+        self._state = _State.HELD
+        self._loss: Decision | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._extender: asyncio.Task[None] | None = None
+        core.held.add(self)
+        if auto_extend:
+            self._extender = core.tracker.loop(self._keep_alive())
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.resource!r} {self._state.value} validity={self.validity:.3f}s>"
+
+    @property
+    def validity(self) -> float:
+        """Seconds for which the lock is still certainly held (0 once lost or released)."""
+        if self._state is not _State.HELD:
+            return 0.0
+        return max(0.0, self._expires_at - self._core.clock())
+
+    @property
+    def held(self) -> bool:
+        """Whether the lease is neither released nor lost (validity may still run out)."""
+        return self._state is _State.HELD
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was lost: not extended in time, or taken away."""
+        return self._state is _State.LOST
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the lock's time to live on a quorum of masters.
+
+        Args:
+            ttl: New time to live in seconds; the lease's ``ttl`` when omitted.
+                It also becomes the TTL of later automatic extensions.
+
+        Raises:
+            LockNotOwnedError: The lease is released, lost, or a majority of masters
+                no longer holds it (what remains is then removed).
+            QuorumUnavailableError: Too many masters failed to answer; the lease
+                keeps its previous validity and may be extended again.
+        """
+        if ttl is not None:
+            self.ttl = check_seconds("ttl", ttl)
+        self._check_held("extend")
+        decision = await self._extend_round()
+        if decision is None:
+            return
+        if decision.unavailable(self._core.quorum):
+            raise QuorumUnavailableError(
+                f"could not extend {self.resource!r}: a majority of masters did not answer",
+                resource=self.resource,
+                outcomes=decision.outcomes,
+            )
+        self._lose(decision)
+        raise LockNotOwnedError(
+            f"{self.resource!r} is no longer held by this lease",
+            resource=self.resource,
+            outcomes=decision.outcomes,
+        )
+
+    async def release(self) -> None:
+        """Release the lock on every master (compare-and-delete by this lease's value).
+
+        Returns once a quorum confirmed; the remaining masters are released in the
+        background, each after any call of this lease still running there. Safe to
+        cancel: the release goes on.
+
+        Raises:
+            LockNotOwnedError: The lease was already released or lost, or a majority
+                of masters no longer held it.
+            QuorumUnavailableError: Too many masters failed to answer; their keys
+                expire with the TTL.
+        """
+        self._check_held("release")
+        decision = await self._release_round()
+        if decision.yes >= self._core.quorum:
+            return
+        if decision.unavailable(self._core.quorum):
+            raise QuorumUnavailableError(
+                f"released {self.resource!r} on too few masters; the rest expire with the TTL",
+                resource=self.resource,
+                outcomes=decision.outcomes,
+            )
+        self._core.counters.lost += 1
+        raise LockNotOwnedError(
+            f"{self.resource!r} was no longer held by this lease when released",
+            resource=self.resource,
+            outcomes=decision.outcomes,
+        )
+
+    def _check_held(self, what: str) -> None:
+        if self._state is _State.HELD:
+            return
+        raise LockNotOwnedError(
+            f"cannot {what} {self.resource!r}: the lease is already {self._state.value}",
+            resource=self.resource,
+            outcomes=self._loss.outcomes if self._loss else (),
+        )
+
+    # -- per-master steps -------------------------------------------------------
+
+    async def _extend_round(self) -> Decision | None:
+        """One extension round; ``None`` when it succeeded."""
+        core = self._core
+        start = core.clock()
+        args = (self.value, ms(self.ttl))
+
+        def make(i: int, node: Node) -> Coroutine[Any, Any, Reply] | Reply:
+            if not self._last[i].done():
+                return Reply(error=TimeoutError("previous call still unanswered"))
+            reply = self._acquired[i].result()
+            if reply.error is None and not granted(reply):
+                return Reply(0)
+            return node.call(EXTEND, (self.key,), args)
+
+        rnd = core.fan_out(make)
+        self._track(rnd.tasks)
+        decision = await core.decide(rnd, classify_flag)
+        expires_at = core.expiry(start, self.ttl)
+        if self._state is _State.HELD and decision.yes >= core.quorum and expires_at > core.clock():
+            self._expires_at = expires_at
+            core.counters.extensions += 1
+            return None
+        core.counters.failed_extensions += 1
+        return decision
+
+    async def _release_round(self) -> Decision:
+        core = self._core
+        self._finish(_State.RELEASED)
+        rnd = core.fan_out(
+            lambda i, node: core.release_on(
+                node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
+            )
+        )
+        self._track(rnd.tasks)
+        core.counters.releases += 1
+        return await core.decide(rnd, classify_flag)
+
+    def _track(self, futures: Sequence[asyncio.Future[Reply]]) -> None:
+        """Remember each call actually sent, so the next call to that master waits for it."""
+        for i, future in enumerate(futures):
+            if isinstance(future, asyncio.Task):
+                self._last[i] = future
+
+    # -- automatic extension and loss --------------------------------------------
+
+    async def _keep_alive(self) -> None:
+        core = self._core
+        next_at = core.clock() + self.ttl / 3
+        while True:
+            await anyio.sleep(max(0.0, min(next_at, self._expires_at) - core.clock()))
+            if core.clock() >= self._expires_at:
+                self._lose(self._loss)
+                return
+            start = core.clock()
+            decision = await self._extend_round()
+            if decision is None:
+                next_at = start + self.ttl / 3
+            elif not decision.unavailable(core.quorum):
+                self._lose(decision)
+                return
+            else:
+                next_at = core.clock() + min(self.ttl / 12, core.settings.retry_delay)
+                self._loss = decision
+
+    def _lose(self, decision: Decision | None) -> None:
+        """Mark the lease lost, cancel its block, and remove what it still holds."""
+        if self._state is not _State.HELD:
+            return
+        self._loss = decision
+        self._core.counters.lost += 1
+        logger.warning("lease on %r lost", self.resource)
+        self._finish(_State.LOST)
+        if self._scope is not None:
+            self._scope.cancel()
+        for i, node in enumerate(self._core.nodes):
+            self._last[i] = self._core.tracker.call(
+                self._core.release_on(
+                    node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
+                )
+            )
+
+    def _finish(self, state: _State) -> None:
+        self._state = state
+        self._core.held.discard(self)
+        extender, self._extender = self._extender, None
+        if extender is not None and extender is not asyncio.current_task():
+            extender.cancel()
+
+    # -- the async with block ---------------------------------------------------
+
+    def _enter_block(self) -> None:
+        self._scope = anyio.CancelScope()
+        self._scope.__enter__()
+
+    async def _exit_block(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        scope, self._scope = self._scope, None
+        assert scope is not None
+        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        if isinstance(exc, asyncio.CancelledError) and not swallowed:
+            with anyio.CancelScope(shield=True):
+                await self._release_quietly()
+            return False
+        if self._state is _State.LOST:
+            raise self._lost_error() from (None if swallowed else exc)
+        with anyio.CancelScope(shield=True):
+            decision = await self._release_quietly()
+        if decision is not None and self._taken_from_us(decision):
+            self._core.counters.lost += 1
+            self._loss = decision
+            raise self._lost_error() from exc
+        return swallowed
+
+    def _taken_from_us(self, decision: Decision) -> bool:
+        """Whether release found the lock gone on a majority (not merely unreachable)."""
+        quorum = self._core.quorum
+        return decision.yes < quorum and not decision.unavailable(quorum)
+
+    async def _release_quietly(self) -> Decision | None:
+        if self._state is not _State.HELD:
+            return None
+        decision = await self._release_round()
+        if decision.unavailable(self._core.quorum):
+            logger.warning(
+                "released %r on too few masters; the rest expire with the TTL", self.resource
+            )
+        return decision
+
+    def _lost_error(self) -> RedlockError:
+        outcomes = self._loss.outcomes if self._loss else ()
+        return LockLostError(
+            f"the lease on {self.resource!r} was lost while its block ran",
+            resource=self.resource,
+            outcomes=outcomes,
+        )

@@ -1,0 +1,154 @@
+"""``Lock``: what to lock and how; each acquisition gives a :class:`Lease`."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from types import TracebackType
+
+import anyio
+
+from ._core import Core, classify_acquire
+from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
+from ._lease import Lease
+from ._quorum import Decision
+
+__all__ = ["Lock"]
+
+
+class Lock:
+    """A distributed lock on one resource, made by ``AsyncRedlock.lock()``.
+
+    A ``Lock`` holds no state on the masters: each :meth:`acquire` returns a new
+    :class:`Lease`, and ``async with lock as lease:`` acquires, keeps the lease
+    extended while the block runs, and releases it at the end. The same ``Lock``
+    may be used by many tasks at once; each gets its own lease.
+
+    Attributes:
+        name: The resource name.
+        key: The Redis key (the name after the ``AsyncRedlock``'s prefix).
+        ttl: Time to live of the key, in seconds.
+        timeout: How long :meth:`acquire` waits for a contended lock, in seconds
+            (``0``: one attempt; ``math.inf``: no limit).
+        auto_extend: Whether leases extend themselves until released.
+    """
+
+    def __init__(
+        self, core: Core, *, name: str, key: str, ttl: float, timeout: float, auto_extend: bool
+    ) -> None:
+        self._core = core
+        self.name = name
+        self.key = key
+        self.ttl = ttl
+        self.timeout = timeout
+        self.auto_extend = auto_extend
+        self._entered: dict[asyncio.Task[object] | None, list[Lease]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} ttl={self.ttl:g}s timeout={self.timeout:g}s>"
+
+    async def acquire(self) -> Lease:
+        """Take the lock on a quorum of masters, retrying until ``timeout``.
+
+        Each attempt sends ``SET NX PX`` to every master at once and succeeds when
+        a majority granted it with validity left. A failed attempt is undone on
+        every master; between attempts the task sleeps a jittered delay. Safe to
+        cancel, also under ``asyncio.timeout()`` or ``anyio.fail_after()``: what the
+        interrupted attempt took is released in the background.
+
+        Returns:
+            The lease, already extending itself unless ``auto_extend=False``.
+
+        Raises:
+            LockTimeoutError: Other holders kept the lock for the whole timeout.
+            QuorumUnavailableError: A majority of masters failed or did not answer
+                in the last attempt.
+        """
+        core = self._core
+        deadline = core.clock() + self.timeout
+        while True:
+            lease, decision = await self._attempt()
+            if lease is not None:
+                return lease
+            remaining = deadline - core.clock()
+            if remaining <= 0:
+                raise self._failure(decision)
+            await anyio.sleep(min(core.retry_pause(), remaining))
+
+    async def _attempt(self) -> tuple[Lease | None, Decision]:
+        core = self._core
+        value = secrets.token_hex(16)
+        start = core.clock()
+        core.counters.attempts += 1
+        rnd = core.acquire_round(self.key, value, self.ttl)
+        try:
+            decision = await core.decide(rnd, classify_acquire)
+        except BaseException:
+            core.undo(self.key, value, rnd.tasks, self.ttl)
+            raise
+        expires_at = core.expiry(start, self.ttl)
+        if decision.yes >= core.quorum and expires_at > core.clock():
+            core.counters.acquisitions += 1
+            lease = Lease(
+                core,
+                resource=self.name,
+                key=self.key,
+                value=value,
+                ttl=self.ttl,
+                expires_at=expires_at,
+                acquired=rnd.tasks,
+                auto_extend=self.auto_extend,
+            )
+            return lease, decision
+        core.counters.failed_attempts += 1
+        core.undo(self.key, value, rnd.tasks, self.ttl)
+        if decision.yes >= core.quorum:
+            decision = _expired(decision, core.clock() - start, self.ttl)
+        return None, decision
+
+    def _failure(self, decision: Decision) -> RedlockError:
+        counters = self._core.counters
+        if decision.unavailable(self._core.quorum):
+            counters.unavailable += 1
+            return QuorumUnavailableError(
+                f"could not lock {self.name!r}: a majority of masters failed or did not answer",
+                resource=self.name,
+                outcomes=decision.outcomes,
+            )
+        counters.timeouts += 1
+        wait = "one attempt" if self.timeout == 0 else f"{self.timeout:g} s"
+        return LockTimeoutError(
+            f"could not lock {self.name!r} within {wait}: held by another holder",
+            resource=self.name,
+            outcomes=decision.outcomes,
+        )
+
+    async def __aenter__(self) -> Lease:
+        lease = await self.acquire()
+        lease._enter_block()
+        self._entered.setdefault(_current_task(), []).append(lease)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        task = _current_task()
+        stack = self._entered[task]
+        lease = stack.pop()
+        if not stack:
+            del self._entered[task]
+        return await lease._exit_block(exc_type, exc, tb)
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    return asyncio.current_task()
+
+
+def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:
+    """A quorum that came too late: say so in every granting master's outcome."""
+    note = f"granted, but validity was used up ({elapsed:.3f} s elapsed of ttl {ttl:g} s)"
+    outcomes = tuple(NodeOutcome(o.node, False, note) if o.ok else o for o in decision.outcomes)
+    return Decision(0, decision.yes + decision.no, decision.failed, outcomes)

@@ -1,0 +1,65 @@
+"""One master: its client, how scripts run on it, and how many calls it has out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from ._scripts import Script
+
+__all__ = ["Node", "Reply"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The result of one call to one master: a value, or the exception it raised."""
+
+    value: Any = None
+    error: Exception | None = None
+
+
+class Node:
+    """A master and the client that talks to it.
+
+    Args:
+        client: A ``redis.asyncio`` client (standalone or cluster).
+        name: Display name used in errors and inspection.
+        owned: Whether asyncredlock built the client and must close it.
+    """
+
+    def __init__(self, client: Any, name: str, *, owned: bool) -> None:
+        self.client = client
+        self.name = name
+        self.owned = owned
+        self.in_flight = 0
+        # Calls still running after the fan-out stopped waiting for them. While too
+        # many are out, the master is treated as down without sending more.
+        self.overdue = 0
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r})"
+
+    async def call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:
+        """Run ``script`` here; never raises an ``Exception``, returns it in the reply."""
+        self.in_flight += 1
+        try:
+            return Reply(await self._evalsha(script, keys, args))
+        except Exception as exc:
+            return Reply(error=exc)
+        finally:
+            self.in_flight -= 1
+
+    async def _evalsha(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            # EVAL also caches the script, so the next EVALSHA finds it.
+            return await self.client.execute_command("EVAL", script.source, len(keys), *keys, *args)
+
+    async def aclose(self) -> None:
+        """Close the client if asyncredlock created it."""
+        if self.owned:
+            await self.client.aclose()

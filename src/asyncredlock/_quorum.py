@@ -1,0 +1,223 @@
+"""Concurrent fan-out to every master, decided at quorum, with tracked background calls.
+
+Each operation (acquire, extend, release, inspect) becomes a :class:`Round`: one call
+per master, each in its own task. The caller waits only until the outcome is decided
+(a quorum said yes, or a quorum can no longer say yes, or ``node_timeout`` passed);
+calls still running then go on in the background under the :class:`TaskTracker`,
+and whoever needs their result (cleanup, release) awaits them later. A call is never
+cancelled to meet a deadline: a cancelled ``SET`` could still land after the undo
+that was meant to follow it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._errors import NodeOutcome
+from ._node import Node, Reply
+
+__all__ = ["Decision", "NodeSkippedError", "Round", "TaskTracker", "Verdict"]
+
+logger = logging.getLogger("asyncredlock")
+
+_T = TypeVar("_T")
+
+#: A master with this many calls still unanswered past ``node_timeout`` gets no new
+#: calls until one of them completes: a hung master costs one timeout, not one
+#: connection per attempt.
+MAX_OVERDUE = 8
+
+
+class NodeSkippedError(Exception):
+    """The call was not sent: the master has too many calls unanswered."""
+
+
+class Verdict(enum.Enum):
+    """How one master's reply counts toward the quorum."""
+
+    YES = "yes"
+    NO = "no"
+    FAILED = "failed"
+
+
+Classify = Callable[[Reply], tuple[Verdict, str]]
+MakeCall = Callable[[int, Node], "Coroutine[Any, Any, Reply] | Reply"]
+
+
+class TaskTracker:
+    """Owns every background task of one ``AsyncRedlock``; none is left behind.
+
+    ``calls`` are short per-master calls (they end when the master answers or the
+    socket times out); ``loops`` are lease extenders, which run until stopped.
+    """
+
+    def __init__(self) -> None:
+        self._calls: set[asyncio.Task[Any]] = set()
+        self._loops: set[asyncio.Task[Any]] = set()
+
+    def call(self, coro: Coroutine[Any, Any, Reply]) -> asyncio.Task[Reply]:
+        """Start a per-master call in the background."""
+        return self._spawn(coro, self._calls)
+
+    def loop(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Start a long-running background loop (a lease extender)."""
+        return self._spawn(coro, self._loops)
+
+    def _spawn(
+        self, coro: Coroutine[Any, Any, _T], into: set[asyncio.Task[Any]]
+    ) -> asyncio.Task[_T]:
+        task = asyncio.get_running_loop().create_task(coro)
+        into.add(task)
+        task.add_done_callback(into.discard)
+        task.add_done_callback(_log_crash)
+        return task
+
+    @property
+    def pending(self) -> int:
+        """How many background tasks are running."""
+        return len(self._calls) + len(self._loops)
+
+    async def settle(self) -> None:
+        """Wait until every per-master call, including those started meanwhile, ended."""
+        while self._calls:
+            await asyncio.wait(set(self._calls))
+
+    async def aclose(self) -> None:
+        """Cancel every background task and wait for them to finish."""
+        tasks = self._calls | self._loops
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+def _log_crash(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("asyncredlock background task failed", exc_info=task.exception())
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The counted replies of one round when its caller stopped waiting.
+
+    Attributes:
+        yes: Masters where the operation took effect.
+        no: Masters that answered that it could not take effect.
+        failed: Masters that failed, were skipped, or had not answered in time.
+        outcomes: Per-master accounts, in the order of the masters.
+    """
+
+    yes: int
+    no: int
+    failed: int
+    outcomes: tuple[NodeOutcome, ...]
+
+    def unavailable(self, quorum: int) -> bool:
+        """Whether failures alone made the quorum unreachable (an outage)."""
+        return self.failed > len(self.outcomes) - quorum
+
+
+class Round:
+    """One operation sent to every master at once.
+
+    Args:
+        tracker: Runs the per-master calls.
+        nodes: The masters.
+        make: For master ``i``, the coroutine to run there, or an already known
+            :class:`Reply` when no call is needed.
+    """
+
+    def __init__(self, tracker: TaskTracker, nodes: Sequence[Node], make: MakeCall) -> None:
+        loop = asyncio.get_running_loop()
+        self.nodes = nodes
+        self.tasks: list[asyncio.Future[Reply]] = []
+        for i, node in enumerate(nodes):
+            reply: Coroutine[Any, Any, Reply] | Reply
+            if node.overdue >= MAX_OVERDUE:
+                reply = Reply(error=NodeSkippedError(f"{node.overdue} calls unanswered"))
+            else:
+                reply = make(i, node)
+            if isinstance(reply, Reply):
+                done: asyncio.Future[Reply] = loop.create_future()
+                done.set_result(reply)
+                self.tasks.append(done)
+            else:
+                self.tasks.append(tracker.call(reply))
+
+    async def decide(self, quorum: int, classify: Classify, node_timeout: float) -> Decision:
+        """Wait until the outcome is decided, at most ``node_timeout`` seconds.
+
+        Cancelling this await leaves the calls running; they stay in ``tasks``.
+        """
+        loop = asyncio.get_running_loop()
+        decided: asyncio.Future[None] = loop.create_future()
+        n = len(self.tasks)
+
+        def check(_: object = None) -> None:
+            if decided.done():
+                return
+            yes = no = failed = 0
+            for task in self.tasks:
+                if task.done():
+                    verdict = classify(task.result())[0]
+                    yes += verdict is Verdict.YES
+                    no += verdict is Verdict.NO
+                    failed += verdict is Verdict.FAILED
+            if yes >= quorum or no + failed > n - quorum or yes + no + failed == n:
+                decided.set_result(None)
+
+        def expire() -> None:
+            self._mark_overdue()
+            if not decided.done():
+                decided.set_result(None)
+
+        timer = loop.call_later(node_timeout, expire)
+        for task in self.tasks:
+            task.add_done_callback(check)
+        try:
+            check()
+            await decided
+        finally:
+            if decided.done() and all(t.done() for t in self.tasks):
+                timer.cancel()
+            for task in self.tasks:
+                task.remove_done_callback(check)
+        return self._snapshot(classify, node_timeout)
+
+    def _mark_overdue(self) -> None:
+        for node, task in zip(self.nodes, self.tasks, strict=True):
+            if not task.done():
+                node.overdue += 1
+                task.add_done_callback(functools.partial(_release_overdue, node))
+
+    def _snapshot(self, classify: Classify, node_timeout: float) -> Decision:
+        counts = dict.fromkeys(Verdict, 0)
+        outcomes = []
+        for node, task in zip(self.nodes, self.tasks, strict=True):
+            if task.done():
+                verdict, detail = classify(task.result())
+            else:
+                verdict, detail = Verdict.FAILED, f"no reply within {node_timeout:g} s"
+            counts[verdict] += 1
+            outcomes.append(NodeOutcome(node.name, verdict is Verdict.YES, detail))
+        return Decision(
+            counts[Verdict.YES], counts[Verdict.NO], counts[Verdict.FAILED], tuple(outcomes)
+        )
+
+
+def _release_overdue(node: Node, _: object) -> None:
+    node.overdue -= 1
+
+
+def describe_error(reply: Reply) -> str:
+    """A short account of a failed call, for :class:`NodeOutcome`."""
+    error = reply.error
+    assert error is not None
+    text = str(error) or "no message"
+    return f"{type(error).__name__}: {text}"

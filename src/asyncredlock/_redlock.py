@@ -1,0 +1,415 @@
+"""``AsyncRedlock``: the masters, the settings, and the locks made over them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+import anyio
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from ._config import Settings, check_name, check_seconds
+from ._core import Core
+from ._keys import aux_key, lock_key
+from ._lock import Lock
+from ._node import Node, Reply
+from ._scripts import INSPECT
+
+__all__ = ["AsyncRedlock", "LockState", "NodeLockState", "RedlockStatistics"]
+
+logger = logging.getLogger("asyncredlock")
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True, slots=True)
+class RedlockStatistics:
+    """Counters and gauges of one ``AsyncRedlock`` (see ``AsyncRedlock.statistics()``).
+
+    Attributes:
+        attempts: Acquisition rounds sent to the masters.
+        acquisitions: Attempts that took the lock.
+        failed_attempts: Attempts that did not (contention, outage or validity).
+        timeouts: ``LockTimeoutError`` raised.
+        unavailable: ``QuorumUnavailableError`` raised by acquisition.
+        extensions: Successful extensions (automatic or explicit).
+        failed_extensions: Extension rounds that did not reach a quorum in time.
+        releases: Release rounds started.
+        lost: Leases lost while held (not extended in time, or found taken).
+        held: Leases held right now.
+        background_tasks: Background tasks running (calls still out, extenders).
+        in_flight: Calls to masters waiting for a reply right now.
+    """
+
+    attempts: int
+    acquisitions: int
+    failed_attempts: int
+    timeouts: int
+    unavailable: int
+    extensions: int
+    failed_extensions: int
+    releases: int
+    lost: int
+    held: int
+    background_tasks: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLockState:
+    """A lock's state on one master, as ``AsyncRedlock.inspect()`` saw it.
+
+    Attributes:
+        node: The master's display name.
+        holder: The value in the lock key (the holder's random id), or ``None``.
+        ttl: Seconds until the key expires, or ``None`` when there is no key.
+        fence: The resource's fence counter there, or ``None`` when it has none.
+        error: Why the master could not be read, or ``None``.
+    """
+
+    node: str
+    holder: str | None
+    ttl: float | None
+    fence: int | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """A lock's state on every master.
+
+    Attributes:
+        resource: The resource name.
+        key: The lock key.
+        nodes: One entry per master, in the order they were given.
+    """
+
+    resource: str
+    key: str
+    nodes: tuple[NodeLockState, ...]
+
+    @property
+    def holder(self) -> str | None:
+        """The holder value found on a majority of masters, or ``None``."""
+        quorum = len(self.nodes) // 2 + 1
+        values = [n.holder for n in self.nodes if n.holder is not None]
+        for value in set(values):
+            if values.count(value) >= quorum:
+                return value
+        return None
+
+
+class AsyncRedlock:
+    """Redlock over N independent Redis or Valkey masters.
+
+    Construction does no I/O: connections open on first use. Use it as
+    ``async with AsyncRedlock(...) as redlock:`` or call :meth:`aclose` when done.
+
+    Args:
+        masters: The masters, as URLs (``redis://``, ``rediss://``, ``unix://``) or
+            ready ``redis.asyncio`` clients (``Redis`` or ``RedisCluster``); any mix.
+            A client you pass is used as configured and not closed by ``aclose()``.
+            Use an odd number: N masters tolerate ``(N - 1) // 2`` failures.
+        ttl: Default time to live of a lock key, in seconds (10.0). Long enough to
+            ride out a GC pause or a network blip, short enough that a crashed
+            holder frees the resource soon; leases extend themselves, so work
+            longer than the TTL is covered.
+        timeout: Default time :meth:`Lock.acquire` waits for a contended lock
+            (10.0 s); ``0`` makes one attempt, ``math.inf`` waits without limit.
+        node_timeout: How long one round waits for each master (0.1 s): far above a
+            LAN round trip, small against the TTL, so a dead master costs at most
+            1% of a default lease's validity.
+        retry_delay: Upper bound of the jittered pause between attempts (0.2 s);
+            each pause is uniform in ``[0, retry_delay]`` (full jitter).
+        drift_factor: Clock drift allowance as a fraction of the TTL (0.01, as in
+            the Redlock description); 2 ms are always added. Must be in ``[0, 0.5)``.
+        prefix: Prepended to every resource name to form its key (none by default,
+            so the key is the name and other Redlock clients interoperate).
+        max_connections: Connections per master for URL-built clients (256). The
+            pool blocks rather than fails when all are busy, so 200+ concurrent
+            lockers on one ``AsyncRedlock`` wait their turn instead of erroring.
+        socket_timeout: How long a call already sent may wait for its reply (5.0 s)
+            before its connection is dropped. Rounds never wait that long (they stop
+            at ``node_timeout``); it bounds how long a hung master keeps a
+            connection busy in the background.
+        auto_extend: Whether leases extend themselves by default (True).
+        clock: The monotonic clock for validity (``time.monotonic``); replace it
+            only in tests.
+
+    Raises:
+        TypeError: A master or setting has the wrong type.
+        ValueError: No masters, a duplicated or malformed master, or a setting out
+            of range.
+    """
+
+    def __init__(
+        self,
+        masters: Sequence[str | Redis | RedisCluster],
+        *,
+        ttl: float = 10.0,
+        timeout: float = 10.0,
+        node_timeout: float = 0.1,
+        retry_delay: float = 0.2,
+        drift_factor: float = 0.01,
+        prefix: str = "",
+        max_connections: int = 256,
+        socket_timeout: float = 5.0,
+        auto_extend: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = Settings(
+            ttl=ttl,
+            timeout=timeout,
+            node_timeout=node_timeout,
+            retry_delay=retry_delay,
+            drift_factor=drift_factor,
+            socket_timeout=socket_timeout,
+            max_connections=max_connections,
+            prefix=prefix,
+            auto_extend=auto_extend,
+            clock=clock,
+        )
+        self._core = Core(_make_nodes(masters, self._settings), self._settings)
+
+    def __repr__(self) -> str:
+        names = ", ".join(node.name for node in self._core.nodes)
+        return f"<AsyncRedlock [{names}] quorum={self.quorum}>"
+
+    @property
+    def masters(self) -> tuple[str, ...]:
+        """The masters' display names (URLs without passwords), in order."""
+        return tuple(node.name for node in self._core.nodes)
+
+    @property
+    def quorum(self) -> int:
+        """How many masters must agree: ``N // 2 + 1``."""
+        return self._core.quorum
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        auto_extend: bool | None = None,
+    ) -> Lock:
+        """A lock on the resource ``name``; nothing is sent until it is acquired.
+
+        Args:
+            name: The resource name; the key is ``prefix + name``.
+            ttl: Time to live in seconds; the ``AsyncRedlock``'s default if omitted.
+            timeout: Seconds to wait when contended (``0``: one attempt,
+                ``math.inf``: no limit); the default if omitted.
+            auto_extend: Whether leases extend themselves; the default if omitted.
+
+        Raises:
+            TypeError: ``name`` is not a str, or a setting has the wrong type.
+            ValueError: ``name`` is empty, ``ttl`` is not positive and finite, or
+                ``timeout`` is negative or NaN.
+        """
+        settings = self._settings
+        name = check_name(name)
+        ttl = settings.ttl if ttl is None else check_seconds("ttl", ttl)
+        if timeout is None:
+            timeout = settings.timeout
+        timeout = check_seconds("timeout", timeout, allow_zero=True, allow_inf=True)
+        if auto_extend is None:
+            auto_extend = settings.auto_extend
+        elif not isinstance(auto_extend, bool):
+            raise TypeError("auto_extend must be a bool")
+        key = lock_key(settings.prefix, name)
+        return Lock(
+            self._core, name=name, key=key, ttl=ttl, timeout=timeout, auto_extend=auto_extend
+        )
+
+    async def inspect(self, name: str) -> LockState:
+        """Read a lock's state on every master: holder, time left, fence counter.
+
+        Waits at most ``node_timeout`` for the masters; one that did not answer is
+        reported with its error.
+
+        Raises:
+            TypeError: ``name`` is not a str.
+            ValueError: ``name`` is empty.
+        """
+        key = lock_key(self._settings.prefix, check_name(name))
+        keys = (key, aux_key(key, "fence"))
+        rnd = self._core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
+        await asyncio.wait(rnd.tasks, timeout=self._settings.node_timeout)
+        nodes = tuple(
+            _node_state(node.name, task.result() if task.done() else None, self._settings)
+            for node, task in zip(self._core.nodes, rnd.tasks, strict=True)
+        )
+        return LockState(name, key, nodes)
+
+    async def force_release(self, name: str) -> int:
+        """Delete a lock's key on every master, whoever holds it: an operator's tool.
+
+        The holder is not told until its next extension finds the lock gone (then
+        its lease is lost). Use it only to free a lock whose holder is known dead.
+
+        Returns:
+            On how many masters a key was deleted.
+
+        Raises:
+            TypeError: ``name`` is not a str.
+            ValueError: ``name`` is empty.
+        """
+        key = lock_key(self._settings.prefix, check_name(name))
+        calls = [node.client.delete(key) for node in self._core.nodes]
+        with anyio.move_on_after(self._settings.node_timeout * 10):
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            return sum(1 for r in results if r == 1)
+        return 0
+
+    def statistics(self) -> RedlockStatistics:
+        """A snapshot of this ``AsyncRedlock``'s counters and gauges."""
+        c = self._core.counters
+        return RedlockStatistics(
+            attempts=c.attempts,
+            acquisitions=c.acquisitions,
+            failed_attempts=c.failed_attempts,
+            timeouts=c.timeouts,
+            unavailable=c.unavailable,
+            extensions=c.extensions,
+            failed_extensions=c.failed_extensions,
+            releases=c.releases,
+            lost=c.lost,
+            **self._core.describe(),
+        )
+
+    async def settle(self) -> None:
+        """Wait until no call to any master is still out.
+
+        Rounds return at quorum; the other masters' replies, and the cleanup that
+        follows a failed or cancelled attempt, finish in the background. Await
+        this to know they are done (tests, graceful shutdown). Lease extenders
+        keep running.
+        """
+        await self._core.tracker.settle()
+
+    async def aclose(self) -> None:
+        """Release held leases, finish background calls, close the connections.
+
+        Waits at most ``node_timeout`` for outstanding calls, then cancels what is
+        left (a lock key whose undo was cut short expires with its TTL). Safe to
+        call twice.
+        """
+        core = self._core
+        if core.closed:
+            return
+        with anyio.CancelScope(shield=True):
+            for lease in list(core.held):
+                with anyio.move_on_after(self._settings.node_timeout):
+                    await lease._release_quietly()
+            with anyio.move_on_after(self._settings.node_timeout):
+                await core.tracker.settle()
+            core.closed = True
+            await core.tracker.aclose()
+            for node in core.nodes:
+                await node.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:
+    if reply is None:
+        return NodeLockState(name, None, None, None, f"no reply within {settings.node_timeout:g} s")
+    if reply.error is not None:
+        return NodeLockState(name, None, None, None, f"{type(reply.error).__name__}: {reply.error}")
+    value, pttl, fence = [*reply.value, None, None, None][:3]
+    holder = value.decode() if isinstance(value, bytes) else value
+    ttl = None if holder is None or pttl is None or int(pttl) < 0 else int(pttl) / 1000
+    return NodeLockState(name, holder, ttl, None if fence is None else int(fence))
+
+
+def _make_nodes(masters: object, settings: Settings) -> list[Node]:
+    if isinstance(masters, str | bytes) or not isinstance(masters, Sequence):
+        raise TypeError("masters must be a sequence of URLs or redis.asyncio clients")
+    if not masters:
+        raise ValueError("masters must name at least one Redis/Valkey master")
+    nodes: list[Node] = []
+    seen: set[object] = set()
+    for master in masters:
+        node, identity = _make_node(master, settings)
+        if identity in seen:
+            raise ValueError(f"master {node.name!r} is given twice")
+        seen.add(identity)
+        nodes.append(node)
+    return nodes
+
+
+def _make_node(master: object, settings: Settings) -> tuple[Node, object]:
+    if isinstance(master, str):
+        return _node_from_url(master, settings)
+    if isinstance(master, Redis | RedisCluster):
+        return Node(master, _client_name(master), owned=False), id(master)
+    raise TypeError(
+        "each master must be a URL string or a redis.asyncio Redis/RedisCluster client, "
+        f"not {type(master).__name__}"
+    )
+
+
+def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEMES:
+        raise ValueError(f"master URL {url!r} must start with redis://, rediss:// or unix://")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"master URL {url!r} has an invalid port") from exc
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"master URL {url!r} names no host")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"master URL {url!r} names no socket path")
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=settings.max_connections,
+        timeout=None,
+        socket_timeout=settings.socket_timeout,
+        socket_connect_timeout=settings.socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
+    name = _display(parts)
+    identity = (parts.scheme, (parts.hostname or "").lower(), port or 6379, parts.path or "/0")
+    return Node(Redis.from_pool(pool), name, owned=True), identity
+
+
+def _display(parts: SplitResult) -> str:
+    """The URL with any password removed."""
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    if parts.username:
+        netloc = f"{parts.username}@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _client_name(client: Redis | RedisCluster) -> str:
+    kwargs: dict[str, Any] = getattr(
+        getattr(client, "connection_pool", None), "connection_kwargs", {}
+    )
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    host, port = kwargs.get("host"), kwargs.get("port")
+    if host is not None:
+        return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
+    return f"{type(client).__name__}@{id(client):x}"
