@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 from ._config import Settings
 from ._keys import aux_key
 from ._node import Node, Reply
-from ._quorum import Classify, Decision, MakeCall, NodeSkippedError, Round, TaskTracker, Verdict
+from ._quorum import (
+    Classify,
+    Decision,
+    MakeCall,
+    NodeSkippedError,
+    Round,
+    TaskTracker,
+    Timing,
+    Verdict,
+)
 from ._quorum import describe_error as _describe_error
 from ._scripts import ACQUIRE, RELEASE
 
@@ -94,6 +103,9 @@ class Core:
         self.counters = Counters()
         self.held: set[Lease] = set()
         self.closed = False
+        self.timing = Timing(
+            settings.node_timeout, max(settings.node_timeout, settings.socket_timeout)
+        )
 
     def clock(self) -> float:
         """The monotonic clock that validity is measured with."""
@@ -107,21 +119,35 @@ class Core:
         """When a lock taken or extended from ``start`` stops being valid."""
         return start + ttl - self.settings.drift(ttl)
 
-    def fan_out(self, make: MakeCall) -> Round:
-        """Send one operation to every master."""
+    def fan_out(self, make: MakeCall, *, skip_silent: bool = False) -> Round:
+        """Send one operation to every master.
+
+        With ``skip_silent`` (acquisition only), a master that stayed silent with
+        too many calls given up on gets no new call.
+        """
         if self.closed:
             raise RuntimeError("this AsyncRedlock is closed")
-        return Round(self.tracker, self.nodes, make)
+        patience = self.settings.node_timeout if skip_silent else None
+        return Round(self.tracker, self.nodes, make, patience)
 
-    async def decide(self, rnd: Round, classify: Classify) -> Decision:
-        """Wait for ``rnd`` until its outcome is decided."""
-        return await rnd.decide(self.quorum, classify, self.settings.node_timeout)
+    async def decide(
+        self, rnd: Round, classify: Classify, *, wait: float | None = None
+    ) -> Decision:
+        """Wait for ``rnd`` until its outcome is decided.
+
+        With ``wait=None`` (acquisition), a master silent for ``node_timeout``
+        counts as failed; one that is slow but answering is waited for up to
+        ``socket_timeout``. With ``wait`` (release, extension: calls that must
+        not be given up lightly), every master is waited for up to ``wait``.
+        """
+        timing = self.timing if wait is None else Timing(wait, wait)
+        return await rnd.decide(self.quorum, classify, timing)
 
     def acquire_round(self, key: str, value: str, ttl: float) -> Round:
         """Start ``SET NX PX`` (through ``acquire.lua``) on every master."""
         keys = (key, undo_key(key, value))
         args = (value, ms(ttl))
-        return self.fan_out(lambda _, node: node.call(ACQUIRE, keys, args))
+        return self.fan_out(lambda _, node: node.call(ACQUIRE, keys, args), skip_silent=True)
 
     async def release_on(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import anyio
 
 from ._config import check_seconds
-from ._core import Core, classify_flag, granted, ms
+from ._core import Core, classify_flag, granted, ms, wait_done
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._node import Node, Reply
 from ._quorum import Decision
@@ -70,6 +71,7 @@ class Lease:
         self._loss: Decision | None = None
         self._scope: anyio.CancelScope | None = None
         self._extender: asyncio.Task[None] | None = None
+        self._ended = asyncio.Event()
         core.held.add(self)
         if auto_extend:
             self._extender = core.tracker.loop(self._keep_alive())
@@ -92,6 +94,18 @@ class Lease:
     @property
     def lost(self) -> bool:
         """Whether the lease was lost: not extended in time, or taken away."""
+        return self._state is _State.LOST
+
+    async def wait_lost(self) -> bool:
+        """Wait until the lease ends, by loss or by release.
+
+        For an explicitly acquired lease this is how its holder learns of a loss
+        without polling (inside ``async with`` the block is cancelled instead).
+
+        Returns:
+            ``True`` if the lease was lost, ``False`` if it was released.
+        """
+        await self._ended.wait()
         return self._state is _State.LOST
 
     async def extend(self, ttl: float | None = None) -> None:
@@ -173,17 +187,20 @@ class Lease:
         start = core.clock()
         args = (self.value, ms(self.ttl))
 
+        patience = core.settings.node_timeout
+
         def make(i: int, node: Node) -> Coroutine[Any, Any, Reply] | Reply:
-            if not self._last[i].done():
-                return Reply(error=TimeoutError("previous call still unanswered"))
-            reply = self._acquired[i].result()
-            if reply.error is None and not granted(reply):
-                return Reply(0)
-            return node.call(EXTEND, (self.key,), args)
+            previous = self._last[i]
+            if not previous.done() and node.silent(time.monotonic(), patience):
+                # do not queue behind a hung call; the next extension tries again
+                return Reply(error=TimeoutError("master silent; earlier call unanswered"))
+            return self._extend_on(node, previous, self._acquired[i], args)
 
         rnd = core.fan_out(make)
         self._track(rnd.tasks)
-        decision = await core.decide(rnd, classify_flag)
+        # Waiting past the validity is pointless: by then the lease is lost anyway.
+        wait = max(core.settings.node_timeout, self._expires_at - core.clock())
+        decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
         expires_at = core.expiry(start, self.ttl)
         if self._state is _State.HELD and decision.yes >= core.quorum and expires_at > core.clock():
             self._expires_at = expires_at
@@ -191,6 +208,19 @@ class Lease:
             return None
         core.counters.failed_extensions += 1
         return decision
+
+    async def _extend_on(
+        self,
+        node: Node,
+        previous: asyncio.Future[Reply],
+        acquired: asyncio.Future[Reply],
+        args: tuple[str, int],
+    ) -> Reply:
+        await wait_done(previous)
+        reply = acquired.result()
+        if reply.error is None and not granted(reply):
+            return Reply(0)
+        return await node.call(EXTEND, (self.key,), args)
 
     async def _release_round(self) -> Decision:
         core = self._core
@@ -202,7 +232,7 @@ class Lease:
         )
         self._track(rnd.tasks)
         core.counters.releases += 1
-        return await core.decide(rnd, classify_flag)
+        return await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
 
     def _track(self, futures: Sequence[asyncio.Future[Reply]]) -> None:
         """Remember each call actually sent, so the next call to that master waits for it."""
@@ -250,6 +280,7 @@ class Lease:
 
     def _finish(self, state: _State) -> None:
         self._state = state
+        self._ended.set()
         self._core.held.discard(self)
         extender, self._extender = self._extender, None
         if extender is not None and extender is not asyncio.current_task():

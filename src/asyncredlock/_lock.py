@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from dataclasses import dataclass
 from types import TracebackType
 
 import anyio
@@ -67,15 +68,15 @@ class Lock:
         core = self._core
         deadline = core.clock() + self.timeout
         while True:
-            lease, decision = await self._attempt()
-            if lease is not None:
-                return lease
+            outcome = await self._attempt()
+            if isinstance(outcome, Lease):
+                return outcome
             remaining = deadline - core.clock()
             if remaining <= 0:
-                raise self._failure(decision)
+                raise self._failure(outcome)
             await anyio.sleep(min(core.retry_pause(), remaining))
 
-    async def _attempt(self) -> tuple[Lease | None, Decision]:
+    async def _attempt(self) -> Lease | _Failed:
         core = self._core
         value = secrets.token_hex(16)
         start = core.clock()
@@ -89,7 +90,7 @@ class Lock:
         expires_at = core.expiry(start, self.ttl)
         if decision.yes >= core.quorum and expires_at > core.clock():
             core.counters.acquisitions += 1
-            lease = Lease(
+            return Lease(
                 core,
                 resource=self.name,
                 key=self.key,
@@ -99,14 +100,14 @@ class Lock:
                 acquired=rnd.tasks,
                 auto_extend=self.auto_extend,
             )
-            return lease, decision
         core.counters.failed_attempts += 1
         core.undo(self.key, value, rnd.tasks, self.ttl)
         if decision.yes >= core.quorum:
-            decision = _expired(decision, core.clock() - start, self.ttl)
-        return None, decision
+            return _Failed(_expired(decision, core.clock() - start, self.ttl), expired=True)
+        return _Failed(decision, expired=False)
 
-    def _failure(self, decision: Decision) -> RedlockError:
+    def _failure(self, failed: _Failed) -> RedlockError:
+        decision = failed.decision
         counters = self._core.counters
         if decision.unavailable(self._core.quorum):
             counters.unavailable += 1
@@ -117,8 +118,13 @@ class Lock:
             )
         counters.timeouts += 1
         wait = "one attempt" if self.timeout == 0 else f"{self.timeout:g} s"
+        why = (
+            "the masters answered too slowly for the TTL"
+            if failed.expired
+            else "held by another holder"
+        )
         return LockTimeoutError(
-            f"could not lock {self.name!r} within {wait}: held by another holder",
+            f"could not lock {self.name!r} within {wait}: {why}",
             resource=self.name,
             outcomes=decision.outcomes,
         )
@@ -141,6 +147,15 @@ class Lock:
         if not stack:
             del self._entered[task]
         return await lease._exit_block(exc_type, exc, tb)
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """An attempt that did not take the lock: the counted replies, and whether a
+    quorum did grant it but too late (validity used up)."""
+
+    decision: Decision
+    expired: bool
 
 
 def _current_task() -> asyncio.Task[object] | None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ._scripts import Script
 
@@ -35,22 +37,36 @@ class Node:
         self.name = name
         self.owned = owned
         self.in_flight = 0
-        # Calls still running after the fan-out stopped waiting for them. While too
-        # many are out, the master is treated as down without sending more.
+        # Calls a round gave up on because the master stayed silent. While too many
+        # are out and it still says nothing, it is treated as down without sending.
         self.overdue = 0
+        # When the master last answered anything, and since when it has had calls
+        # out without a break (time.monotonic()).
+        self.last_answer = -math.inf
+        self.busy_since = -math.inf
 
     def __repr__(self) -> str:
         return f"Node({self.name!r})"
 
     async def call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:
         """Run ``script`` here; never raises an ``Exception``, returns it in the reply."""
+        if self.in_flight == 0:
+            self.busy_since = time.monotonic()
         self.in_flight += 1
         try:
-            return Reply(await self._evalsha(script, keys, args))
+            reply = Reply(await self._evalsha(script, keys, args))
+        except ResponseError as exc:
+            reply = Reply(error=exc)
         except Exception as exc:
             return Reply(error=exc)
         finally:
             self.in_flight -= 1
+        self.last_answer = time.monotonic()
+        return reply
+
+    def silent(self, now: float, patience: float) -> bool:
+        """Whether calls are out here and nothing was answered for ``patience`` seconds."""
+        return self.in_flight > 0 and now - max(self.last_answer, self.busy_since) > patience
 
     async def _evalsha(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:

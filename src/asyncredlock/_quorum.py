@@ -15,6 +15,7 @@ import asyncio
 import enum
 import functools
 import logging
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,15 +23,14 @@ from typing import Any, TypeVar
 from ._errors import NodeOutcome
 from ._node import Node, Reply
 
-__all__ = ["Decision", "NodeSkippedError", "Round", "TaskTracker", "Verdict"]
+__all__ = ["Decision", "NodeSkippedError", "Round", "TaskTracker", "Timing", "Verdict"]
 
 logger = logging.getLogger("asyncredlock")
 
 _T = TypeVar("_T")
 
-#: A master with this many calls still unanswered past ``node_timeout`` gets no new
-#: calls until one of them completes: a hung master costs one timeout, not one
-#: connection per attempt.
+#: A silent master with this many calls given up on gets no new calls until it
+#: answers again: a hung master costs one timeout, not one connection per attempt.
 MAX_OVERDUE = 8
 
 
@@ -131,15 +131,23 @@ class Round:
         nodes: The masters.
         make: For master ``i``, the coroutine to run there, or an already known
             :class:`Reply` when no call is needed.
+        patience: If given, a master with too many calls given up on that has
+            been silent this long gets no new call.
     """
 
-    def __init__(self, tracker: TaskTracker, nodes: Sequence[Node], make: MakeCall) -> None:
+    def __init__(
+        self,
+        tracker: TaskTracker,
+        nodes: Sequence[Node],
+        make: MakeCall,
+        patience: float | None = None,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.nodes = nodes
         self.tasks: list[asyncio.Future[Reply]] = []
         for i, node in enumerate(nodes):
             reply: Coroutine[Any, Any, Reply] | Reply
-            if node.overdue >= MAX_OVERDUE:
+            if patience is not None and _tripped(node, patience):
                 reply = Reply(error=NodeSkippedError(f"{node.overdue} calls unanswered"))
             else:
                 reply = make(i, node)
@@ -150,65 +158,109 @@ class Round:
             else:
                 self.tasks.append(tracker.call(reply))
 
-    async def decide(self, quorum: int, classify: Classify, node_timeout: float) -> Decision:
-        """Wait until the outcome is decided, at most ``node_timeout`` seconds.
+    async def decide(self, quorum: int, classify: Classify, timing: Timing) -> Decision:
+        """Wait until the outcome is decided.
 
-        Cancelling this await leaves the calls running; they stay in ``tasks``.
+        A call counts as failed once its master has been silent (answered nothing
+        at all) for ``timing.node_timeout``. A master that keeps answering other
+        calls is waited for, up to ``timing.max_wait``: then a busy client (its own
+        event loop late) is not mistaken for a dead master. Cancelling this await
+        leaves the calls running; they stay in ``tasks``.
         """
-        loop = asyncio.get_running_loop()
-        decided: asyncio.Future[None] = loop.create_future()
-        n = len(self.tasks)
-
-        def check(_: object = None) -> None:
-            if decided.done():
-                return
-            yes = no = failed = 0
-            for task in self.tasks:
-                if task.done():
-                    verdict = classify(task.result())[0]
-                    yes += verdict is Verdict.YES
-                    no += verdict is Verdict.NO
-                    failed += verdict is Verdict.FAILED
-            if yes >= quorum or no + failed > n - quorum or yes + no + failed == n:
-                decided.set_result(None)
-
-        def expire() -> None:
-            self._mark_overdue()
-            if not decided.done():
-                decided.set_result(None)
-
-        timer = loop.call_later(node_timeout, expire)
-        for task in self.tasks:
-            task.add_done_callback(check)
+        waiter = _Waiter(self, quorum, classify, timing)
         try:
-            check()
-            await decided
+            await waiter.run()
         finally:
-            if decided.done() and all(t.done() for t in self.tasks):
-                timer.cancel()
-            for task in self.tasks:
-                task.remove_done_callback(check)
-        return self._snapshot(classify, node_timeout)
+            waiter.stop()
+        return self._snapshot(classify, waiter.given_up, timing.node_timeout)
 
-    def _mark_overdue(self) -> None:
-        for node, task in zip(self.nodes, self.tasks, strict=True):
-            if not task.done():
-                node.overdue += 1
-                task.add_done_callback(functools.partial(_release_overdue, node))
-
-    def _snapshot(self, classify: Classify, node_timeout: float) -> Decision:
+    def _snapshot(self, classify: Classify, given_up: set[int], node_timeout: float) -> Decision:
         counts = dict.fromkeys(Verdict, 0)
         outcomes = []
-        for node, task in zip(self.nodes, self.tasks, strict=True):
+        for i, (node, task) in enumerate(zip(self.nodes, self.tasks, strict=True)):
             if task.done():
                 verdict, detail = classify(task.result())
+            elif i in given_up:
+                verdict, detail = Verdict.FAILED, f"silent for over {node_timeout:g} s"
             else:
-                verdict, detail = Verdict.FAILED, f"no reply within {node_timeout:g} s"
+                verdict, detail = Verdict.FAILED, "not answered yet"
             counts[verdict] += 1
             outcomes.append(NodeOutcome(node.name, verdict is Verdict.YES, detail))
         return Decision(
             counts[Verdict.YES], counts[Verdict.NO], counts[Verdict.FAILED], tuple(outcomes)
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How long a round waits: for a silent master, and at most."""
+
+    node_timeout: float
+    max_wait: float
+
+
+class _Waiter:
+    """Counts one round's replies as they arrive and says when it is decided."""
+
+    def __init__(self, rnd: Round, quorum: int, classify: Classify, timing: Timing) -> None:
+        self.rnd = rnd
+        self.quorum = quorum
+        self.classify = classify
+        self.timing = timing
+        self.given_up: set[int] = set()
+        self.loop = asyncio.get_running_loop()
+        self.decided: asyncio.Future[None] = self.loop.create_future()
+        self.started = time.monotonic()
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def run(self) -> None:
+        for task in self.rnd.tasks:
+            task.add_done_callback(self.check)
+        self.check()
+        if not self.decided.done():
+            self.timer = self.loop.call_later(self.timing.node_timeout, self.expire)
+        await self.decided
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        for task in self.rnd.tasks:
+            task.remove_done_callback(self.check)
+
+    def check(self, _: object = None) -> None:
+        if self.decided.done():
+            return
+        yes = no = failed = 0
+        for i, task in enumerate(self.rnd.tasks):
+            if task.done():
+                verdict = self.classify(task.result())[0]
+                yes += verdict is Verdict.YES
+                no += verdict is Verdict.NO
+                failed += verdict is Verdict.FAILED
+            elif i in self.given_up:
+                failed += 1
+        n = len(self.rnd.tasks)
+        if yes >= self.quorum or no + failed > n - self.quorum or yes + no + failed == n:
+            self.decided.set_result(None)
+
+    def expire(self) -> None:
+        """Give up on silent masters; keep waiting for the ones still answering."""
+        now = time.monotonic()
+        out_of_time = now - self.started >= self.timing.max_wait
+        for i, (node, task) in enumerate(zip(self.rnd.nodes, self.rnd.tasks, strict=True)):
+            if task.done() or i in self.given_up:
+                continue
+            if out_of_time or node.silent(now, self.timing.node_timeout):
+                self.given_up.add(i)
+                node.overdue += 1
+                task.add_done_callback(functools.partial(_release_overdue, node))
+        self.check()
+        if not self.decided.done():
+            self.timer = self.loop.call_later(self.timing.node_timeout, self.expire)
+
+
+def _tripped(node: Node, patience: float) -> bool:
+    return node.overdue >= MAX_OVERDUE and node.silent(time.monotonic(), patience)
 
 
 def _release_overdue(node: Node, _: object) -> None:

@@ -124,9 +124,12 @@ class AsyncRedlock:
             longer than the TTL is covered.
         timeout: Default time :meth:`Lock.acquire` waits for a contended lock
             (10.0 s); ``0`` makes one attempt, ``math.inf`` waits without limit.
-        node_timeout: How long one round waits for each master (0.1 s): far above a
-            LAN round trip, small against the TTL, so a dead master costs at most
-            1% of a default lease's validity.
+        node_timeout: How long a master may stay silent before a round counts its
+            call as failed (0.1 s): far above a LAN round trip, small against the
+            TTL, so a dead master costs at most 1% of a default lease's validity.
+            A master that keeps answering other calls is waited for (up to
+            ``socket_timeout``): a client whose own event loop is late under load
+            does not take healthy masters for dead ones.
         retry_delay: Upper bound of the jittered pause between attempts (0.2 s);
             each pause is uniform in ``[0, retry_delay]`` (full jitter).
         drift_factor: Clock drift allowance as a fraction of the TTL (0.01, as in
@@ -137,9 +140,9 @@ class AsyncRedlock:
             pool blocks rather than fails when all are busy, so 200+ concurrent
             lockers on one ``AsyncRedlock`` wait their turn instead of erroring.
         socket_timeout: How long a call already sent may wait for its reply (5.0 s)
-            before its connection is dropped. Rounds never wait that long (they stop
-            at ``node_timeout``); it bounds how long a hung master keeps a
-            connection busy in the background.
+            before its connection is dropped, and the longest a round waits for a
+            master that is slow but answering. It bounds how long a hung master
+            keeps a connection busy in the background.
         auto_extend: Whether leases extend themselves by default (True).
         clock: The monotonic clock for validity (``time.monotonic``); replace it
             only in tests.
