@@ -1,0 +1,197 @@
+"""Mutual exclusion, leases, extension, loss and release against real servers."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import (
+    AsyncRedlock,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+)
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+
+class TestMutualExclusion:
+    @pytest.mark.parametrize("n", [1, 3, 5])
+    async def test_no_increment_is_lost(self, servers: ServerGroup, n: int) -> None:
+        counter = Redis.from_url(servers.urls[0])
+        inside = 0
+        overlaps = 0
+
+        async def worker(redlock: AsyncRedlock) -> None:
+            nonlocal inside, overlaps
+            async with redlock.lock("counter-lock", timeout=math.inf):
+                inside += 1
+                overlaps += inside > 1
+                value = int(await counter.get("counter") or 0)
+                await anyio.sleep(0.001)  # the work between read and write
+                await counter.set("counter", value + 1)
+                inside -= 1
+
+        async with (
+            AsyncRedlock(servers.urls[:n], retry_delay=0.02) as redlock,
+            anyio.create_task_group() as tg,
+        ):
+            for _ in range(50):
+                tg.start_soon(worker, redlock)
+        assert int(await counter.get("counter")) == 50
+        assert overlaps == 0
+        await counter.aclose()
+
+    async def test_second_holder_waits_for_the_first(self, servers: ServerGroup) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as first,
+            AsyncRedlock(servers.urls) as second,
+        ):
+            lease = await first.lock("res").acquire()
+            with pytest.raises(LockTimeoutError) as caught:
+                await second.lock("res", timeout=0).acquire()
+            assert caught.value.resource == "res"
+            assert len(caught.value.outcomes) == 5
+            outcomes = caught.value.outcomes
+            assert not any(o.ok for o in outcomes)
+            # the round stops once three refusals make a quorum impossible
+            assert sum("held by another" in o.detail for o in outcomes) >= 3
+            await lease.release()
+            again = await second.lock("res", timeout=0).acquire()
+            await again.release()
+
+    async def test_200_concurrent_lockers_on_one_redlock(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+
+            async def cycle(i: int) -> None:
+                lease = await redlock.lock(f"many:{i}", auto_extend=False).acquire()
+                await lease.release()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(250):
+                    tg.start_soon(cycle, i)
+            stats = redlock.statistics()
+        assert stats.acquisitions == 250
+        assert stats.releases == 250
+
+
+class TestLease:
+    async def test_lease_reports_token_validity_and_state(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls, ttl=5.0) as redlock:
+            lease = await redlock.lock("state").acquire()
+            assert lease.token is None
+            assert 0 < lease.validity <= 5.0
+            assert lease.held
+            assert not lease.lost
+            await lease.release()
+            assert lease.validity == 0
+            assert not lease.held
+            assert not lease.lost
+
+    async def test_auto_extension_keeps_a_short_lock_through_long_work(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        order: list[str] = []
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=0.05) as other,
+        ):
+
+            async def wait_for_it() -> None:
+                async with other.lock("long", timeout=30):
+                    order.append("other acquired")
+
+            async with anyio.create_task_group() as tg:
+                async with holder.lock("long", ttl=1.0) as lease:
+                    with pytest.raises(LockTimeoutError):
+                        await other.lock("long", timeout=0).acquire()
+                    tg.start_soon(wait_for_it)
+                    await anyio.sleep(3.0)  # the work: three TTLs long
+                    assert lease.held
+                    assert await masters.holding("long") == 5
+                    order.append("holder done")
+                order.append("holder released")
+            stats = holder.statistics()
+        assert order == ["holder done", "holder released", "other acquired"]
+        assert stats.extensions >= 6
+        assert stats.lost == 0
+
+    async def test_deleting_the_key_on_a_majority_cancels_the_block(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        body_finished = False
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls) as other,
+        ):
+            with pytest.raises(LockLostError) as caught:
+                async with holder.lock("lost", ttl=0.6):
+                    for client in masters.clients[:3]:
+                        await client.delete("lost")
+                    await anyio.sleep_forever()
+                    body_finished = True
+            assert caught.value.resource == "lost"
+            assert holder.statistics().lost == 1
+            lease = await other.lock("lost", timeout=5).acquire()
+            await lease.release()
+        assert not body_finished
+
+    async def test_explicit_lease_exposes_loss(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.lock("explicit", ttl=0.6).acquire()
+            for client in masters.clients:
+                await client.delete("explicit")
+            assert await lease.wait_lost() is True
+            assert lease.lost
+            assert lease.validity == 0
+            with pytest.raises(LockNotOwnedError):
+                await lease.release()
+
+    async def test_release_of_a_lease_another_holder_owns(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as first,
+            AsyncRedlock(servers.urls) as second,
+        ):
+            stale = await first.lock("owned", auto_extend=False).acquire()
+            assert await first.force_release("owned") == 5
+            fresh = await second.lock("owned", timeout=0).acquire()
+            with pytest.raises(LockNotOwnedError) as caught:
+                await stale.extend()
+            assert caught.value.resource == "owned"
+            with pytest.raises(LockNotOwnedError):
+                await stale.release()
+            values = [await client.get("owned") for client in masters.clients]
+            assert values == [fresh.value.encode()] * 5
+            await fresh.release()
+
+    async def test_release_twice_raises_not_owned(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.lock("twice").acquire()
+            await lease.release()
+            assert await lease.wait_lost() is False
+            with pytest.raises(LockNotOwnedError, match="already released"):
+                await lease.release()
+
+    async def test_explicit_extend_resets_the_ttl(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.lock("ext", ttl=1.0, auto_extend=False).acquire()
+            await lease.extend(ttl=30.0)
+            assert lease.validity > 1.0
+            await redlock.settle()
+            pttls = [await client.pttl("ext") for client in masters.clients]
+            assert all(pttl > 1000 for pttl in pttls)
+            await lease.release()
+            await redlock.settle()  # release returns at quorum; the rest follow
+            assert await masters.holding("ext") == 0
