@@ -1,0 +1,195 @@
+"""The command line against real servers: inspect, force-release, and bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import anyio.to_thread
+import pytest
+
+from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
+from asyncredlock.__main__ import main
+from asyncredlock.testing import ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+pytestmark = pytest.mark.anyio
+
+
+async def cli(*argv: str) -> int:
+    """``main(argv)`` in a worker thread: it runs its own event loop, as from a shell."""
+    return await anyio.to_thread.run_sync(main, list(argv))
+
+
+def master_args(urls: list[str]) -> list[str]:
+    return [arg for url in urls for arg in ("--master", url)]
+
+
+@pytest.fixture(autouse=True)
+def _no_masters_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDLOCK_MASTERS", raising=False)
+
+
+class TestInspect:
+    async def test_shows_the_holder_of_a_held_lock(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock, redlock.lock("cli:held") as lease:
+            code = await cli("inspect", "cli:held", *master_args(servers.urls))
+        out = capsys.readouterr().out
+        assert code == 0
+        assert f"majority holder: {lease.value} (on 5 of 5 masters)" in out
+        rows = [line for line in out.splitlines() if line.startswith("redis://")]
+        assert [row.split()[0] for row in rows] == servers.urls
+        assert all(row.split()[1] == lease.value for row in rows)
+
+    async def test_json_output_parses(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        urls = ",".join(servers.urls)
+        async with (
+            AsyncRedlock(servers.urls) as redlock,
+            redlock.lock("cli:json", ttl=30.0) as lease,
+        ):
+            code = await cli("inspect", "cli:json", "--json", "--masters", urls)
+        document = json.loads(capsys.readouterr().out)
+        assert code == 0
+        assert (document["resource"], document["key"]) == ("cli:json", "cli:json")
+        assert (document["holder"], document["quorum"], document["answered"]) == (lease.value, 3, 5)
+        assert [master["node"] for master in document["masters"]] == servers.urls
+        assert all(master["holder"] == lease.value for master in document["masters"])
+        assert all(0 < master["ttl"] <= 30.0 for master in document["masters"])
+        assert all(master["error"] is None for master in document["masters"])
+
+    async def test_a_free_lock_has_no_holder(
+        self,
+        servers: ServerGroup,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        monkeypatch.setenv("REDLOCK_MASTERS", ",".join(servers.urls))
+        code = await cli("inspect", "cli:free", "--json")
+        document = json.loads(capsys.readouterr().out)
+        assert code == 0
+        assert document["holder"] is None
+        assert all(master["holder"] is None for master in document["masters"])
+
+    async def test_fails_when_a_majority_does_not_answer(
+        self,
+        servers: ServerGroup,
+        make_servers: MakeServers,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        down = make_servers(3, start=False)  # ports reserved, nothing listening
+        urls = servers.urls[:2] + down.urls
+        code = await cli("inspect", "cli:outage", *master_args(urls))
+        out = capsys.readouterr().out
+        assert code == 1
+        assert "majority holder: unknown (only 2 of 5 masters answered)" in out
+        assert out.count("error: ") == 3
+
+
+class TestForceRelease:
+    async def test_frees_a_held_lock(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lock = redlock.lock("cli:stuck", ttl=60.0, timeout=0, auto_extend=False)
+            stuck = await lock.acquire()
+            with pytest.raises(LockTimeoutError):
+                await lock.acquire()
+            code = await cli("force-release", "cli:stuck", "--yes", *master_args(servers.urls))
+            fresh = await lock.acquire()
+            await fresh.release()
+            with pytest.raises(LockNotOwnedError):
+                await stuck.release()
+        assert code == 0
+        assert "deleted the lock key of 'cli:stuck' on 5 of 5 masters" in capsys.readouterr().out
+
+    @pytest.mark.parametrize(("answer", "expected_code"), [("y\n", 0), ("n\n", 1), ("", 1)])
+    async def test_asks_before_deleting(
+        self,
+        servers: ServerGroup,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        answer: str,
+        expected_code: int,
+    ) -> None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(answer))  # "" is end of input
+        async with AsyncRedlock(servers.urls) as redlock:
+            lock = redlock.lock("cli:ask", ttl=60.0, timeout=0, auto_extend=False)
+            lease = await lock.acquire()
+            code = await cli("force-release", "cli:ask", *master_args(servers.urls))
+            state = await redlock.inspect("cli:ask")
+            if state.holder is not None:
+                await lease.release()
+        captured = capsys.readouterr()
+        assert code == expected_code
+        assert f"majority holder: {lease.value}" in captured.out  # shown before asking
+        assert "[y/N]" in captured.out
+        if expected_code == 0:
+            assert state.holder is None
+        else:
+            assert state.holder == lease.value
+            assert captured.err == "asyncredlock: error: aborted: nothing was deleted\n"
+
+
+class TestBadInput:
+    @pytest.mark.parametrize("argv", [["inspect", "x"], ["force-release", "x", "--yes"]])
+    def test_no_masters(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert err.startswith("asyncredlock: error: no masters")
+
+    @pytest.mark.parametrize(
+        ("url", "complaint"),
+        [
+            ("localhost:6379", "must start with redis://"),
+            ("http://127.0.0.1:6379", "must start with redis://"),
+            ("redis://127.0.0.1:notaport", "invalid port"),
+            ("redis://:6379", "names no host"),
+        ],
+    )
+    def test_malformed_url(
+        self, url: str, complaint: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main(["inspect", "some:lock", "--master", url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert complaint in err
+        assert "Traceback" not in err
+
+    def test_malformed_url_in_the_environment(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("REDLOCK_MASTERS", "redis://127.0.0.1:1,127.0.0.1:2")
+        assert main(["inspect", "some:lock"]) == 2
+        assert "'127.0.0.1:2' must start with redis://" in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            [],
+            ["inspect"],
+            ["inspect", "", "--master", "redis://127.0.0.1:1"],
+            ["inspect", "x", "--master", "redis://127.0.0.1:1", "--node-timeout", "0"],
+            ["demo", "--requests", "0"],
+            ["demo", "--limit", "three"],
+            ["no-such-command"],
+        ],
+    )
+    def test_usage_errors_are_one_line(
+        self, argv: list[str], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.count("\n") == 1
+        assert captured.err.startswith("asyncredlock")
+        assert ": error: " in captured.err
+
+    def test_help_exits_zero(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["--help"]) == 0
+        out = capsys.readouterr().out
+        assert all(command in out for command in ("demo", "inspect", "force-release"))
