@@ -176,10 +176,12 @@ class Core:
 
     def undo(
         self, key: str, value: str, acquired: Sequence[asyncio.Future[Reply]], ttl: float
-    ) -> None:
+    ) -> list[asyncio.Task[Reply]]:
         """Release a failed or cancelled attempt on every master, in the background."""
-        for node, future in zip(self.nodes, acquired, strict=True):
+        return [
             self.tracker.call(self.release_on(node, key, value, future, future, ttl))
+            for node, future in zip(self.nodes, acquired, strict=True)
+        ]
 
     def describe(self) -> dict[str, Any]:
         """Current gauges for statistics."""

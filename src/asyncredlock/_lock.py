@@ -12,6 +12,7 @@ import anyio
 from ._core import Core, classify_acquire
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
 from ._lease import Lease
+from ._node import Reply
 from ._quorum import Decision
 
 __all__ = ["Lock"]
@@ -74,7 +75,11 @@ class Lock:
             remaining = deadline - core.clock()
             if remaining <= 0:
                 raise self._failure(outcome)
-            await anyio.sleep(min(core.retry_pause(), remaining))
+            # Do not race our own undo: a late SET of the last attempt would look
+            # like another holder to the next one.
+            await asyncio.wait(outcome.cleanup, timeout=remaining)
+            remaining = deadline - core.clock()
+            await anyio.sleep(max(0.0, min(core.retry_pause(), remaining)))
 
     async def _attempt(self) -> Lease | _Failed:
         core = self._core
@@ -101,10 +106,11 @@ class Lock:
                 auto_extend=self.auto_extend,
             )
         core.counters.failed_attempts += 1
-        core.undo(self.key, value, rnd.tasks, self.ttl)
+        cleanup = core.undo(self.key, value, rnd.tasks, self.ttl)
         if decision.yes >= core.quorum:
-            return _Failed(_expired(decision, core.clock() - start, self.ttl), expired=True)
-        return _Failed(decision, expired=False)
+            decision = _expired(decision, core.clock() - start, self.ttl)
+            return _Failed(decision, expired=True, cleanup=cleanup)
+        return _Failed(decision, expired=False, cleanup=cleanup)
 
     def _failure(self, failed: _Failed) -> RedlockError:
         decision = failed.decision
@@ -151,11 +157,12 @@ class Lock:
 
 @dataclass(frozen=True, slots=True)
 class _Failed:
-    """An attempt that did not take the lock: the counted replies, and whether a
-    quorum did grant it but too late (validity used up)."""
+    """An attempt that did not take the lock: the counted replies, whether a
+    quorum did grant it but too late (validity used up), and its undo calls."""
 
     decision: Decision
     expired: bool
+    cleanup: list[asyncio.Task[Reply]]
 
 
 def _current_task() -> asyncio.Task[object] | None:

@@ -212,14 +212,19 @@ class _Waiter:
         self.decided: asyncio.Future[None] = self.loop.create_future()
         self.started = time.monotonic()
         self.timer: asyncio.TimerHandle | None = None
+        self.due = 0.0
 
     async def run(self) -> None:
         for task in self.rnd.tasks:
             task.add_done_callback(self.check)
         self.check()
-        if not self.decided.done():
-            self.timer = self.loop.call_later(self.timing.node_timeout, self.expire)
+        self.schedule()
         await self.decided
+
+    def schedule(self) -> None:
+        if not self.decided.done():
+            self.due = time.monotonic() + self.timing.node_timeout
+            self.timer = self.loop.call_later(self.timing.node_timeout, self.expire)
 
     def stop(self) -> None:
         if self.timer is not None:
@@ -247,16 +252,18 @@ class _Waiter:
         """Give up on silent masters; keep waiting for the ones still answering."""
         now = time.monotonic()
         out_of_time = now - self.started >= self.timing.max_wait
+        # A timer that fires late means this process's event loop is overloaded:
+        # replies may be sitting unread, so silence proves nothing about a master.
+        overloaded = now - self.due > self.timing.node_timeout / 2
         for i, (node, task) in enumerate(zip(self.rnd.nodes, self.rnd.tasks, strict=True)):
             if task.done() or i in self.given_up:
                 continue
-            if out_of_time or node.silent(now, self.timing.node_timeout):
+            if out_of_time or (not overloaded and node.silent(now, self.timing.node_timeout)):
                 self.given_up.add(i)
                 node.overdue += 1
                 task.add_done_callback(functools.partial(_release_overdue, node))
         self.check()
-        if not self.decided.done():
-            self.timer = self.loop.call_later(self.timing.node_timeout, self.expire)
+        self.schedule()
 
 
 def _tripped(node: Node, patience: float) -> bool:

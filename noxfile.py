@@ -1,0 +1,62 @@
+"""Developer sessions: nox -s tests | lint | typecheck | docs | bench | compat."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
+nox.options.reuse_existing_virtualenvs = True
+
+_PYPROJECT = tomllib.loads(Path("pyproject.toml").read_text())
+PYTHONS = [
+    match.group(1)
+    for classifier in _PYPROJECT["project"]["classifiers"]
+    if (match := re.fullmatch(r"Programming Language :: Python :: (3\.\d+)", classifier))
+]
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The whole suite against real servers (the README's test command)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on src/ and tests/typing/."""
+    session.install("-e", ".[test]")
+    session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site; warnings are errors."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run the benchmarks and regenerate their JSON, tables and plots."""
+    session.install("-e", ".[bench]")
+    session.run("python", "benchmarks/fanout.py", *session.posargs)
+
+
+@nox.session
+def compat(session: nox.Session) -> None:
+    """Other Redis versions through testcontainers (skips where no Docker engine runs)."""
+    session.install("-e", ".[test,compat]")
+    session.run("pytest", "-m", "docker", "-rs", *session.posargs)
