@@ -68,11 +68,15 @@ class Settings:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        check_seconds("ttl", self.ttl)
-        check_seconds("timeout", self.timeout, allow_zero=True, allow_inf=True)
-        check_seconds("node_timeout", self.node_timeout)
-        check_seconds("retry_delay", self.retry_delay, allow_zero=True)
-        check_seconds("socket_timeout", self.socket_timeout)
+        seconds = {
+            "ttl": check_seconds("ttl", self.ttl),
+            "timeout": check_seconds("timeout", self.timeout, allow_zero=True, allow_inf=True),
+            "node_timeout": check_seconds("node_timeout", self.node_timeout),
+            "retry_delay": check_seconds("retry_delay", self.retry_delay, allow_zero=True),
+            "socket_timeout": check_seconds("socket_timeout", self.socket_timeout),
+        }
+        for name, value in seconds.items():  # store floats, whatever number was given
+            object.__setattr__(self, name, value)
         _check_int("max_connections", self.max_connections, minimum=1)
         if isinstance(self.drift_factor, bool) or not isinstance(self.drift_factor, int | float):
             raise TypeError("drift_factor must be a number")

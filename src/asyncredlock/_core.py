@@ -1,6 +1,6 @@
 """The shared machinery behind ``AsyncRedlock``, ``Lock`` and ``Lease``.
 
-:class:`Core` owns the masters, the quorum size, the settings, the background
+`Core` owns the masters, the quorum size, the settings, the background
 tasks and the counters. It also holds the per-master steps that acquisition,
 release and cleanup share, so each is written once.
 """
@@ -32,7 +32,7 @@ from ._scripts import ACQUIRE, RELEASE
 if TYPE_CHECKING:
     from ._lease import Lease
 
-__all__ = ["Core", "Counters", "classify_acquire", "classify_flag", "ms"]
+__all__ = ["Core", "Counters", "classify_acquire", "classify_deleted", "classify_flag", "ms"]
 
 
 def ms(seconds: float) -> int:
@@ -69,6 +69,13 @@ def classify_flag(reply: Reply) -> tuple[Verdict, str]:
     if int(reply.value) == 1:
         return Verdict.YES, "done"
     return Verdict.NO, "not held by this lease"
+
+
+def classify_deleted(reply: Reply) -> tuple[Verdict, str]:
+    """Count a force-release reply: any answer is a success (the key is gone)."""
+    if reply.error is not None:
+        return Verdict.FAILED, _describe_error(reply)
+    return Verdict.YES, "deleted" if int(reply.value) == 1 else "no key"
 
 
 async def wait_done(future: asyncio.Future[Reply]) -> None:

@@ -1,4 +1,4 @@
-"""The exceptions of asyncredlock, one tree under :class:`RedlockError`.
+"""The exceptions of asyncredlock, one tree under `RedlockError`.
 
 ```
 RedlockError
@@ -35,7 +35,8 @@ class NodeOutcome:
         node: The master's display name (its URL without password).
         ok: Whether the operation took effect on this master.
         detail: A short human-readable account: ``"granted"``, ``"held by another
-            holder"``, ``"no reply within 0.1 s"``, ``"ConnectionError: ..."``.
+            holder (812 ms left)"``, ``"master silent for over 0.1 s"``,
+            ``"ConnectionError: ..."``.
     """
 
     node: str

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["aux_key", "has_hash_tag", "lock_key"]
+import functools
+import itertools
+import string
+
+__all__ = ["aux_key", "has_hash_tag", "key_slot", "lock_key"]
+
+_SLOTS = 16384
 
 
 def has_hash_tag(key: str) -> bool:
@@ -23,8 +29,45 @@ def aux_key(key: str, suffix: str) -> str:
     """An auxiliary key in the same cluster slot as ``key``.
 
     ``{K}:suffix`` when ``K`` has no hash tag (the slot of ``{K}`` is the slot of
-    ``K``), else ``K:suffix`` (the tag already decides the slot).
+    ``K``), else ``K:suffix`` (the tag already decides the slot). A key without a
+    tag that holds a ``}`` cannot be wrapped (its own ``}`` would end the tag
+    early); it gets a short tag chosen to hash to its slot.
     """
     if has_hash_tag(key):
         return f"{key}:{suffix}"
+    if "}" in key:
+        return "{" + _tag_for_slot(key_slot(key)) + "}:" + key + ":" + suffix
     return "{" + key + "}:" + suffix
+
+
+def key_slot(key: str) -> int:
+    """The Redis Cluster slot of ``key`` (CRC16-XMODEM of its hash tag or whole)."""
+    data = key.encode()
+    start = data.find(b"{")
+    if start >= 0:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return _crc16(data) % _SLOTS
+
+
+def _crc16(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+@functools.lru_cache(maxsize=256)
+def _tag_for_slot(slot: int) -> str:
+    """The first short alphanumeric string that hashes to ``slot``."""
+    alphabet = string.ascii_letters + string.digits
+    for length in itertools.count(1):
+        for chars in itertools.product(alphabet, repeat=length):
+            tag = "".join(chars)
+            if _crc16(tag.encode()) % _SLOTS == slot:
+                return tag
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -35,15 +35,16 @@ class Lease:
 
     The lease extends itself in the background (unless ``auto_extend=False``) about
     every third of its TTL. If it cannot be extended before its validity ends it is
-    *lost*: :attr:`lost` becomes true and, inside ``async with``, the block is
-    cancelled and :class:`LockLostError` raised at its exit.
+    *lost*: `lost` becomes true and, inside ``async with``, the block is
+    cancelled and `LockLostError` raised at its exit.
 
     Attributes:
         resource: The resource name passed to ``lock()``.
         key: The Redis key that holds the lock (the name after the prefix).
-        value: This holder's random value (128 bits from :mod:`secrets`).
+        value: This holder's random value (128 bits from `secrets`).
         ttl: The time to live, in seconds, set on each extension.
-        token: The fencing token, or ``None`` while fencing is not enabled.
+        token: The fencing token; always ``None`` in this release (fencing
+            tokens are planned, see the guarantees page).
     """
 
     def __init__(
@@ -81,7 +82,11 @@ class Lease:
 
     @property
     def validity(self) -> float:
-        """Seconds for which the lock is still certainly held (0 once lost or released)."""
+        """Seconds the lock is still held for, under Redlock's timing assumptions.
+
+        Measured with the monotonic clock from before the acquisition (or last
+        extension) was sent, less the drift allowance; 0 once lost or released.
+        """
         if self._state is not _State.HELD:
             return 0.0
         return max(0.0, self._expires_at - self._core.clock())
@@ -113,7 +118,8 @@ class Lease:
 
         Args:
             ttl: New time to live in seconds; the lease's ``ttl`` when omitted.
-                It also becomes the TTL of later automatic extensions.
+                Once the extension succeeds it also becomes the TTL of later
+                automatic extensions.
 
         Raises:
             LockNotOwnedError: The lease is released, lost, or a majority of masters
@@ -121,11 +127,11 @@ class Lease:
             QuorumUnavailableError: Too many masters failed to answer; the lease
                 keeps its previous validity and may be extended again.
         """
-        if ttl is not None:
-            self.ttl = check_seconds("ttl", ttl)
+        new_ttl = self.ttl if ttl is None else check_seconds("ttl", ttl)
         self._check_held("extend")
-        decision = await self._extend_round()
+        decision = await self._extend_round(new_ttl)
         if decision is None:
+            self.ttl = new_ttl
             return
         if decision.unavailable(self._core.quorum):
             raise QuorumUnavailableError(
@@ -144,8 +150,10 @@ class Lease:
         """Release the lock on every master (compare-and-delete by this lease's value).
 
         Returns once a quorum confirmed; the remaining masters are released in the
-        background, each after any call of this lease still running there. Safe to
-        cancel: the release goes on.
+        background, each after any call of this lease still running there. Waits
+        at most ``socket_timeout`` for the masters. Safe to cancel: the release
+        goes on. If a majority no longer held the lock, the lease counts as lost
+        (`lost` becomes true) and `LockNotOwnedError` is raised.
 
         Raises:
             LockNotOwnedError: The lease was already released or lost, or a majority
@@ -164,6 +172,7 @@ class Lease:
                 outcomes=decision.outcomes,
             )
         self._core.counters.lost += 1
+        self._state = _State.LOST  # taken away before release: report it as lost
         raise LockNotOwnedError(
             f"{self.resource!r} was no longer held by this lease when released",
             resource=self.resource,
@@ -181,11 +190,11 @@ class Lease:
 
     # -- per-master steps -------------------------------------------------------
 
-    async def _extend_round(self) -> Decision | None:
+    async def _extend_round(self, ttl: float) -> Decision | None:
         """One extension round; ``None`` when it succeeded."""
         core = self._core
         start = core.clock()
-        args = (self.value, ms(self.ttl))
+        args = (self.value, ms(ttl))
 
         patience = core.settings.node_timeout
 
@@ -201,7 +210,7 @@ class Lease:
         # Waiting past the validity is pointless: by then the lease is lost anyway.
         wait = max(core.settings.node_timeout, self._expires_at - core.clock())
         decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
-        expires_at = core.expiry(start, self.ttl)
+        expires_at = core.expiry(start, ttl)
         if self._state is _State.HELD and decision.yes >= core.quorum and expires_at > core.clock():
             self._expires_at = expires_at
             core.counters.extensions += 1
@@ -251,7 +260,7 @@ class Lease:
                 self._lose(self._loss)
                 return
             start = core.clock()
-            decision = await self._extend_round()
+            decision = await self._extend_round(self.ttl)
             if decision is None:
                 next_at = start + self.ttl / 3
             elif not decision.unavailable(core.quorum):

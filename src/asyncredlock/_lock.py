@@ -1,4 +1,4 @@
-"""``Lock``: what to lock and how; each acquisition gives a :class:`Lease`."""
+"""``Lock``: what to lock and how; each acquisition gives a `Lease`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ __all__ = ["Lock"]
 class Lock:
     """A distributed lock on one resource, made by ``AsyncRedlock.lock()``.
 
-    A ``Lock`` holds no state on the masters: each :meth:`acquire` returns a new
-    :class:`Lease`, and ``async with lock as lease:`` acquires, keeps the lease
+    A ``Lock`` holds no state on the masters: each `acquire` returns a new
+    `Lease`, and ``async with lock as lease:`` acquires, keeps the lease
     extended while the block runs, and releases it at the end. The same ``Lock``
     may be used by many tasks at once; each gets its own lease.
 
@@ -30,7 +30,7 @@ class Lock:
         name: The resource name.
         key: The Redis key (the name after the ``AsyncRedlock``'s prefix).
         ttl: Time to live of the key, in seconds.
-        timeout: How long :meth:`acquire` waits for a contended lock, in seconds
+        timeout: How long `acquire` waits for a contended lock, in seconds
             (``0``: one attempt; ``math.inf``: no limit).
         auto_extend: Whether leases extend themselves until released.
     """
@@ -63,8 +63,9 @@ class Lock:
 
         Raises:
             LockTimeoutError: Other holders kept the lock for the whole timeout.
-            QuorumUnavailableError: A majority of masters failed or did not answer
-                in the last attempt.
+            QuorumUnavailableError: So many masters failed or stayed silent in the
+                last attempt that no quorum was possible (an outage).
+            RuntimeError: The ``AsyncRedlock`` is closed.
         """
         core = self._core
         deadline = core.clock() + self.timeout

@@ -1,12 +1,13 @@
 """Concurrent fan-out to every master, decided at quorum, with tracked background calls.
 
-Each operation (acquire, extend, release, inspect) becomes a :class:`Round`: one call
-per master, each in its own task. The caller waits only until the outcome is decided
-(a quorum said yes, or a quorum can no longer say yes, or ``node_timeout`` passed);
-calls still running then go on in the background under the :class:`TaskTracker`,
-and whoever needs their result (cleanup, release) awaits them later. A call is never
-cancelled to meet a deadline: a cancelled ``SET`` could still land after the undo
-that was meant to follow it.
+Each operation (acquire, extend, release, inspect) becomes a `Round`: one call per
+master, each in its own task. The caller waits only until the outcome is decided: a
+quorum said yes, or a quorum can no longer say yes (counting masters given up on).
+Acquisition gives up on a master that stayed silent for ``node_timeout``; release
+and extension wait for every master up to a bound of their own. Calls still running
+then go on in the background under the `TaskTracker`, and whoever needs their
+result (cleanup, release) awaits them later. A call is never cancelled to meet a
+deadline: a cancelled ``SET`` could still land after the undo meant to follow it.
 """
 
 from __future__ import annotations
@@ -109,14 +110,17 @@ class Decision:
     Attributes:
         yes: Masters where the operation took effect.
         no: Masters that answered that it could not take effect.
-        failed: Masters that failed, were skipped, or had not answered in time.
+        failed: Masters that failed, were skipped, or were given up on.
         outcomes: Per-master accounts, in the order of the masters.
+        pending: Masters whose reply was still on its way when the round was
+            decided without it (counted neither as yes, no nor failed).
     """
 
     yes: int
     no: int
     failed: int
     outcomes: tuple[NodeOutcome, ...]
+    pending: int = 0
 
     def unavailable(self, quorum: int) -> bool:
         """Whether failures alone made the quorum unreachable (an outage)."""
@@ -130,7 +134,7 @@ class Round:
         tracker: Runs the per-master calls.
         nodes: The masters.
         make: For master ``i``, the coroutine to run there, or an already known
-            :class:`Reply` when no call is needed.
+            `Reply` when no call is needed.
         patience: If given, a master with too many calls given up on that has
             been silent this long gets no new call.
     """
@@ -172,22 +176,30 @@ class Round:
             await waiter.run()
         finally:
             waiter.stop()
-        return self._snapshot(classify, waiter.given_up, timing.node_timeout)
+        return self._snapshot(classify, waiter.given_up)
 
-    def _snapshot(self, classify: Classify, given_up: set[int], node_timeout: float) -> Decision:
+    def _snapshot(self, classify: Classify, given_up: dict[int, str]) -> Decision:
         counts = dict.fromkeys(Verdict, 0)
+        pending = 0
         outcomes = []
         for i, (node, task) in enumerate(zip(self.nodes, self.tasks, strict=True)):
+            verdict: Verdict | None = None
             if task.done():
                 verdict, detail = classify(task.result())
+                counts[verdict] += 1
             elif i in given_up:
-                verdict, detail = Verdict.FAILED, f"silent for over {node_timeout:g} s"
+                detail = given_up[i]
+                counts[Verdict.FAILED] += 1
             else:
-                verdict, detail = Verdict.FAILED, "not answered yet"
-            counts[verdict] += 1
+                detail = "not answered yet (the round was decided without it)"
+                pending += 1
             outcomes.append(NodeOutcome(node.name, verdict is Verdict.YES, detail))
         return Decision(
-            counts[Verdict.YES], counts[Verdict.NO], counts[Verdict.FAILED], tuple(outcomes)
+            counts[Verdict.YES],
+            counts[Verdict.NO],
+            counts[Verdict.FAILED],
+            tuple(outcomes),
+            pending,
         )
 
 
@@ -207,7 +219,7 @@ class _Waiter:
         self.quorum = quorum
         self.classify = classify
         self.timing = timing
-        self.given_up: set[int] = set()
+        self.given_up: dict[int, str] = {}
         self.loop = asyncio.get_running_loop()
         self.decided: asyncio.Future[None] = self.loop.create_future()
         self.started = time.monotonic()
@@ -258,10 +270,14 @@ class _Waiter:
         for i, (node, task) in enumerate(zip(self.rnd.nodes, self.rnd.tasks, strict=True)):
             if task.done() or i in self.given_up:
                 continue
-            if out_of_time or (not overloaded and node.silent(now, self.timing.node_timeout)):
-                self.given_up.add(i)
-                node.overdue += 1
-                task.add_done_callback(functools.partial(_release_overdue, node))
+            if out_of_time:
+                self.given_up[i] = f"no reply within {self.timing.max_wait:g} s"
+            elif not overloaded and node.silent(now, self.timing.node_timeout):
+                self.given_up[i] = f"master silent for over {self.timing.node_timeout:g} s"
+            else:
+                continue
+            node.overdue += 1
+            task.add_done_callback(functools.partial(_release_overdue, node))
         self.check()
         self.schedule()
 
@@ -275,7 +291,7 @@ def _release_overdue(node: Node, _: object) -> None:
 
 
 def describe_error(reply: Reply) -> str:
-    """A short account of a failed call, for :class:`NodeOutcome`."""
+    """A short account of a failed call, for `NodeOutcome`."""
     error = reply.error
     assert error is not None
     text = str(error) or "no message"

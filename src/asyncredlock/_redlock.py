@@ -17,11 +17,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ._config import Settings, check_name, check_seconds
-from ._core import Core
+from ._core import Core, classify_deleted
+from ._errors import QuorumUnavailableError
 from ._keys import aux_key, lock_key
 from ._lock import Lock
 from ._node import Node, Reply
-from ._scripts import INSPECT
+from ._scripts import DELETE, INSPECT
 
 __all__ = ["AsyncRedlock", "LockState", "NodeLockState", "RedlockStatistics"]
 
@@ -42,7 +43,8 @@ class RedlockStatistics:
     """Counters and gauges of one ``AsyncRedlock`` (see ``AsyncRedlock.statistics()``).
 
     Attributes:
-        attempts: Acquisition rounds sent to the masters.
+        attempts: Acquisition rounds sent to the masters (including rounds cut
+            short by cancellation, which count in neither of the next two).
         acquisitions: Attempts that took the lock.
         failed_attempts: Attempts that did not (contention, outage or validity).
         timeouts: ``LockTimeoutError`` raised.
@@ -77,7 +79,8 @@ class NodeLockState:
     Attributes:
         node: The master's display name.
         holder: The value in the lock key (the holder's random id), or ``None``.
-        ttl: Seconds until the key expires, or ``None`` when there is no key.
+        ttl: Seconds until the key expires, or ``None`` when there is no key or
+            it has no expiry.
         fence: The resource's fence counter there, or ``None`` when it has none.
         error: Why the master could not be read, or ``None``.
     """
@@ -118,7 +121,7 @@ class AsyncRedlock:
     """Redlock over N independent Redis or Valkey masters.
 
     Construction does no I/O: connections open on first use. Use it as
-    ``async with AsyncRedlock(...) as redlock:`` or call :meth:`aclose` when done.
+    ``async with AsyncRedlock(...) as redlock:`` or call `aclose` when done.
 
     Args:
         masters: The masters, as URLs (``redis://``, ``rediss://``, ``unix://``) or
@@ -129,14 +132,16 @@ class AsyncRedlock:
             ride out a GC pause or a network blip, short enough that a crashed
             holder frees the resource soon; leases extend themselves, so work
             longer than the TTL is covered.
-        timeout: Default time :meth:`Lock.acquire` waits for a contended lock
+        timeout: Default time `Lock.acquire` waits for a contended lock
             (10.0 s); ``0`` makes one attempt, ``math.inf`` waits without limit.
-        node_timeout: How long a master may stay silent before a round counts its
-            call as failed (0.1 s): far above a LAN round trip, small against the
-            TTL, so a dead master costs at most 1% of a default lease's validity.
-            A master that keeps answering other calls is waited for (up to
-            ``socket_timeout``): a client whose own event loop is late under load
-            does not take healthy masters for dead ones.
+        node_timeout: How long a master may stay silent before an acquisition
+            round counts its call as failed (0.1 s): far above a LAN round trip,
+            small against the TTL, so a dead master costs at most 1% of a default
+            lease's validity. A master that keeps answering other calls is waited
+            for (up to ``socket_timeout``), and so is every master while this
+            process's event loop runs late: an overloaded client does not take
+            healthy masters for dead ones. Release waits for masters up to
+            ``socket_timeout``; extension up to the lease's remaining validity.
         retry_delay: Upper bound of the jittered pause between attempts (0.2 s);
             each pause is uniform in ``[0, retry_delay]`` (full jitter).
         drift_factor: Clock drift allowance as a fraction of the TTL (0.01, as in
@@ -146,10 +151,11 @@ class AsyncRedlock:
         max_connections: Connections per master for URL-built clients (256). The
             pool blocks rather than fails when all are busy, so 200+ concurrent
             lockers on one ``AsyncRedlock`` wait their turn instead of erroring.
-        socket_timeout: How long a call already sent may wait for its reply (5.0 s)
-            before its connection is dropped, and the longest a round waits for a
-            master that is slow but answering. It bounds how long a hung master
-            keeps a connection busy in the background.
+        socket_timeout: For URL-built clients, the connect timeout and how long a
+            call already sent may wait for its reply before its connection is
+            dropped (5.0 s); for every client, the longest any round waits. It
+            bounds how long a hung master keeps a connection busy in the
+            background.
         auto_extend: Whether leases extend themselves by default (True).
         clock: The monotonic clock for validity (``time.monotonic``); replace it
             only in tests.
@@ -224,8 +230,10 @@ class AsyncRedlock:
             TypeError: ``name`` is not a str, or a setting has the wrong type.
             ValueError: ``name`` is empty, ``ttl`` is not positive and finite, or
                 ``timeout`` is negative or NaN.
+            RuntimeError: This ``AsyncRedlock`` is closed.
         """
         settings = self._settings
+        self._check_open()
         name = check_name(name)
         ttl = settings.ttl if ttl is None else check_seconds("ttl", ttl)
         if timeout is None:
@@ -243,17 +251,18 @@ class AsyncRedlock:
     async def inspect(self, name: str) -> LockState:
         """Read a lock's state on every master: holder, time left, fence counter.
 
-        Waits at most ``node_timeout`` for the masters; one that did not answer is
-        reported with its error.
+        Waits for every master, at most ``socket_timeout``; one that did not
+        answer by then is reported with its error.
 
         Raises:
             TypeError: ``name`` is not a str.
             ValueError: ``name`` is empty.
+            RuntimeError: This ``AsyncRedlock`` is closed.
         """
         key = lock_key(self._settings.prefix, check_name(name))
         keys = (key, aux_key(key, "fence"))
         rnd = self._core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
-        await asyncio.wait(rnd.tasks, timeout=self._settings.node_timeout)
+        await asyncio.wait(rnd.tasks, timeout=self._core.timing.max_wait)
         nodes = tuple(
             _node_state(node.name, task.result() if task.done() else None, self._settings)
             for node, task in zip(self._core.nodes, rnd.tasks, strict=True)
@@ -265,6 +274,8 @@ class AsyncRedlock:
 
         The holder is not told until its next extension finds the lock gone (then
         its lease is lost). Use it only to free a lock whose holder is known dead.
+        Waits for every master up to ``socket_timeout``; a master that did not
+        answer by then is not counted (its delete may still land).
 
         Returns:
             On how many masters a key was deleted.
@@ -272,13 +283,21 @@ class AsyncRedlock:
         Raises:
             TypeError: ``name`` is not a str.
             ValueError: ``name`` is empty.
+            QuorumUnavailableError: A majority of masters failed or did not answer,
+                so the lock may still be held.
+            RuntimeError: This ``AsyncRedlock`` is closed.
         """
         key = lock_key(self._settings.prefix, check_name(name))
-        calls = [node.client.delete(key) for node in self._core.nodes]
-        with anyio.move_on_after(self._settings.node_timeout * 10):
-            results = await asyncio.gather(*calls, return_exceptions=True)
-            return sum(1 for r in results if r == 1)
-        return 0
+        rnd = self._core.fan_out(lambda _, node: node.call(DELETE, (key,), ()))
+        decision = await self._core.decide(rnd, classify_deleted, wait=self._core.timing.max_wait)
+        if decision.unavailable(self.quorum):
+            raise QuorumUnavailableError(
+                f"could not force {name!r} free: a majority of masters did not answer",
+                resource=name,
+                outcomes=decision.outcomes,
+            )
+        await asyncio.wait(rnd.tasks, timeout=self._core.timing.max_wait)
+        return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
 
     def statistics(self) -> RedlockStatistics:
         """A snapshot of this ``AsyncRedlock``'s counters and gauges."""
@@ -309,9 +328,9 @@ class AsyncRedlock:
     async def aclose(self) -> None:
         """Release held leases, finish background calls, close the connections.
 
-        Waits at most ``node_timeout`` for outstanding calls, then cancels what is
-        left (a lock key whose undo was cut short expires with its TTL). Safe to
-        call twice.
+        Waits at most ``node_timeout`` for each held lease's release and another
+        ``node_timeout`` for outstanding calls, then cancels what is left (a lock
+        key whose undo was cut short expires with its TTL). Safe to call twice.
         """
         core = self._core
         if core.closed:
@@ -327,7 +346,12 @@ class AsyncRedlock:
             for node in core.nodes:
                 await node.aclose()
 
+    def _check_open(self) -> None:
+        if self._core.closed:
+            raise RuntimeError("this AsyncRedlock is closed")
+
     async def __aenter__(self) -> Self:
+        self._check_open()
         return self
 
     async def __aexit__(
@@ -341,7 +365,8 @@ class AsyncRedlock:
 
 def _node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:
     if reply is None:
-        return NodeLockState(name, None, None, None, f"no reply within {settings.node_timeout:g} s")
+        wait = max(settings.node_timeout, settings.socket_timeout)
+        return NodeLockState(name, None, None, None, f"no reply within {wait:g} s")
     if reply.error is not None:
         return NodeLockState(name, None, None, None, f"{type(reply.error).__name__}: {reply.error}")
     value, pttl, fence = [*reply.value, None, None, None][:3]
@@ -389,6 +414,10 @@ def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
         raise ValueError(f"master URL {url!r} names no host")
     if parts.scheme == "unix" and not parts.path:
         raise ValueError(f"master URL {url!r} names no socket path")
+    if parts.scheme != "unix" and port == 0:
+        raise ValueError(f"master URL {url!r} has port 0")
+    if parts.scheme != "unix" and parts.path not in ("", "/") and not _is_db(parts.path):
+        raise ValueError(f"master URL {url!r}: the path must be a database number")
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=settings.max_connections,
@@ -403,12 +432,20 @@ def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
         **_NO_CLIENT_SETINFO,
     )
     name = _display(parts)
-    identity = (parts.scheme, (parts.hostname or "").lower(), port or 6379, parts.path or "/0")
+    # Two databases of one server are one failure domain: one master, not two.
+    host = (parts.hostname or "").lower()
+    identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
     return Node(Redis.from_pool(pool), name, owned=True), identity
 
 
+def _is_db(path: str) -> bool:
+    return path[1:].isdigit() and path.startswith("/")
+
+
 def _display(parts: SplitResult) -> str:
-    """The URL with any password removed."""
+    """The URL with any password (and query) removed."""
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
     netloc = parts.hostname or ""
     if parts.port:
         netloc += f":{parts.port}"

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from importlib import resources
 
-__all__ = ["ACQUIRE", "EXTEND", "INSPECT", "RELEASE", "Script"]
+__all__ = ["ACQUIRE", "DELETE", "EXTEND", "INSPECT", "RELEASE", "Script"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +31,4 @@ ACQUIRE = _load("acquire")
 RELEASE = _load("release")
 EXTEND = _load("extend")
 INSPECT = _load("inspect")
+DELETE = _load("delete")

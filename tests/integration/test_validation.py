@@ -1,0 +1,317 @@
+"""Bad input at the boundary: a typed error that names the problem, and nothing lost.
+
+After each refused call the same ``AsyncRedlock`` still acquires and releases; a
+refused construction leaves no connection open; unreachable masters fail fast with
+what each one said, never a hang.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 10  # seconds: a hang fails the test instead of blocking CI
+
+
+@contextmanager
+def refusing_ports(n: int) -> Iterator[list[str]]:
+    """URLs of ports bound but not listening: connections are refused at once."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        yield [f"redis://127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+async def assert_still_works(redlock: AsyncRedlock, masters: Masters) -> None:
+    """The redlock takes and gives back a lock on every master, leaving no key."""
+    with anyio.fail_after(HANG_GUARD):
+        lease = await redlock.lock("still-works", timeout=0).acquire()
+        assert await masters.holding("still-works") == len(masters.clients)
+        await lease.release()
+        await redlock.settle()
+    assert await masters.keys() == [[]] * len(masters.clients)
+
+
+async def client_count(masters: Masters) -> int:
+    return sum([len(await client.client_list()) for client in masters.clients])
+
+
+class TestMasters:
+    @pytest.mark.parametrize(
+        ("masters_arg", "error", "pattern"),
+        [
+            ([], ValueError, "at least one"),
+            ((), ValueError, "at least one"),
+            ("redis://127.0.0.1:6379", TypeError, "sequence of URLs"),
+            (b"redis://127.0.0.1:6379", TypeError, "sequence of URLs"),
+            ({"redis://127.0.0.1:6379"}, TypeError, "sequence of URLs"),
+            (None, TypeError, "sequence of URLs"),
+            ([b"redis://127.0.0.1:6379"], TypeError, "not bytes"),
+            ([6379], TypeError, "not int"),
+            (["http://x"], ValueError, r"'http://x' must start with redis://"),
+            (["redis://"], ValueError, r"'redis://' names no host"),
+            (["redis://:6379"], ValueError, r"'redis://:6379' names no host"),
+            (["redis://h:notaport"], ValueError, r"'redis://h:notaport' has an invalid port"),
+            (["redis://h:99999"], ValueError, r"'redis://h:99999' has an invalid port"),
+            (["unix://"], ValueError, r"'unix://' names no socket path"),
+            (["redis://h:0"], ValueError, r"'redis://h:0' has port 0"),
+            (["redis://h/notadb"], ValueError, "the path must be a database number"),
+            (["redis://h:1/1", "redis://h:1/2"], ValueError, "is given twice"),
+            (["redis://h:1", "redis://h:1"], ValueError, r"'redis://h:1' is given twice"),
+            (["redis://h:1", "redis://H:1/0"], ValueError, "is given twice"),
+            (["redis://h", "redis://h:6379"], ValueError, "is given twice"),
+        ],
+    )
+    async def test_bad_masters_refused(
+        self, masters_arg: Any, error: type[Exception], pattern: str
+    ) -> None:
+        with pytest.raises(error, match=pattern):
+            AsyncRedlock(masters_arg)
+
+    async def test_a_refused_construction_opens_nothing(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        before = await client_count(masters)
+        with pytest.raises(ValueError, match="must start with"):
+            AsyncRedlock([*servers.urls[:4], "http://x"])
+        with pytest.raises(ValueError, match="given twice"):
+            AsyncRedlock([*servers.urls, servers.urls[0]])
+        assert await client_count(masters) <= before
+        async with AsyncRedlock(servers.urls) as redlock:
+            await assert_still_works(redlock, masters)
+
+    async def test_the_same_client_twice_is_refused(self, servers: ServerGroup) -> None:
+        client = Redis.from_url(servers.urls[0])
+        try:
+            with pytest.raises(ValueError, match="given twice"):
+                AsyncRedlock([client, client])
+        finally:
+            await client.aclose()
+
+    async def test_a_sync_client_is_refused(self, servers: ServerGroup) -> None:
+        sync_client = redis.Redis.from_url(servers.urls[0])
+        try:
+            with pytest.raises(TypeError, match=r"redis\.asyncio .*not Redis"):
+                AsyncRedlock([sync_client])
+        finally:
+            sync_client.close()
+
+    async def test_two_databases_of_one_server_are_not_two_masters(
+        self, servers: ServerGroup
+    ) -> None:
+        # one server is one failure domain, whichever database each URL names
+        url = servers.urls[0]
+        for first, second in [(f"{url}/1", f"{url}/2"), (f"{url}?db=1", f"{url}?db=2")]:
+            with pytest.raises(ValueError, match="given twice"):
+                AsyncRedlock([first, second, servers.urls[1]])
+
+    async def test_urls_and_user_clients_mix_and_user_clients_stay_open(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        mine = [Redis.from_url(url) for url in servers.urls[:2]]
+        try:
+            async with AsyncRedlock([*mine, *servers.urls[2:]]) as redlock:
+                assert redlock.masters[2:] == tuple(servers.urls[2:])
+                await assert_still_works(redlock, masters)
+            assert [await client.ping() for client in mine] == [True, True]
+        finally:
+            for client in mine:
+                await client.aclose()
+
+
+class TestLockArguments:
+    @pytest.mark.parametrize(
+        ("name", "error", "pattern"),
+        [
+            ("", ValueError, "must not be empty"),
+            (b"orders", TypeError, "must be a str, not bytes"),
+            (42, TypeError, "must be a str, not int"),
+            (None, TypeError, "must be a str, not NoneType"),
+        ],
+    )
+    async def test_bad_names_refused_everywhere(
+        self,
+        servers: ServerGroup,
+        masters: Masters,
+        name: Any,
+        error: type[Exception],
+        pattern: str,
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(error, match=pattern):
+                redlock.lock(name)
+            with pytest.raises(error, match=pattern):
+                await redlock.inspect(name)
+            with pytest.raises(error, match=pattern):
+                await redlock.force_release(name)
+            assert redlock.statistics().attempts == 0
+            await assert_still_works(redlock, masters)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "pattern"),
+        [
+            ({"ttl": 0}, ValueError, r"^ttl must be > 0"),
+            ({"ttl": -1.5}, ValueError, r"^ttl must be > 0"),
+            ({"ttl": math.nan}, ValueError, r"^ttl must be a finite"),
+            ({"ttl": math.inf}, ValueError, r"^ttl must be a finite"),
+            ({"ttl": True}, TypeError, r"^ttl must be a number"),
+            ({"ttl": "10"}, TypeError, r"^ttl must be a number"),
+            ({"timeout": -1}, ValueError, r"^timeout must be >= 0"),
+            ({"timeout": math.nan}, ValueError, r"^timeout must be a finite"),
+            ({"timeout": "2"}, TypeError, r"^timeout must be a number"),
+            ({"auto_extend": "yes"}, TypeError, r"^auto_extend must be a bool"),
+        ],
+    )
+    async def test_bad_lock_settings_refused(
+        self,
+        servers: ServerGroup,
+        masters: Masters,
+        kwargs: dict[str, Any],
+        error: type[Exception],
+        pattern: str,
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(error, match=pattern):
+                redlock.lock("bad", **kwargs)
+            assert redlock.statistics().attempts == 0
+            await assert_still_works(redlock, masters)
+
+    @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5"])
+    async def test_a_bad_extend_ttl_keeps_the_lease(
+        self, servers: ServerGroup, masters: Masters, ttl: Any
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            with anyio.fail_after(HANG_GUARD):
+                lease = await redlock.lock("ext", ttl=5.0, auto_extend=False).acquire()
+                with pytest.raises((ValueError, TypeError), match=r"^ttl must be"):
+                    await lease.extend(ttl=ttl)
+                assert lease.held
+                assert lease.ttl == 5.0
+                await lease.extend()
+                assert lease.held
+                await lease.release()
+                await redlock.settle()
+            assert await masters.keys() == [[]] * 5
+            await assert_still_works(redlock, masters)
+
+
+class TestUnreachableMasters:
+    @pytest.mark.parametrize("wait", [0, 0.3])
+    async def test_no_master_listening_is_an_outage_with_each_error(self, wait: float) -> None:
+        with refusing_ports(3) as urls:
+            async with AsyncRedlock(urls) as redlock:
+                with anyio.fail_after(HANG_GUARD):
+                    with pytest.raises(QuorumUnavailableError) as caught:
+                        await redlock.lock("down", timeout=wait).acquire()
+                    await redlock.settle()
+                stats = redlock.statistics()
+        error = caught.value
+        assert error.resource == "down"
+        assert "a majority of masters failed or did not answer" in str(error)
+        assert [o.node for o in error.outcomes] == urls
+        for url, outcome in zip(urls, error.outcomes, strict=True):
+            assert not outcome.ok
+            assert outcome.detail.startswith("ConnectionError: ")
+            assert url.rsplit(":", 1)[1] in outcome.detail  # the port it could not reach
+        assert stats.unavailable == 1
+        assert stats.timeouts == 0
+        assert stats.acquisitions == 0
+        assert stats.failed_attempts == stats.attempts >= 1
+        assert stats.background_tasks == 0
+
+    async def test_a_majority_down_is_an_outage_and_the_minority_is_undone(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        with refusing_ports(3) as down:
+            async with AsyncRedlock([*servers.urls[:2], *down]) as redlock:
+                with anyio.fail_after(HANG_GUARD):
+                    with pytest.raises(QuorumUnavailableError) as caught:
+                        await redlock.lock("half", timeout=0).acquire()
+                    await redlock.settle()
+        outcomes = caught.value.outcomes
+        assert all(o.detail.startswith("ConnectionError: ") for o in outcomes[2:])
+        assert not any(o.ok for o in outcomes[2:])
+        assert await masters.holding("half") == 0
+        assert await masters.keys() == [[]] * 5
+
+    async def test_a_minority_down_is_tolerated(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        with refusing_ports(2) as down:
+            async with AsyncRedlock([*servers.urls[:3], *down]) as redlock:
+                with anyio.fail_after(HANG_GUARD):
+                    lease = await redlock.lock("minority", timeout=0).acquire()
+                    assert await masters.holding("minority") == 3
+                    await lease.release()
+                    await redlock.settle()
+        assert await masters.keys() == [[]] * 5
+
+
+class TestClosed:
+    async def test_using_a_closed_redlock_raises_runtime_error(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        redlock = AsyncRedlock(servers.urls)
+        with anyio.fail_after(HANG_GUARD):
+            lock = redlock.lock("closing")
+            lease = await lock.acquire()
+            await redlock.aclose()
+        assert not lease.held  # aclose released it
+        assert await masters.keys() == [[]] * 5
+        with pytest.raises(RuntimeError, match="closed"):
+            redlock.lock("closing")
+        with pytest.raises(RuntimeError, match="closed"):
+            async with redlock:
+                pass
+        with pytest.raises(RuntimeError, match="closed"):
+            await lock.acquire()  # a Lock made before the close
+        with pytest.raises(RuntimeError, match="closed"):
+            await redlock.inspect("closing")
+        with pytest.raises(LockNotOwnedError, match="already released"):
+            await lease.release()
+
+    async def test_force_release_on_a_closed_redlock_raises(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        redlock = AsyncRedlock(servers.urls)
+        await redlock.aclose()
+        before = await client_count(masters)
+        try:
+            with pytest.raises(RuntimeError, match="closed"):
+                await redlock.force_release("anything")
+        finally:
+            assert await client_count(masters) <= before
+
+    async def test_aclose_twice_is_fine(self, servers: ServerGroup, masters: Masters) -> None:
+        redlock = AsyncRedlock(servers.urls)
+        await assert_still_works(redlock, masters)
+        with anyio.fail_after(HANG_GUARD):
+            await redlock.aclose()
+            await redlock.aclose()
+        assert redlock.statistics().acquisitions == 1
+
+    async def test_closing_an_unused_redlock_is_fine(self) -> None:
+        with refusing_ports(3) as urls:
+            redlock = AsyncRedlock(urls)
+            with anyio.fail_after(HANG_GUARD):
+                await redlock.aclose()
+        assert redlock.statistics().attempts == 0

@@ -1,0 +1,119 @@
+"""The public surface: exactly these names, importable, documented, shown as public."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.resources
+import inspect
+from types import ModuleType
+
+import pytest
+
+import asyncredlock
+import asyncredlock.testing
+
+PUBLIC = {
+    asyncredlock: [
+        "AsyncRedlock",
+        "Lease",
+        "Lock",
+        "LockLostError",
+        "LockNotOwnedError",
+        "LockState",
+        "LockTimeoutError",
+        "NodeLockState",
+        "NodeOutcome",
+        "QuorumUnavailableError",
+        "RedlockError",
+        "RedlockStatistics",
+    ],
+    asyncredlock.testing: [
+        "FaultProxy",
+        "ServerBinaryNotFoundError",
+        "ServerGroup",
+        "ServerProcess",
+        "ServerStartError",
+        "find_server_binary",
+    ],
+}
+
+EXPORTED = [(module, name) for module, names in PUBLIC.items() for name in names]
+
+
+def ids(param: object) -> str:
+    return param.__name__ if isinstance(param, ModuleType) else str(param)
+
+
+@pytest.mark.parametrize("module", list(PUBLIC), ids=ids)
+def test_all_is_exactly_the_public_names(module: ModuleType) -> None:
+    assert module.__all__ == PUBLIC[module]
+
+
+@pytest.mark.parametrize("module", list(PUBLIC), ids=ids)
+def test_no_other_public_names(module: ModuleType) -> None:
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and not isinstance(value, ModuleType)
+    }
+    assert public - {"annotations"} == set(PUBLIC[module])
+
+
+@pytest.mark.parametrize(("module", "name"), EXPORTED, ids=ids)
+def test_importable_by_name(module: ModuleType, name: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from {module.__name__} import {name}", namespace)
+    assert namespace[name] is getattr(importlib.import_module(module.__name__), name)
+
+
+@pytest.mark.parametrize(("module", "name"), EXPORTED, ids=ids)
+def test_shown_as_defined_in_the_public_module(module: ModuleType, name: str) -> None:
+    assert getattr(module, name).__module__ == module.__name__
+
+
+@pytest.mark.parametrize(("module", "name"), EXPORTED, ids=ids)
+def test_documented(module: ModuleType, name: str) -> None:
+    obj = getattr(module, name)
+    assert inspect.getdoc(obj), f"{module.__name__}.{name} has no docstring"
+    if not inspect.isclass(obj):
+        return
+    undocumented = [
+        attr
+        for attr, value in vars(obj).items()
+        if not attr.startswith("_")
+        and (inspect.isfunction(value) or isinstance(value, property))
+        and not inspect.getdoc(value)
+    ]
+    assert undocumented == [], f"{name} has undocumented public members"
+
+
+@pytest.mark.parametrize("module", list(PUBLIC), ids=ids)
+def test_modules_documented(module: ModuleType) -> None:
+    assert inspect.getdoc(module)
+
+
+def test_errors_form_one_tree() -> None:
+    errors = [
+        asyncredlock.LockTimeoutError,
+        asyncredlock.QuorumUnavailableError,
+        asyncredlock.LockLostError,
+        asyncredlock.LockNotOwnedError,
+    ]
+    assert all(issubclass(error, asyncredlock.RedlockError) for error in errors)
+    assert asyncredlock.RedlockError.__bases__ == (Exception,)
+
+
+def test_py_typed_is_shipped() -> None:
+    assert importlib.resources.files("asyncredlock").joinpath("py.typed").is_file()
+
+
+def test_version_matches_the_distribution() -> None:
+    assert asyncredlock.__version__ == importlib.metadata.version("asyncredlock")
+
+
+def test_pytest_plugin_entry_point() -> None:
+    points = importlib.metadata.entry_points(group="pytest11")
+    assert [p.value for p in points if p.name == "asyncredlock"] == [
+        "asyncredlock.testing.pytest_plugin"
+    ]

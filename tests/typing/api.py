@@ -1,0 +1,150 @@
+"""The public API, typed as users call it. Never run: only checked by ``mypy --strict``.
+
+Each ``assert_type`` fails the type check if the library's annotations drift. Each
+``# type: ignore[code]`` marks a call that must be refused: were it accepted, mypy
+(strict, so ``warn_unused_ignores``) would report the ignore as unused.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import assert_type
+
+from redis.asyncio import Redis
+
+import asyncredlock
+from asyncredlock import (
+    AsyncRedlock,
+    Lease,
+    Lock,
+    LockLostError,
+    LockNotOwnedError,
+    LockState,
+    LockTimeoutError,
+    NodeLockState,
+    NodeOutcome,
+    QuorumUnavailableError,
+    RedlockError,
+    RedlockStatistics,
+)
+from asyncredlock.testing import FaultProxy, ServerGroup, ServerProcess, find_server_binary
+
+
+async def scoped_use() -> None:
+    async with AsyncRedlock(["redis://h1:6379", "redis://h2:6379", "redis://h3:6379"]) as redlock:
+        assert_type(redlock, AsyncRedlock)
+        async with redlock.lock("orders:42", ttl=10.0) as lease:
+            assert_type(lease, Lease)
+            assert_type(lease.token, int | None)
+            assert_type(lease.validity, float)
+            assert_type(lease.held, bool)
+            assert_type(lease.lost, bool)
+            assert_type(lease.resource, str)
+            assert_type(lease.key, str)
+            assert_type(lease.value, str)
+            assert_type(lease.ttl, float)
+
+
+async def explicit_use(redlock: AsyncRedlock) -> None:
+    lock = redlock.lock("orders:42", ttl=10.0, timeout=2.0, auto_extend=False)
+    assert_type(lock, Lock)
+    assert_type(lock.name, str)
+    assert_type(lock.key, str)
+    assert_type(lock.ttl, float)
+    assert_type(lock.timeout, float)
+    assert_type(lock.auto_extend, bool)
+    lease = await lock.acquire()
+    assert_type(lease, Lease)
+    await lease.extend()
+    await lease.extend(ttl=30.0)
+    await lease.extend(30)
+    assert_type(await lease.wait_lost(), bool)
+    await lease.release()
+
+
+async def settings() -> None:
+    client = Redis()
+    redlock = AsyncRedlock(
+        ["redis://h1", client, "unix:///run/redis.sock"],
+        ttl=5,
+        timeout=math.inf,
+        node_timeout=0.05,
+        retry_delay=0.1,
+        drift_factor=0.01,
+        prefix="app:",
+        max_connections=64,
+        socket_timeout=2.0,
+        auto_extend=False,
+        clock=lambda: 0.0,
+    )
+    assert_type(redlock.masters, tuple[str, ...])
+    assert_type(redlock.quorum, int)
+    redlock.lock("x", timeout=0)
+    await redlock.aclose()
+
+
+async def operator_tools(redlock: AsyncRedlock) -> None:
+    state = await redlock.inspect("orders:42")
+    assert_type(state, LockState)
+    assert_type(state.resource, str)
+    assert_type(state.key, str)
+    assert_type(state.holder, str | None)
+    assert_type(state.nodes, tuple[NodeLockState, ...])
+    node = state.nodes[0]
+    assert_type(node.node, str)
+    assert_type(node.holder, str | None)
+    assert_type(node.ttl, float | None)
+    assert_type(node.fence, int | None)
+    assert_type(node.error, str | None)
+    assert_type(await redlock.force_release("orders:42"), int)
+    await redlock.settle()
+
+    stats = redlock.statistics()
+    assert_type(stats, RedlockStatistics)
+    assert_type(stats.acquisitions, int)
+    assert_type(stats.failed_attempts, int)
+    assert_type(stats.held, int)
+    assert_type(stats.in_flight, int)
+
+
+async def errors(redlock: AsyncRedlock) -> None:
+    try:
+        await redlock.lock("x").acquire()
+    except (LockTimeoutError, QuorumUnavailableError) as exc:
+        assert_type(exc.resource, str)
+        assert_type(exc.outcomes, tuple[NodeOutcome, ...])
+        outcome = exc.outcomes[0]
+        assert_type(outcome.node, str)
+        assert_type(outcome.ok, bool)
+        assert_type(outcome.detail, str)
+    except (LockLostError, LockNotOwnedError) as exc:
+        assert_type(exc, LockLostError | LockNotOwnedError)
+    except RedlockError as exc:
+        assert_type(exc.outcomes, tuple[NodeOutcome, ...])
+
+
+async def refused_at_type_check(redlock: AsyncRedlock) -> None:
+    # A str is a Sequence[str] to a type checker: AsyncRedlock("redis://h1") passes
+    # here and is refused only at run time (TypeError, see test_validation.py).
+    AsyncRedlock([b"redis://h1"])  # type: ignore[list-item]
+    AsyncRedlock(["redis://h1"], 5.0)  # type: ignore[call-arg]
+    AsyncRedlock(["redis://h1"], ttl="5")  # type: ignore[arg-type]
+    redlock.lock(42)  # type: ignore[arg-type]
+    redlock.lock("x", ttl=None, timeout="1")  # type: ignore[arg-type]
+    redlock.lock("x", 1.0)  # type: ignore[call-arg]
+    lease = await redlock.lock("x").acquire()
+    lease.token = 3  # allowed: a plain attribute
+    lease.validity = 1.0  # type: ignore[misc]
+
+
+def testing_support() -> None:
+    assert_type(find_server_binary(), str)
+    with ServerGroup(3) as group:
+        assert_type(group, ServerGroup)
+        assert_type(group.urls, list[str])
+        assert_type(group[0], ServerProcess)
+        assert_type(group[0].url, str)
+        assert_type(group[0].port, int)
+    proxy = FaultProxy("127.0.0.1", group[0].port)
+    assert_type(proxy.url, str)
+    assert_type(asyncredlock.__version__, str)

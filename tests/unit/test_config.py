@@ -1,0 +1,279 @@
+"""Settings validation: every bad value is refused at construction, naming the parameter."""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock, QuorumUnavailableError
+from asyncredlock._config import DEFAULTS, Settings, check_name, check_seconds
+
+NOT_A_NUMBER = [True, False, "10", None, b"1", [1.0]]
+
+
+@contextmanager
+def refusing_ports(n: int) -> Iterator[list[int]]:
+    """Ports bound but not listening: connections are refused, and no one else takes them."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        yield [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def nowhere(n: int = 3) -> list[str]:
+    """URLs that no construction-time I/O could survive: nothing there can answer."""
+    return [f"redis://127.0.0.1:{port}" for port in range(1, n + 1)]
+
+
+class TestCheckSeconds:
+    @pytest.mark.parametrize("value", [3, 2.5, 1e-6])
+    def test_positive_numbers_become_floats(self, value: float) -> None:
+        seconds = check_seconds("ttl", value)
+        assert seconds == value
+        assert type(seconds) is float
+
+    @pytest.mark.parametrize("value", NOT_A_NUMBER)
+    def test_non_numbers_and_bools_are_type_errors(self, value: object) -> None:
+        with pytest.raises(TypeError, match=r"^ttl must be a number of seconds, not "):
+            check_seconds("ttl", value)
+
+    @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+    def test_nan_and_infinity_are_refused_by_default(self, value: float) -> None:
+        with pytest.raises(ValueError, match=r"^ttl must be a finite number"):
+            check_seconds("ttl", value)
+
+    @pytest.mark.parametrize("value", [0, 0.0, -0.0, -1, -1e-9])
+    def test_zero_and_negative_are_refused_by_default(self, value: float) -> None:
+        with pytest.raises(ValueError, match=r"^ttl must be > 0 seconds"):
+            check_seconds("ttl", value)
+
+    def test_zero_allowed_when_asked(self) -> None:
+        assert check_seconds("timeout", 0, allow_zero=True) == 0.0
+        with pytest.raises(ValueError, match=r"^timeout must be >= 0 seconds"):
+            check_seconds("timeout", -0.5, allow_zero=True)
+
+    def test_positive_infinity_allowed_when_asked(self) -> None:
+        assert check_seconds("timeout", math.inf, allow_inf=True) == math.inf
+        for refused in (-math.inf, math.nan):
+            with pytest.raises(ValueError, match=r"^timeout must be a finite number"):
+                check_seconds("timeout", refused, allow_inf=True)
+
+
+class TestCheckName:
+    def test_a_non_empty_str_is_returned_as_is(self) -> None:
+        assert check_name("orders:42") == "orders:42"
+
+    @pytest.mark.parametrize("name", [b"orders", 42, None, ["a"]])
+    def test_non_str_is_a_type_error(self, name: object) -> None:
+        with pytest.raises(TypeError, match="lock name must be a str"):
+            check_name(name)
+
+    def test_empty_is_a_value_error(self) -> None:
+        with pytest.raises(ValueError, match="lock name must not be empty"):
+            check_name("")
+
+
+class TestSettings:
+    def test_defaults(self) -> None:
+        assert Settings() == DEFAULTS
+        assert (DEFAULTS.ttl, DEFAULTS.timeout, DEFAULTS.node_timeout) == (10.0, 10.0, 0.1)
+        assert (DEFAULTS.retry_delay, DEFAULTS.drift_factor) == (0.2, 0.01)
+        assert (DEFAULTS.max_connections, DEFAULTS.prefix, DEFAULTS.auto_extend) == (
+            256,
+            "",
+            True,
+        )
+
+    def test_frozen(self) -> None:
+        settings = Settings()
+        with pytest.raises(AttributeError):
+            settings.ttl = 1.0
+
+    @pytest.mark.parametrize(
+        ("ttl", "drift_factor", "expected"),
+        [(10.0, 0.01, 0.102), (1.0, 0.0, 0.002), (30.0, 0.1, 3.002), (0.5, 0.25, 0.127)],
+    )
+    def test_drift_is_ttl_times_factor_plus_2_ms(
+        self, ttl: float, drift_factor: float, expected: float
+    ) -> None:
+        settings = Settings(drift_factor=drift_factor)
+        assert settings.drift(ttl) == pytest.approx(expected)
+
+    @pytest.mark.parametrize("param", ["ttl", "node_timeout", "socket_timeout"])
+    @pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf])
+    def test_positive_finite_durations(self, param: str, value: float) -> None:
+        with pytest.raises(ValueError, match=rf"^{param} must be"):
+            Settings(**{param: value})
+
+    @pytest.mark.parametrize(
+        "param", ["ttl", "timeout", "node_timeout", "retry_delay", "socket_timeout"]
+    )
+    @pytest.mark.parametrize("value", NOT_A_NUMBER)
+    def test_durations_must_be_numbers(self, param: str, value: object) -> None:
+        with pytest.raises(TypeError, match=rf"^{param} must be a number of seconds"):
+            Settings(**{param: value})
+
+    @pytest.mark.parametrize("value", [-1, -1e-9, math.nan, -math.inf])
+    def test_timeout_negative_or_nan_refused(self, value: float) -> None:
+        with pytest.raises(ValueError, match=r"^timeout must be"):
+            Settings(timeout=value)
+
+    @pytest.mark.parametrize("value", [0, 0.0, 2.5, math.inf])
+    def test_timeout_zero_and_infinity_accepted(self, value: float) -> None:
+        assert Settings(timeout=value).timeout == value
+
+    def test_retry_delay_zero_accepted_negative_refused(self) -> None:
+        assert Settings(retry_delay=0).retry_delay == 0
+        with pytest.raises(ValueError, match=r"^retry_delay must be >= 0"):
+            Settings(retry_delay=-0.1)
+
+    @pytest.mark.parametrize("value", [0, 0.0, 0.01, 0.499])
+    def test_drift_factor_in_range_accepted(self, value: float) -> None:
+        assert Settings(drift_factor=value).drift_factor == value
+
+    @pytest.mark.parametrize("value", [-0.01, 0.5, 1, math.nan, math.inf])
+    def test_drift_factor_out_of_range_refused(self, value: float) -> None:
+        with pytest.raises(ValueError, match=r"^drift_factor must be in \[0, 0\.5\)"):
+            Settings(drift_factor=value)
+
+    @pytest.mark.parametrize("value", [True, "0.01", None])
+    def test_drift_factor_must_be_a_number(self, value: object) -> None:
+        with pytest.raises(TypeError, match=r"^drift_factor must be a number"):
+            Settings(drift_factor=value)
+
+    @pytest.mark.parametrize("value", [0, -5])
+    def test_max_connections_below_one_refused(self, value: int) -> None:
+        with pytest.raises(ValueError, match=r"^max_connections must be >= 1"):
+            Settings(max_connections=value)
+
+    @pytest.mark.parametrize("value", [True, 1.0, "8"])
+    def test_max_connections_must_be_an_int(self, value: object) -> None:
+        with pytest.raises(TypeError, match=r"^max_connections must be an int"):
+            Settings(max_connections=value)
+
+    @pytest.mark.parametrize("value", [b"app:", None, 1])
+    def test_prefix_must_be_a_str(self, value: object) -> None:
+        with pytest.raises(TypeError, match=r"^prefix must be a str"):
+            Settings(prefix=value)
+
+    @pytest.mark.parametrize("value", [1, 0, "yes", None])
+    def test_auto_extend_must_be_a_bool(self, value: object) -> None:
+        with pytest.raises(TypeError, match=r"^auto_extend must be a bool"):
+            Settings(auto_extend=value)
+
+    def test_clock_must_be_callable(self) -> None:
+        with pytest.raises(TypeError, match=r"^clock must be a callable"):
+            Settings(clock=1.0)
+
+
+class TestAsyncRedlockSettings:
+    """The constructor validates every setting before it builds anything."""
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "pattern"),
+        [
+            ({"ttl": 0}, ValueError, r"^ttl must be > 0"),
+            ({"ttl": -2.0}, ValueError, r"^ttl must be > 0"),
+            ({"ttl": math.nan}, ValueError, r"^ttl must be a finite"),
+            ({"ttl": math.inf}, ValueError, r"^ttl must be a finite"),
+            ({"ttl": True}, TypeError, r"^ttl must be a number"),
+            ({"ttl": "10"}, TypeError, r"^ttl must be a number"),
+            ({"timeout": -1}, ValueError, r"^timeout must be >= 0"),
+            ({"timeout": math.nan}, ValueError, r"^timeout must be a finite"),
+            ({"timeout": "1"}, TypeError, r"^timeout must be a number"),
+            ({"node_timeout": 0}, ValueError, r"^node_timeout must be > 0"),
+            ({"retry_delay": -1}, ValueError, r"^retry_delay must be >= 0"),
+            ({"socket_timeout": math.inf}, ValueError, r"^socket_timeout must be a finite"),
+            ({"drift_factor": 0.5}, ValueError, r"^drift_factor must be in"),
+            ({"drift_factor": -0.1}, ValueError, r"^drift_factor must be in"),
+            ({"drift_factor": "0.01"}, TypeError, r"^drift_factor must be a number"),
+            ({"max_connections": 0}, ValueError, r"^max_connections must be >= 1"),
+            ({"max_connections": True}, TypeError, r"^max_connections must be an int"),
+            ({"prefix": b"app:"}, TypeError, r"^prefix must be a str"),
+            ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
+            ({"clock": "monotonic"}, TypeError, r"^clock must be a callable"),
+        ],
+    )
+    def test_bad_setting_refused_naming_it(
+        self, kwargs: dict[str, Any], error: type[Exception], pattern: str
+    ) -> None:
+        with pytest.raises(error, match=pattern):
+            AsyncRedlock(nowhere(), **kwargs)
+
+    @pytest.mark.parametrize("timeout", [0, math.inf])
+    def test_timeout_zero_and_infinity_accepted(self, timeout: float) -> None:
+        redlock = AsyncRedlock(nowhere(), timeout=timeout)
+        assert redlock.lock("x").timeout == timeout
+
+    def test_settings_are_checked_before_the_masters(self) -> None:
+        with pytest.raises(ValueError, match=r"^ttl"):
+            AsyncRedlock(["http://not-a-master"], ttl=0)
+
+
+class TestLockSettings:
+    """``redlock.lock(...)`` validates its overrides the same way, at once."""
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "pattern"),
+        [
+            ({"ttl": 0}, ValueError, r"^ttl must be > 0"),
+            ({"ttl": -1}, ValueError, r"^ttl must be > 0"),
+            ({"ttl": math.nan}, ValueError, r"^ttl must be a finite"),
+            ({"ttl": math.inf}, ValueError, r"^ttl must be a finite"),
+            ({"ttl": False}, TypeError, r"^ttl must be a number"),
+            ({"ttl": "5"}, TypeError, r"^ttl must be a number"),
+            ({"timeout": -0.001}, ValueError, r"^timeout must be >= 0"),
+            ({"timeout": math.nan}, ValueError, r"^timeout must be a finite"),
+            ({"timeout": -math.inf}, ValueError, r"^timeout must be a finite"),
+            ({"timeout": True}, TypeError, r"^timeout must be a number"),
+            ({"auto_extend": 0}, TypeError, r"^auto_extend must be a bool"),
+            ({"auto_extend": "no"}, TypeError, r"^auto_extend must be a bool"),
+        ],
+    )
+    def test_bad_override_refused_naming_it(
+        self, kwargs: dict[str, Any], error: type[Exception], pattern: str
+    ) -> None:
+        redlock = AsyncRedlock(nowhere())
+        with pytest.raises(error, match=pattern):
+            redlock.lock("x", **kwargs)
+
+    def test_overrides_and_defaults(self) -> None:
+        redlock = AsyncRedlock(nowhere(), ttl=7, timeout=3, auto_extend=False, prefix="app:")
+        default = redlock.lock("orders:42")
+        assert (default.ttl, default.timeout, default.auto_extend) == (7.0, 3.0, False)
+        assert (default.name, default.key) == ("orders:42", "app:orders:42")
+        custom = redlock.lock("orders:42", ttl=2, timeout=0, auto_extend=True)
+        assert (custom.ttl, custom.timeout, custom.auto_extend) == (2.0, 0.0, True)
+
+    def test_no_prefix_by_default_the_key_is_the_name(self) -> None:
+        assert AsyncRedlock(nowhere()).lock("orders:42").key == "orders:42"
+
+
+class TestConstructionDoesNoIO:
+    def test_construction_needs_no_event_loop_and_no_server(self) -> None:
+        redlock = AsyncRedlock(nowhere(5))
+        assert redlock.masters == tuple(nowhere(5))
+        assert redlock.quorum == 3
+        stats = redlock.statistics()
+        assert (stats.attempts, stats.in_flight, stats.background_tasks) == (0, 0, 0)
+
+    @pytest.mark.anyio
+    async def test_errors_only_when_used(self) -> None:
+        with refusing_ports(3) as ports:
+            redlock = AsyncRedlock([f"redis://127.0.0.1:{port}" for port in ports])
+            assert redlock.statistics().attempts == 0
+            with anyio.fail_after(10):
+                with pytest.raises(QuorumUnavailableError):
+                    await redlock.lock("x", timeout=0).acquire()
+                await redlock.aclose()
+        assert redlock.statistics().attempts == 1

@@ -1,0 +1,121 @@
+"""Key layout: hash tags, and auxiliary keys in the lock key's Redis Cluster slot."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from redis.crc import key_slot as redis_py_key_slot
+
+from asyncredlock._keys import aux_key, has_hash_tag, lock_key
+
+
+def crc16_xmodem(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as Redis Cluster uses."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def key_slot(key: str) -> int:
+    """The Redis Cluster slot of ``key``, written from the cluster specification."""
+    data = key.encode()
+    start = data.find(b"{")
+    if start >= 0:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return crc16_xmodem(data) % 16384
+
+
+class TestKeySlot:
+    """The reference the slot tests below rely on is itself checked."""
+
+    def test_crc16_check_value(self) -> None:
+        assert crc16_xmodem(b"123456789") == 0x31C3
+
+    @pytest.mark.parametrize(
+        "key", ["foo", "{user1000}.following", "a{}b", "{}", "a}b", "x{y}z{w}", "ключ"]
+    )
+    def test_agrees_with_redis_py(self, key: str) -> None:
+        assert key_slot(key) == redis_py_key_slot(key.encode())
+
+    def test_known_slots(self) -> None:
+        # Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+        assert key_slot("foo") == 12182
+        assert key_slot("{user1000}.following") == key_slot("user1000")
+
+
+class TestHasHashTag:
+    @pytest.mark.parametrize(
+        ("key", "tagged"),
+        [
+            ("{a}b", True),
+            ("a{b}", True),
+            ("x{y}z{w}", True),  # the first tag decides
+            ("}{a}", True),  # a '}' before the first '{' does not matter
+            ("a{}b", False),  # an empty tag: the whole key is hashed
+            ("{}", False),
+            ("{}{a}", False),  # only the first '{' counts, and its tag is empty
+            ("a{b", False),  # no closing brace
+            ("a}b", False),
+            ("plain", False),
+            ("", False),
+        ],
+    )
+    def test_cases(self, key: str, tagged: bool) -> None:
+        assert has_hash_tag(key) is tagged
+
+    @pytest.mark.parametrize("key", ["{a}b", "x{y}z{w}", "}{a}", "a{bc}d"])
+    def test_a_tagged_key_hashes_by_its_tag_only(self, key: str) -> None:
+        # consistency of the cases above with the cluster's rule
+        tag = key[key.index("{") + 1 : key.index("}", key.index("{"))]
+        assert key_slot(key) == key_slot(tag)
+
+
+class TestLockKey:
+    def test_the_key_is_the_name_after_the_prefix(self) -> None:
+        assert lock_key("", "orders:42") == "orders:42"
+        assert lock_key("app:", "orders:42") == "app:orders:42"
+
+
+class TestAuxKey:
+    @pytest.mark.parametrize(
+        ("key", "expected"),
+        [
+            ("orders:42", "{orders:42}:fence"),
+            ("a{b", "{a{b}:fence"),
+            ("{a}b", "{a}b:fence"),
+            ("x{y}z{w}", "x{y}z{w}:fence"),
+        ],
+    )
+    def test_wraps_untagged_keys_and_keeps_tagged_ones(self, key: str, expected: str) -> None:
+        assert aux_key(key, "fence") == expected
+
+    @pytest.mark.parametrize("key", ["orders:42", "a{b", "{a}b", "x{y}z{w}", "}{a}", "ключ"])
+    @pytest.mark.parametrize("suffix", ["fence", "readers", "undo:0123abcd"])
+    def test_same_slot_as_the_lock_key(self, key: str, suffix: str) -> None:
+        assert key_slot(aux_key(key, suffix)) == key_slot(key)
+
+    @pytest.mark.parametrize("key", ["a{}b", "{}", "a}b", "}", "{}{a}"])
+    def test_same_slot_when_the_key_holds_a_closing_brace(self, key: str) -> None:
+        assert key_slot(aux_key(key, "fence")) == key_slot(key)
+
+    def test_same_slot_for_every_short_key_without_closing_brace(self) -> None:
+        keys = [
+            "".join(chars)
+            for length in range(1, 5)
+            for chars in itertools.product("{a:é", repeat=length)
+        ]
+        assert len(keys) == 340
+        mismatched = [k for k in keys if key_slot(aux_key(k, "fence")) != key_slot(k)]
+        assert mismatched == []
+
+    def test_distinct_suffixes_give_distinct_keys(self) -> None:
+        keys = {aux_key("orders:42", s) for s in ("fence", "readers", "queue")}
+        assert len(keys) == 3
+        assert "orders:42" not in keys
