@@ -135,8 +135,10 @@ class Round:
         nodes: The masters.
         make: For master ``i``, the coroutine to run there, or an already known
             `Reply` when no call is needed.
-        patience: If given, a master with too many calls given up on that has
-            been silent this long gets no new call.
+        patience: If given (acquisition), a master with too many calls given up
+            on that has been silent this long gets no new call, and calls still
+            out after ``patience`` on a silent master are counted as given up
+            even when the round was decided without them.
     """
 
     def __init__(
@@ -149,6 +151,7 @@ class Round:
         loop = asyncio.get_running_loop()
         self.nodes = nodes
         self.tasks: list[asyncio.Future[Reply]] = []
+        self._overdue: set[int] = set()
         for i, node in enumerate(nodes):
             reply: Coroutine[Any, Any, Reply] | Reply
             if patience is not None and _tripped(node, patience):
@@ -161,6 +164,25 @@ class Round:
                 self.tasks.append(done)
             else:
                 self.tasks.append(tracker.call(reply))
+        if patience is not None:
+            # Not cancelled when the round is decided: a round that reached its
+            # quorum without a hung master must still count that master's call.
+            loop.call_later(patience, self._mark_silent, patience)
+
+    def _mark_silent(self, patience: float) -> None:
+        now = time.monotonic()
+        for i, node in enumerate(self.nodes):
+            if not self.tasks[i].done() and node.silent(now, patience):
+                self.mark_overdue(i)
+
+    def mark_overdue(self, i: int) -> None:
+        """Count call ``i`` against its master until it completes (once per call)."""
+        if i in self._overdue or self.tasks[i].done():
+            return
+        self._overdue.add(i)
+        node = self.nodes[i]
+        node.overdue += 1
+        self.tasks[i].add_done_callback(functools.partial(_release_overdue, node))
 
     async def decide(self, quorum: int, classify: Classify, timing: Timing) -> Decision:
         """Wait until the outcome is decided.
@@ -276,8 +298,7 @@ class _Waiter:
                 self.given_up[i] = f"master silent for over {self.timing.node_timeout:g} s"
             else:
                 continue
-            node.overdue += 1
-            task.add_done_callback(functools.partial(_release_overdue, node))
+            self.rnd.mark_overdue(i)
         self.check()
         self.schedule()
 

@@ -11,7 +11,9 @@ from redis.asyncio import Redis
 from redis.asyncio.lock import Lock as RedisPyLock
 
 from asyncredlock import AsyncRedlock, LockTimeoutError, QuorumUnavailableError
-from asyncredlock.testing import ServerGroup
+from asyncredlock._node import Node
+from asyncredlock._quorum import MAX_OVERDUE
+from asyncredlock.testing import FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
@@ -227,7 +229,7 @@ async def _warm_up(redlock: AsyncRedlock, n: int) -> None:
             tg.start_soon(cycle, i)
 
 
-def _nodes(redlock: AsyncRedlock) -> tuple[object, ...]:
+def _nodes(redlock: AsyncRedlock) -> tuple[Node, ...]:
     return redlock._core.nodes  # test-only look at the pools
 
 
@@ -252,3 +254,29 @@ async def _count_keys(urls: list[str]) -> int:
         return sum(len(k) for k in await direct.keys())
     finally:
         await direct.aclose()
+
+
+class TestHungMaster:
+    async def test_a_blackholed_master_gets_no_new_calls_once_tripped(
+        self, servers: ServerGroup
+    ) -> None:
+        async with FaultProxy("127.0.0.1", servers[4].port) as proxy:
+            proxy.blackhole = True
+            urls = [*servers.urls[:4], proxy.url]
+            async with AsyncRedlock(urls) as redlock:
+                hung = _nodes(redlock)[4]
+                with anyio.fail_after(20):
+                    i = 0
+                    while hung.overdue < MAX_OVERDUE:  # each cycle is real work
+                        await _cycle(redlock, f"hung:{i}")
+                        i += 1
+                    out = hung.in_flight
+                    for j in range(50):
+                        await _cycle(redlock, f"hung:more:{j}")
+                assert hung.in_flight <= out  # nothing new sent to the hung master
+                assert redlock.statistics().acquisitions == i + 50
+
+
+async def _cycle(redlock: AsyncRedlock, name: str) -> None:
+    lease = await redlock.lock(name, auto_extend=False, timeout=0).acquire()
+    await lease.release()
