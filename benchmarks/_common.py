@@ -1,0 +1,345 @@
+"""Helpers shared by the benchmark scripts in this directory.
+
+- `ServerGroup` servers plus a `ProxyHost`: one ``FaultProxy`` per server, hosted in a
+  *separate process* so that forwarding bytes does not compete with the measured client
+  for its event loop (this machine may have only two cores).
+- `summarize()`: percentiles and mean of latency samples, in milliseconds.
+- `environment()`: what the numbers were measured on.
+- Writers for JSON, markdown and the docs page, and a headless matplotlib.
+
+Scripts import this as ``_common`` (Python puts a script's own directory on
+``sys.path``), so each runs as ``python benchmarks/<name>.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import platform
+import signal
+import statistics
+import subprocess
+from collections.abc import Iterator, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any, Self
+
+import redis
+
+import asyncredlock
+from asyncredlock.testing import FaultProxy, ServerGroup, find_server_binary
+
+__all__ = [
+    "ProxyHost",
+    "environment",
+    "publish_section",
+    "pyplot",
+    "servers_behind_proxies",
+    "summarize",
+    "write_json",
+    "write_text",
+]
+
+_HOST = "127.0.0.1"
+_PIPE_TIMEOUT = 15.0  # seconds the parent waits for the proxy process to answer
+_JOIN_TIMEOUT = 5.0
+
+
+# --- proxies in their own process ---------------------------------------------------
+
+
+class ProxyHost:
+    """``FaultProxy`` instances in a child process, one per target port.
+
+    The child runs an asyncio loop hosting every proxy and obeys commands sent over a
+    ``multiprocessing`` pipe; each command is applied before it is acknowledged, so a
+    fault set by the parent is in force when the call returns. The child ignores
+    Ctrl-C (the parent stops it) and exits on its own if the parent goes away.
+
+    Args:
+        targets: The server ports to proxy, in order.
+    """
+
+    def __init__(self, targets: Sequence[int]) -> None:
+        self._targets = list(targets)
+        self._conn: Connection | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self.ports: list[int] = []
+
+    def start(self) -> None:
+        """Start the child process and wait until every proxy listens.
+
+        Raises:
+            RuntimeError: The child did not come up in time.
+        """
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._conn = parent
+        process = ctx.Process(
+            target=_proxy_main, args=(child, self._targets), name="fault-proxies", daemon=True
+        )
+        try:
+            process.start()
+        finally:
+            child.close()
+        self._process = process
+        self.ports = self._reply()
+
+    def urls(self, n: int) -> list[str]:
+        """``redis://`` URLs of the first ``n`` proxies."""
+        return [f"redis://{_HOST}:{port}" for port in self.ports[:n]]
+
+    def set_delay(self, seconds: float) -> None:
+        """Set the one-way delay of every proxy (the round trip gains twice that)."""
+        self._request("delay", seconds)
+
+    def set_blackhole(self, index: int, on: bool) -> None:
+        """Blackhole (or heal) the proxy in front of server ``index``."""
+        self._request("blackhole", index, on)
+
+    def close(self) -> None:
+        """Stop every proxy and the child process; kill it if it does not exit. Idempotent."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            with contextlib.suppress(OSError, RuntimeError, EOFError):
+                conn.send(("stop",))
+                _await(conn, process)
+            conn.close()
+        if process is not None:
+            process.join(_JOIN_TIMEOUT)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+    def _request(self, *message: object) -> Any:
+        if self._conn is None:
+            raise RuntimeError("the proxy process is not running")
+        self._conn.send(message)
+        return self._reply()
+
+    def _reply(self) -> Any:
+        assert self._conn is not None
+        return _await(self._conn, self._process)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _await(conn: Connection, process: multiprocessing.process.BaseProcess | None) -> Any:
+    """The value of the child's next ``("ok", value)`` reply.
+
+    Raises:
+        RuntimeError: The child replied with an error, exited, or stayed silent.
+    """
+    waitables: list[Any] = [conn] if process is None else [conn, process.sentinel]
+    if conn not in multiprocessing.connection.wait(waitables, _PIPE_TIMEOUT):
+        raise RuntimeError(f"the proxy process did not answer within {_PIPE_TIMEOUT:g} s")
+    try:
+        status, value = conn.recv()
+    except EOFError:
+        code = None if process is None else process.exitcode
+        raise RuntimeError(f"the proxy process exited (exit code {code})") from None
+    if status != "ok":
+        raise RuntimeError(f"proxy process: {value}")
+    return value
+
+
+def _proxy_main(conn: Connection, targets: list[int]) -> None:
+    """Entry point of the proxy process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    try:
+        asyncio.run(_host_proxies(conn, targets))
+    finally:
+        conn.close()
+
+
+async def _host_proxies(conn: Connection, targets: list[int]) -> None:
+    proxies = [FaultProxy(_HOST, port) for port in targets]
+    try:
+        for proxy in proxies:
+            await proxy.start()
+        conn.send(("ok", [proxy.port for proxy in proxies]))
+        await _obey(conn, proxies)
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("error", repr(exc)))
+    finally:
+        for proxy in proxies:
+            await proxy.aclose()
+
+
+async def _obey(conn: Connection, proxies: list[FaultProxy]) -> None:
+    """Apply commands from the pipe until ``stop`` or until the parent is gone."""
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
+
+    def readable() -> None:
+        try:
+            inbox.put_nowait(conn.recv())
+        except (EOFError, OSError):  # the parent died: shut down
+            loop.remove_reader(conn.fileno())
+            inbox.put_nowait(None)
+
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        while (message := await inbox.get()) is not None and message[0] != "stop":
+            conn.send(_apply(proxies, message))
+    finally:
+        loop.remove_reader(conn.fileno())
+    if message is not None:
+        conn.send(("ok", None))
+
+
+def _apply(proxies: list[FaultProxy], message: tuple[Any, ...]) -> tuple[str, object]:
+    try:
+        match message:
+            case ("delay", float(seconds)):
+                for proxy in proxies:
+                    proxy.delay = seconds
+            case ("blackhole", int(index), bool(on)):
+                proxies[index].blackhole = on
+            case _:
+                return "error", f"unknown command {message!r}"
+    except (ValueError, IndexError) as exc:
+        return "error", repr(exc)
+    return "ok", None
+
+
+@contextlib.contextmanager
+def servers_behind_proxies(n: int) -> Iterator[tuple[ServerGroup, ProxyHost]]:
+    """Start ``n`` servers and a proxy process in front of them; stop all at exit."""
+    with ServerGroup(n) as servers, ProxyHost([server.port for server in servers]) as proxies:
+        yield servers, proxies
+
+
+# --- statistics ----------------------------------------------------------------------
+
+
+def summarize(seconds: Sequence[float]) -> dict[str, float | int]:
+    """p50, p90, p99, mean, min and max of latency samples, in milliseconds.
+
+    Percentiles interpolate linearly between order statistics (the "inclusive"
+    method, as numpy's default), so they are defined for any sample size.
+
+    Raises:
+        ValueError: No samples.
+    """
+    if not seconds:
+        raise ValueError("no samples to summarize")
+    ms = sorted(s * 1000 for s in seconds)
+    cuts = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else ms * 99
+    return {
+        "iterations": len(ms),
+        "p50_ms": round(cuts[49], 4),
+        "p90_ms": round(cuts[89], 4),
+        "p99_ms": round(cuts[98], 4),
+        "mean_ms": round(statistics.fmean(ms), 4),
+        "min_ms": round(ms[0], 4),
+        "max_ms": round(ms[-1], 4),
+    }
+
+
+# --- environment -----------------------------------------------------------------------
+
+
+def environment() -> dict[str, object]:
+    """The machine, software versions and time of a run."""
+    binary = find_server_binary()
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "redis_py": redis.__version__,
+        "hiredis": _version_of("hiredis"),
+        "asyncredlock": asyncredlock.__version__,
+        "server": _server_version(binary),
+        "server_binary": binary,
+    }
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _version_of(module: str) -> str | None:
+    try:
+        return str(__import__(module).__version__)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _server_version(binary: str) -> str:
+    """``valkey-server 8.1.8`` from the binary's ``--version`` line."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
+    words = out.stdout.split()
+    version = next((w.removeprefix("v=") for w in words if w.startswith("v=")), "?")
+    return f"{Path(binary).name} {version}"
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a ``.tmp`` sibling, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_json(path: Path, data: object) -> None:
+    """Write ``data`` as indented JSON, atomically."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def publish_section(page: Path, marker: str, body: str) -> None:
+    """Replace everything after the line ``marker`` in ``page`` by ``body``.
+
+    The marker line is kept, so the next run replaces the section again.
+
+    Raises:
+        ValueError: ``page`` has no line equal to ``marker``.
+    """
+    lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
+    at = next((i for i, line in enumerate(lines) if line.strip() == marker), None)
+    if at is None:
+        raise ValueError(f"{page} has no line {marker!r}")
+    head = "".join(lines[:at]) + marker + "\n"
+    write_text(page, f"{head}\n{body.strip()}\n")
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

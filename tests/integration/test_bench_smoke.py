@@ -1,0 +1,68 @@
+"""Smoke test of ``benchmarks/fanout.py --quick``: it runs, and writes what it promises.
+
+Timings are never asserted: only that every case was measured and every file written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "fanout.py"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STATS = {"iterations", "p50_ms", "p90_ms", "p99_ms", "mean_ms"}
+EXPECTED_CASES = {(n, rtt, False) for n in (1, 3, 5, 7) for rtt in (0.0, 2.0, 10.0)} | {
+    (5, 2.0, True)
+}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Run the quick benchmark once; its output directory and parsed JSON."""
+    pytest.importorskip("matplotlib", reason="the benchmark extra is not installed")
+    out = tmp_path_factory.mktemp("fanout")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads((out / "fanout.json").read_text())
+
+
+def test_every_case_is_measured_by_both_methods(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _, report = quick_run
+    cases = report["cases"]
+    assert {(c["n"], c["rtt_ms"], c["blackholed"]) for c in cases} == EXPECTED_CASES
+    for case in cases:
+        assert case["iterations"] > 0
+        assert case["speedup_p50"] > 0
+        for method in ("sequential", "asyncredlock"):
+            for phase in ("total", "acquire", "release"):
+                stats = case["methods"][method][phase]
+                assert stats.keys() >= STATS
+                assert stats["iterations"] == case["iterations"]
+
+
+def test_environment_is_recorded(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _, report = quick_run
+    env = report["environment"]
+    assert {"python", "redis_py", "server", "cpu_count", "date"} <= env.keys()
+    assert report["plan"]["quick"] is True
+    assert set(report["measured_rtt"]) == {"0", "2", "10"}
+
+
+def test_table_and_plot_are_written(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    out, report = quick_run
+    table = (out / "fanout.md").read_text()
+    assert table.count("\n| ") == len(report["cases"]) + 1  # header + one row per case
+    assert (out / "fanout.png").read_bytes().startswith(PNG_MAGIC)
