@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from ._errors import RedlockError
 from ._redlock import AsyncRedlock, LockState, NodeLockState
 
 __all__ = ["main"]
@@ -154,7 +155,7 @@ def _master_options() -> _Parser:
         type=float,
         default=CLI_NODE_TIMEOUT,
         metavar="SECONDS",
-        help=f"how long to wait for each master ({CLI_NODE_TIMEOUT:g} s)",
+        help=f"the longest wait for any master's reply ({CLI_NODE_TIMEOUT:g} s)",
     )
     return options
 
@@ -267,7 +268,10 @@ def _force_release(args: argparse.Namespace) -> int:
         print(_state_text(state, quorum))
         if not _confirm(f"Delete {state.key!r} on every master, whoever holds it? [y/N] "):
             return _fail("aborted: nothing was deleted", EXIT_FAILURE)
-    deleted, total = asyncio.run(_delete(args))
+    try:
+        deleted, total = asyncio.run(_delete(args))
+    except RedlockError as exc:
+        return _fail(str(exc), EXIT_FAILURE)
     print(f"deleted the lock key of {args.name!r} on {deleted} of {_masters(total)}")
     return EXIT_OK
 
@@ -300,7 +304,9 @@ def _connect(args: argparse.Namespace) -> AsyncRedlock:
     if not masters:
         raise UsageError(f"no masters: give --master URL, --masters URL,URL,... or ${MASTERS_ENV}")
     try:
-        return AsyncRedlock(masters, prefix=args.prefix, node_timeout=args.node_timeout)
+        # The option bounds the whole wait: silence and a slow reply alike.
+        wait = args.node_timeout
+        return AsyncRedlock(masters, prefix=args.prefix, node_timeout=wait, socket_timeout=wait)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
 

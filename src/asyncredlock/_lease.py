@@ -151,7 +151,7 @@ class Lease:
 
         Returns once a quorum confirmed; the remaining masters are released in the
         background, each after any call of this lease still running there. Waits
-        at most ``socket_timeout`` for the masters. Safe to cancel: the release
+        at most ``max(node_timeout, socket_timeout)`` for the masters. Safe to cancel: the release
         goes on. If a majority no longer held the lock, the lease counts as lost
         (`lost` becomes true) and `LockNotOwnedError` is raised.
 
@@ -165,14 +165,12 @@ class Lease:
         decision = await self._release_round()
         if decision.yes >= self._core.quorum:
             return
-        if decision.unavailable(self._core.quorum):
+        if not self.lost:
             raise QuorumUnavailableError(
                 f"released {self.resource!r} on too few masters; the rest expire with the TTL",
                 resource=self.resource,
                 outcomes=decision.outcomes,
             )
-        self._core.counters.lost += 1
-        self._state = _State.LOST  # taken away before release: report it as lost
         raise LockNotOwnedError(
             f"{self.resource!r} was no longer held by this lease when released",
             resource=self.resource,
@@ -232,16 +230,29 @@ class Lease:
         return await node.call(EXTEND, (self.key,), args)
 
     async def _release_round(self) -> Decision:
+        """Release everywhere; a lease found gone on a majority ends lost, not released.
+
+        ``wait_lost()`` wakes only once that is known (or the release is cancelled).
+        """
         core = self._core
-        self._finish(_State.RELEASED)
-        rnd = core.fan_out(
-            lambda i, node: core.release_on(
-                node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
+        self._finish(_State.RELEASED, announce=False)
+        try:
+            rnd = core.fan_out(
+                lambda i, node: core.release_on(
+                    node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
+                )
             )
-        )
-        self._track(rnd.tasks)
-        core.counters.releases += 1
-        return await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
+            self._track(rnd.tasks)
+            core.counters.releases += 1
+            decision = await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
+            quorum = core.quorum
+            if decision.yes < quorum and not decision.unavailable(quorum):
+                core.counters.lost += 1
+                self._state = _State.LOST
+                self._loss = decision
+            return decision
+        finally:
+            self._ended.set()
 
     def _track(self, futures: Sequence[asyncio.Future[Reply]]) -> None:
         """Remember each call actually sent, so the next call to that master waits for it."""
@@ -287,9 +298,10 @@ class Lease:
                 )
             )
 
-    def _finish(self, state: _State) -> None:
+    def _finish(self, state: _State, *, announce: bool = True) -> None:
         self._state = state
-        self._ended.set()
+        if announce:
+            self._ended.set()
         self._core.held.discard(self)
         extender, self._extender = self._extender, None
         if extender is not None and extender is not asyncio.current_task():
@@ -317,27 +329,19 @@ class Lease:
         if self._state is _State.LOST:
             raise self._lost_error() from (None if swallowed else exc)
         with anyio.CancelScope(shield=True):
-            decision = await self._release_quietly()
-        if decision is not None and self._taken_from_us(decision):
-            self._core.counters.lost += 1
-            self._loss = decision
+            await self._release_quietly()
+        if self.lost:  # the release found it gone on a majority
             raise self._lost_error() from exc
         return swallowed
 
-    def _taken_from_us(self, decision: Decision) -> bool:
-        """Whether release found the lock gone on a majority (not merely unreachable)."""
-        quorum = self._core.quorum
-        return decision.yes < quorum and not decision.unavailable(quorum)
-
-    async def _release_quietly(self) -> Decision | None:
+    async def _release_quietly(self) -> None:
         if self._state is not _State.HELD:
-            return None
+            return
         decision = await self._release_round()
         if decision.unavailable(self._core.quorum):
             logger.warning(
                 "released %r on too few masters; the rest expire with the TTL", self.resource
             )
-        return decision
 
     def _lost_error(self) -> RedlockError:
         outcomes = self._loss.outcomes if self._loss else ()

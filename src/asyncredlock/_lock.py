@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -76,11 +77,25 @@ class Lock:
             remaining = deadline - core.clock()
             if remaining <= 0:
                 raise self._failure(outcome)
-            # Do not race our own undo: a late SET of the last attempt would look
-            # like another holder to the next one.
-            await asyncio.wait(outcome.cleanup, timeout=remaining)
+            await self._await_undo(outcome.cleanup, deadline)
             remaining = deadline - core.clock()
             await anyio.sleep(max(0.0, min(core.retry_pause(), remaining)))
+
+    async def _await_undo(self, cleanup: list[asyncio.Task[Reply]], deadline: float) -> None:
+        """Do not race our own undo: a late SET of the last attempt would look like
+        another holder to the next one. Masters that stay silent are not waited for
+        (a hung master answers neither attempt)."""
+        core = self._core
+        patience = core.settings.node_timeout
+        pending = dict(zip(cleanup, core.nodes, strict=True))
+        while pending and (remaining := deadline - core.clock()) > 0:
+            await asyncio.wait(pending, timeout=min(remaining, patience))
+            now = time.monotonic()
+            pending = {
+                task: node
+                for task, node in pending.items()
+                if not task.done() and not node.silent(now, patience)
+            }
 
     async def _attempt(self) -> Lease | _Failed:
         core = self._core

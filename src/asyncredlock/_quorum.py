@@ -30,8 +30,10 @@ logger = logging.getLogger("asyncredlock")
 
 _T = TypeVar("_T")
 
-#: A silent master with this many calls given up on gets no new calls until it
-#: answers again: a hung master costs one timeout, not one connection per attempt.
+#: A silent master with this many overdue calls (still out after ``node_timeout``
+#: while it answered nothing, or cut off by a round's maximum wait) gets no new
+#: acquisition calls until it answers again: a hung master costs one timeout, not
+#: one connection per attempt.
 MAX_OVERDUE = 8
 
 
@@ -167,10 +169,13 @@ class Round:
         if patience is not None:
             # Not cancelled when the round is decided: a round that reached its
             # quorum without a hung master must still count that master's call.
-            loop.call_later(patience, self._mark_silent, patience)
+            due = time.monotonic() + patience
+            loop.call_later(patience, self._mark_silent, patience, due)
 
-    def _mark_silent(self, patience: float) -> None:
+    def _mark_silent(self, patience: float, due: float) -> None:
         now = time.monotonic()
+        if now - due > patience / 2:
+            return  # our event loop is late: silence proves nothing about a master
         for i, node in enumerate(self.nodes):
             if not self.tasks[i].done() and node.silent(now, patience):
                 self.mark_overdue(i)

@@ -251,8 +251,8 @@ class AsyncRedlock:
     async def inspect(self, name: str) -> LockState:
         """Read a lock's state on every master: holder, time left, fence counter.
 
-        Waits for every master, at most ``socket_timeout``; one that did not
-        answer by then is reported with its error.
+        Waits for every master, at most ``max(node_timeout, socket_timeout)``; one
+        that did not answer by then is reported with its error.
 
         Raises:
             TypeError: ``name`` is not a str.
@@ -274,8 +274,9 @@ class AsyncRedlock:
 
         The holder is not told until its next extension finds the lock gone (then
         its lease is lost). Use it only to free a lock whose holder is known dead.
-        Waits for every master up to ``socket_timeout``; a master that did not
-        answer by then is not counted (its delete may still land).
+        Waits for every master up to ``max(node_timeout, socket_timeout)`` in all;
+        a master that did not answer by then is not counted (its delete may still
+        land).
 
         Returns:
             On how many masters a key was deleted.
@@ -283,20 +284,22 @@ class AsyncRedlock:
         Raises:
             TypeError: ``name`` is not a str.
             ValueError: ``name`` is empty.
-            QuorumUnavailableError: A majority of masters failed or did not answer,
-                so the lock may still be held.
+            QuorumUnavailableError: So many masters failed or did not answer that
+                the lock may still be held.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         key = lock_key(self._settings.prefix, check_name(name))
         rnd = self._core.fan_out(lambda _, node: node.call(DELETE, (key,), ()))
-        decision = await self._core.decide(rnd, classify_deleted, wait=self._core.timing.max_wait)
+        wait = self._core.timing.max_wait
+        deadline = time.monotonic() + wait
+        decision = await self._core.decide(rnd, classify_deleted, wait=wait)
         if decision.unavailable(self.quorum):
             raise QuorumUnavailableError(
-                f"could not force {name!r} free: a majority of masters did not answer",
+                f"could not force {name!r} free: too many masters failed or did not answer",
                 resource=name,
                 outcomes=decision.outcomes,
             )
-        await asyncio.wait(rnd.tasks, timeout=self._core.timing.max_wait)
+        await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - time.monotonic()))
         return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
 
     def statistics(self) -> RedlockStatistics:

@@ -90,6 +90,20 @@ class TestInspect:
 
 
 class TestForceRelease:
+    async def test_an_outage_is_one_line_and_exit_1(
+        self,
+        servers: ServerGroup,
+        make_servers: MakeServers,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        down = make_servers(3, start=False)  # ports reserved, nothing listening
+        urls = servers.urls[:2] + down.urls
+        code = await cli("force-release", "cli:outage", "--yes", *master_args(urls))
+        err = capsys.readouterr().err
+        assert code == 1
+        assert err.startswith("asyncredlock: error: could not force 'cli:outage' free")
+        assert "Traceback" not in err
+
     async def test_frees_a_held_lock(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:

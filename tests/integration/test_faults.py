@@ -276,6 +276,30 @@ class TestHungMaster:
                 assert hung.in_flight <= out  # nothing new sent to the hung master
                 assert redlock.statistics().acquisitions == i + 50
 
+    async def test_retries_do_not_wait_on_a_hung_masters_undo(self, servers: ServerGroup) -> None:
+        async with FaultProxy("127.0.0.1", servers[4].port) as proxy:
+            proxy.blackhole = True
+            urls = [*servers.urls[:4], proxy.url]
+            async with (
+                AsyncRedlock(urls) as holder,
+                AsyncRedlock(urls, retry_delay=0, socket_timeout=30) as waiter,
+            ):
+                lease = await holder.lock("hung:contended").acquire()
+
+                async def release_soon() -> None:
+                    await anyio.sleep(0.5)  # the holder's work
+                    await lease.release()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(release_soon)
+                    got = await waiter.lock("hung:contended", timeout=3.0).acquire()
+                # The hung master's calls end only at socket_timeout (30 s). A retry
+                # that waited for their undo would sit out the whole timeout after
+                # its first failure and try once more at the end; retries that skip
+                # the silent master keep trying while the holder works.
+                assert waiter.statistics().failed_attempts >= 2
+                await got.release()
+
 
 async def _cycle(redlock: AsyncRedlock, name: str) -> None:
     lease = await redlock.lock(name, auto_extend=False, timeout=0).acquire()
