@@ -131,7 +131,7 @@ class TestCancellation:
                 len(node.client.connection_pool._in_use_connections) for node in _nodes(redlock)
             ]
             library_tasks = [t for t in asyncio.all_tasks() if _from_library(t)]
-        assert stats.attempts > 600  # 100 warm-up + 500, some of which retried
+        assert stats.attempts >= 600  # 100 warm-up + 500: each sends a first round
         assert stats.acquisitions > 100  # cancellations also hit held leases
         assert stats.failed_attempts > 0  # and contended attempts
         assert stats.held == 0
