@@ -173,9 +173,8 @@ class Core:
         """
         await wait_done(previous)
         reply = acquired.result()
-        if reply.error is None and not granted(reply):
-            return Reply(0)
-        if isinstance(reply.error, NodeSkippedError):
+        refused = reply.error is None and not granted(reply)
+        if refused or isinstance(reply.error, NodeSkippedError):  # nothing of ours there
             return Reply(0)
         marker_ttl = 0 if reply.error is None else ms(ttl)
         keys = (key, undo_key(key, value))

@@ -3,7 +3,7 @@
 ```
 RedlockError
 ├── LockTimeoutError        the lock stayed contended past the caller's timeout
-├── QuorumUnavailableError  a majority of masters did not answer: an outage, not contention
+├── QuorumUnavailableError  too many masters failed or were silent: an outage, not contention
 ├── LockLostError           a lease ended while its holder still relied on it
 └── LockNotOwnedError       release/extend of a lease that no longer holds a quorum
 ```

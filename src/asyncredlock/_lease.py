@@ -16,7 +16,7 @@ from ._config import check_seconds
 from ._core import Core, classify_flag, granted, ms, wait_done
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._node import Node, Reply
-from ._quorum import Decision
+from ._quorum import Decision, Round
 from ._scripts import EXTEND
 
 __all__ = ["Lease"]
@@ -135,7 +135,7 @@ class Lease:
             return
         if decision.unavailable(self._core.quorum):
             raise QuorumUnavailableError(
-                f"could not extend {self.resource!r}: a majority of masters did not answer",
+                f"could not extend {self.resource!r}: too many masters did not answer",
                 resource=self.resource,
                 outcomes=decision.outcomes,
             )
@@ -237,12 +237,7 @@ class Lease:
         core = self._core
         self._finish(_State.RELEASED, announce=False)
         try:
-            rnd = core.fan_out(
-                lambda i, node: core.release_on(
-                    node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
-                )
-            )
-            self._track(rnd.tasks)
+            rnd = self._send_release()
             core.counters.releases += 1
             decision = await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
             quorum = core.quorum
@@ -253,6 +248,17 @@ class Lease:
             return decision
         finally:
             self._ended.set()
+
+    def _send_release(self) -> Round:
+        """Compare-and-delete on every master, each after this lease's calls there."""
+        core = self._core
+        rnd = core.fan_out(
+            lambda i, node: core.release_on(
+                node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
+            )
+        )
+        self._track(rnd.tasks)
+        return rnd
 
     def _track(self, futures: Sequence[asyncio.Future[Reply]]) -> None:
         """Remember each call actually sent, so the next call to that master waits for it."""
@@ -291,12 +297,7 @@ class Lease:
         self._finish(_State.LOST)
         if self._scope is not None:
             self._scope.cancel()
-        for i, node in enumerate(self._core.nodes):
-            self._last[i] = self._core.tracker.call(
-                self._core.release_on(
-                    node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
-                )
-            )
+        self._send_release()
 
     def _finish(self, state: _State, *, announce: bool = True) -> None:
         self._state = state

@@ -7,6 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import anyio
 
@@ -45,7 +46,7 @@ class Lock:
         self.ttl = ttl
         self.timeout = timeout
         self.auto_extend = auto_extend
-        self._entered: dict[asyncio.Task[object] | None, list[Lease]] = {}
+        self._entered: dict[asyncio.Task[Any] | None, list[Lease]] = {}
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} ttl={self.ttl:g}s timeout={self.timeout:g}s>"
@@ -134,7 +135,7 @@ class Lock:
         if decision.unavailable(self._core.quorum):
             counters.unavailable += 1
             return QuorumUnavailableError(
-                f"could not lock {self.name!r}: a majority of masters failed or did not answer",
+                f"could not lock {self.name!r}: too many masters failed or did not answer",
                 resource=self.name,
                 outcomes=decision.outcomes,
             )
@@ -154,7 +155,7 @@ class Lock:
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
         lease._enter_block()
-        self._entered.setdefault(_current_task(), []).append(lease)
+        self._entered.setdefault(asyncio.current_task(), []).append(lease)
         return lease
 
     async def __aexit__(
@@ -163,7 +164,7 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        task = _current_task()
+        task = asyncio.current_task()
         stack = self._entered[task]
         lease = stack.pop()
         if not stack:
@@ -181,12 +182,8 @@ class _Failed:
     cleanup: list[asyncio.Task[Reply]]
 
 
-def _current_task() -> asyncio.Task[object] | None:
-    return asyncio.current_task()
-
-
 def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:
     """A quorum that came too late: say so in every granting master's outcome."""
     note = f"granted, but validity was used up ({elapsed:.3f} s elapsed of ttl {ttl:g} s)"
     outcomes = tuple(NodeOutcome(o.node, False, note) if o.ok else o for o in decision.outcomes)
-    return Decision(0, decision.yes + decision.no, decision.failed, outcomes)
+    return Decision(0, decision.yes + decision.no, decision.failed, outcomes, decision.pending)
