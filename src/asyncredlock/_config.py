@@ -65,6 +65,7 @@ class Settings:
     max_connections: int = 256
     prefix: str = ""
     auto_extend: bool = True
+    fencing: bool = True
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
@@ -86,6 +87,8 @@ class Settings:
             raise TypeError(f"prefix must be a str, not {type(self.prefix).__name__}")
         if not isinstance(self.auto_extend, bool):
             raise TypeError("auto_extend must be a bool")
+        if not isinstance(self.fencing, bool):
+            raise TypeError("fencing must be a bool")
         if not callable(self.clock):
             raise TypeError("clock must be a callable returning seconds")
 

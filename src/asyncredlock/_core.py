@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +27,21 @@ from ._quorum import (
     Verdict,
 )
 from ._quorum import describe_error as _describe_error
-from ._scripts import ACQUIRE, RELEASE
+from ._scripts import ACQUIRE, COMMIT, RELEASE
 
 if TYPE_CHECKING:
     from ._lease import Lease
 
-__all__ = ["Core", "Counters", "classify_acquire", "classify_deleted", "classify_flag", "ms"]
+__all__ = [
+    "Core",
+    "Counters",
+    "classify_acquire",
+    "classify_commit",
+    "classify_deleted",
+    "classify_flag",
+    "fence_token",
+    "ms",
+]
 
 
 def ms(seconds: float) -> int:
@@ -50,6 +59,15 @@ def granted(reply: Reply) -> bool:
     return reply.error is None and int(reply.value[0]) == 1
 
 
+def fence_token(replies: Sequence[asyncio.Future[Reply]]) -> int:
+    """The token of a fenced first phase: the largest counter a master returned."""
+    return max(
+        int(future.result().value[1])
+        for future in replies
+        if future.done() and granted(future.result())
+    )
+
+
 def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
     """Count an ``acquire.lua`` reply toward the quorum."""
     if reply.error is not None:
@@ -60,6 +78,24 @@ def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
     if code == 0:
         return Verdict.NO, f"held by another holder ({int(reply.value[1])} ms left)"
     return Verdict.NO, "attempt already undone here"
+
+
+def classify_commit(reply: Reply) -> tuple[Verdict, str]:
+    """Count a commit reply (second phase of a fenced acquisition) toward the quorum.
+
+    A master that did not grant the first phase gets no commit: its first-phase
+    reply stands in.
+    """
+    if reply.error is not None:
+        return Verdict.FAILED, _describe_error(reply)
+    if isinstance(reply.value, list):
+        return classify_acquire(reply)
+    code = int(reply.value)
+    if code == 1:
+        return Verdict.YES, "granted, token committed"
+    if code == 0:
+        return Verdict.NO, "granted, but the lock was gone before the commit"
+    return Verdict.NO, "granted, but the fence counter here was already past the token"
 
 
 def classify_flag(reply: Reply) -> tuple[Verdict, str]:
@@ -150,11 +186,44 @@ class Core:
         timing = self.timing if wait is None else Timing(wait, wait)
         return await rnd.decide(self.quorum, classify, timing)
 
-    def acquire_round(self, key: str, value: str, ttl: float) -> Round:
-        """Start ``SET NX PX`` (through ``acquire.lua``) on every master."""
-        keys = (key, undo_key(key, value))
-        args = (value, ms(ttl))
+    def acquire_round(self, key: str, value: str, ttl: float, *, fencing: bool) -> Round:
+        """Start ``SET NX PX`` (through ``acquire.lua``) on every master.
+
+        With ``fencing``, each master that grants also counts the resource's
+        fence counter up and returns it (the first of two phases).
+        """
+        keys = (key, undo_key(key, value), aux_key(key, "fence"))
+        args = (value, ms(ttl), "1" if fencing else "0")
         return self.fan_out(lambda _, node: node.call(ACQUIRE, keys, args), skip_silent=True)
+
+    def commit_round(
+        self, key: str, value: str, token: int, acquired: Sequence[asyncio.Future[Reply]]
+    ) -> Round:
+        """Commit ``token`` on every master that granted the first phase.
+
+        A master commits only while it still holds ``value`` and its counter is
+        at most ``token``; it then raises the counter to ``token``. A master whose
+        first-phase reply is still on its way gets its commit once that reply
+        grants. Masters that refused get no call: their first-phase reply stands
+        in (see `classify_commit`).
+        """
+        keys = (key, aux_key(key, "fence"))
+        args = (value, str(token))
+
+        async def commit_on(node: Node, first: asyncio.Future[Reply]) -> Reply:
+            await wait_done(first)
+            reply = first.result()
+            if not granted(reply):
+                return reply
+            return await node.call(COMMIT, keys, args)
+
+        def make(i: int, node: Node) -> Coroutine[Any, Any, Reply] | Reply:
+            first = acquired[i]
+            if first.done() and not granted(first.result()):
+                return first.result()
+            return commit_on(node, first)
+
+        return self.fan_out(make)
 
     async def release_on(
         self,

@@ -43,8 +43,10 @@ class Lease:
         key: The Redis key that holds the lock (the name after the prefix).
         value: This holder's random value (128 bits from `secrets`).
         ttl: The time to live, in seconds, set on each extension.
-        token: The fencing token; always ``None`` in this release (fencing
-            tokens are planned, see the guarantees page).
+        token: The fencing token: an ``int`` that strictly increases with each
+            acquisition of the resource (committed on a majority of masters), for
+            the resource to refuse writes from older holders; ``None`` when the
+            lock was taken with ``fencing=False``.
     """
 
     def __init__(
@@ -58,13 +60,14 @@ class Lease:
         expires_at: float,
         acquired: Sequence[asyncio.Future[Reply]],
         auto_extend: bool,
+        token: int | None = None,
     ) -> None:
         self._core = core
         self.resource = resource
         self.key = key
         self.value = value
         self.ttl = ttl
-        self.token: int | None = None
+        self.token = token
         self._expires_at = expires_at
         self._acquired = tuple(acquired)
         self._last: list[asyncio.Future[Reply]] = list(acquired)

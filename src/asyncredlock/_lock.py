@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from ._core import Core, classify_acquire
+from ._core import Core, classify_acquire, classify_commit, fence_token
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
 from ._lease import Lease
 from ._node import Reply
@@ -35,10 +35,20 @@ class Lock:
         timeout: How long `acquire` waits for a contended lock, in seconds
             (``0``: one attempt; ``math.inf``: no limit).
         auto_extend: Whether leases extend themselves until released.
+        fencing: Whether leases carry a fencing token (two phases per
+            acquisition instead of one).
     """
 
     def __init__(
-        self, core: Core, *, name: str, key: str, ttl: float, timeout: float, auto_extend: bool
+        self,
+        core: Core,
+        *,
+        name: str,
+        key: str,
+        ttl: float,
+        timeout: float,
+        auto_extend: bool,
+        fencing: bool,
     ) -> None:
         self._core = core
         self.name = name
@@ -46,6 +56,7 @@ class Lock:
         self.ttl = ttl
         self.timeout = timeout
         self.auto_extend = auto_extend
+        self.fencing = fencing
         self._entered: dict[asyncio.Task[Any] | None, list[Lease]] = {}
 
     def __repr__(self) -> str:
@@ -55,10 +66,14 @@ class Lock:
         """Take the lock on a quorum of masters, retrying until ``timeout``.
 
         Each attempt sends ``SET NX PX`` to every master at once and succeeds when
-        a majority granted it with validity left. A failed attempt is undone on
-        every master; between attempts the task sleeps a jittered delay. Safe to
-        cancel, also under ``asyncio.timeout()`` or ``anyio.fail_after()``: what the
-        interrupted attempt took is released in the background.
+        a majority granted it with validity left. With fencing, each granting
+        master also counts the resource's fence counter up; the largest count is
+        the token, committed in a second round on the masters that granted, and
+        the attempt succeeds only if a majority commits it. A failed attempt is
+        undone on every master; between attempts the task sleeps a jittered
+        delay. Safe to cancel, also under ``asyncio.timeout()`` or
+        ``anyio.fail_after()``: what the interrupted attempt took is released in
+        the background.
 
         Returns:
             The lease, already extending itself unless ``auto_extend=False``.
@@ -103,16 +118,23 @@ class Lock:
         value = secrets.token_hex(16)
         start = core.clock()
         core.counters.attempts += 1
-        rnd = core.acquire_round(self.key, value, self.ttl)
+        expires_at = core.expiry(start, self.ttl)
+        rnd = core.acquire_round(self.key, value, self.ttl, fencing=self.fencing)
+        token: int | None = None
+        commit: list[asyncio.Future[Reply]] = []
         try:
             decision = await core.decide(rnd, classify_acquire)
+            if self.fencing and decision.yes >= core.quorum and expires_at > core.clock():
+                token = fence_token(rnd.tasks)
+                second = core.commit_round(self.key, value, token, rnd.tasks)
+                commit = second.tasks
+                decision = await core.decide(second, classify_commit)
         except BaseException:
             core.undo(self.key, value, rnd.tasks, self.ttl)
             raise
-        expires_at = core.expiry(start, self.ttl)
         if decision.yes >= core.quorum and expires_at > core.clock():
             core.counters.acquisitions += 1
-            return Lease(
+            lease = Lease(
                 core,
                 resource=self.name,
                 key=self.key,
@@ -121,7 +143,10 @@ class Lock:
                 expires_at=expires_at,
                 acquired=rnd.tasks,
                 auto_extend=self.auto_extend,
+                token=token,
             )
+            lease._track(commit)
+            return lease
         core.counters.failed_attempts += 1
         cleanup = core.undo(self.key, value, rnd.tasks, self.ttl)
         if decision.yes >= core.quorum:

@@ -157,6 +157,11 @@ class AsyncRedlock:
             bounds how long a hung master keeps a connection busy in the
             background.
         auto_extend: Whether leases extend themselves by default (True).
+        fencing: Whether leases carry fencing tokens by default (True). A fenced
+            acquisition takes two round trips instead of one: the first takes
+            the lock and counts the resource's fence counter up on each master,
+            the second commits the token on a majority. ``False`` gives plain
+            Redlock, with ``lease.token`` ``None``.
         clock: The monotonic clock for validity (``time.monotonic``); replace it
             only in tests.
 
@@ -179,6 +184,7 @@ class AsyncRedlock:
         max_connections: int = 256,
         socket_timeout: float = 5.0,
         auto_extend: bool = True,
+        fencing: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = Settings(
@@ -191,6 +197,7 @@ class AsyncRedlock:
             max_connections=max_connections,
             prefix=prefix,
             auto_extend=auto_extend,
+            fencing=fencing,
             clock=clock,
         )
         self._core = Core(_make_nodes(masters, self._settings), self._settings)
@@ -216,6 +223,7 @@ class AsyncRedlock:
         ttl: float | None = None,
         timeout: float | None = None,
         auto_extend: bool | None = None,
+        fencing: bool | None = None,
     ) -> Lock:
         """A lock on the resource ``name``; nothing is sent until it is acquired.
 
@@ -225,6 +233,7 @@ class AsyncRedlock:
             timeout: Seconds to wait when contended (``0``: one attempt,
                 ``math.inf``: no limit); the default if omitted.
             auto_extend: Whether leases extend themselves; the default if omitted.
+            fencing: Whether leases carry a fencing token; the default if omitted.
 
         Raises:
             TypeError: ``name`` is not a str, or a setting has the wrong type.
@@ -243,9 +252,19 @@ class AsyncRedlock:
             auto_extend = settings.auto_extend
         elif not isinstance(auto_extend, bool):
             raise TypeError("auto_extend must be a bool")
+        if fencing is None:
+            fencing = settings.fencing
+        elif not isinstance(fencing, bool):
+            raise TypeError("fencing must be a bool")
         key = lock_key(settings.prefix, name)
         return Lock(
-            self._core, name=name, key=key, ttl=ttl, timeout=timeout, auto_extend=auto_extend
+            self._core,
+            name=name,
+            key=key,
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            fencing=fencing,
         )
 
     async def inspect(self, name: str) -> LockState:

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from importlib import resources
 
-__all__ = ["ACQUIRE", "DELETE", "EXTEND", "INSPECT", "RELEASE", "Script"]
+__all__ = ["ACQUIRE", "COMMIT", "DELETE", "EXTEND", "INSPECT", "RELEASE", "Script"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ def _load(name: str) -> Script:
 
 
 ACQUIRE = _load("acquire")
+COMMIT = _load("commit")
 RELEASE = _load("release")
 EXTEND = _load("extend")
 INSPECT = _load("inspect")

@@ -18,8 +18,21 @@ class Masters:
         self.clients = [Redis.from_url(url) for url in self.urls]
 
     async def keys(self) -> list[list[bytes]]:
-        """Every key on each master."""
-        return [sorted(await client.keys("*")) for client in self.clients]
+        """Every key on each master but the fence counters.
+
+        Fence counters (``{name}:fence``) stay by design: a resource's tokens must
+        keep increasing after its lock is released. Every other key (a lock key,
+        an undo marker) left behind is a leak.
+        """
+        return [
+            sorted(key for key in await client.keys("*") if not key.endswith(b":fence"))
+            for client in self.clients
+        ]
+
+    async def fences(self, name: str) -> list[int | None]:
+        """The fence counter of the resource ``name`` on each master."""
+        values = [await client.get(f"{{{name}}}:fence") for client in self.clients]
+        return [None if value is None else int(value) for value in values]
 
     async def holding(self, key: str) -> int:
         """On how many masters ``key`` exists."""

@@ -1,12 +1,25 @@
--- Take the lock on one master.
--- KEYS[1] lock key, KEYS[2] this attempt's undo marker
--- ARGV[1] the attempt's random value, ARGV[2] ttl in milliseconds
--- Returns {1} when granted, {0, pttl} when another holder has it,
--- {-1} when the attempt was already undone here (its SET arrived late).
+-- Take the lock on one master; with fencing, also count the resource's fence up.
+-- KEYS[1] lock key, KEYS[2] this attempt's undo marker, KEYS[3] fence counter
+-- ARGV[1] the attempt's random value, ARGV[2] ttl in milliseconds,
+-- ARGV[3] '1' to count the fence up (first phase of a fenced acquisition), '0' not
+-- Returns {1} when granted ({1, counter} with fencing), {0, pttl} when another
+-- holder has it, {-1} when the attempt was already undone here (its SET arrived late).
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {-1}
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+if ARGV[3] ~= '1' then
   return {1}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  -- A missing counter (new resource, or a master that lost its data) starts from
+  -- the server's clock in microseconds, far above any count kept before.
+  if redis.replicate_commands then
+    redis.replicate_commands()  -- Redis < 7: allow writes after TIME
+  end
+  local now = redis.call('TIME')
+  redis.call('SET', KEYS[3], now[1] .. string.format('%06d', tonumber(now[2])))
+end
+return {1, redis.call('INCR', KEYS[3])}

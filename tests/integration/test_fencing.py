@@ -1,0 +1,356 @@
+"""Fencing tokens against real servers: two-phase acquisition, ordering, faults."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
+from asyncredlock._node import Node, Reply
+from asyncredlock._scripts import ACQUIRE, COMMIT, Script
+from asyncredlock.testing import ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 60  # seconds; only stops a hung test, never decides an outcome
+
+
+class TestTokens:
+    async def test_a_token_is_committed_on_every_master_and_starts_from_server_time(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        seconds, micros = await masters.clients[0].time()
+        before = seconds * 1_000_000 + micros
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.lock("fresh").acquire()
+            await redlock.settle()
+            assert isinstance(lease.token, int)
+            assert lease.token > before  # a missing counter starts from TIME in µs
+            fences = await masters.fences("fresh")
+            # committed on the masters that granted first (a quorum at least);
+            # a master that granted after the decision keeps its own count
+            assert fences.count(lease.token) >= 3
+            assert all(f is not None and f > before for f in fences)
+            state = await redlock.inspect("fresh")
+            assert [node.fence for node in state.nodes] == fences
+            await lease.release()
+
+    async def test_fencing_false_is_plain_redlock_with_no_token(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls, fencing=False) as redlock:
+            lease = await redlock.lock("plain").acquire()
+            assert lease.token is None
+            assert await masters.holding("plain") == 5
+            await lease.release()
+            fenced = await redlock.lock("plain", fencing=True).acquire()
+            assert isinstance(fenced.token, int)
+            await fenced.release()
+            await redlock.settle()
+        assert (await masters.fences("plain")).count(fenced.token) >= 3
+
+    async def test_unfenced_acquisitions_leave_the_counter_alone(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            first = await redlock.lock("mixed").acquire()
+            await first.release()
+            await redlock.settle()
+            before = await masters.fences("mixed")
+            for _ in range(3):
+                plain = await redlock.lock("mixed", fencing=False).acquire()
+                await plain.release()
+            await redlock.settle()
+            assert await masters.fences("mixed") == before
+            second = await redlock.lock("mixed").acquire()
+            await second.release()
+        assert first.token is not None
+        assert second.token is not None
+        assert second.token > first.token
+
+    async def test_1000_sequential_acquisitions_over_5_clients_strictly_increase(
+        self, servers: ServerGroup
+    ) -> None:
+        tokens: list[int] = []
+        clients = [AsyncRedlock(servers.urls, ttl=5.0) for _ in range(5)]
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                for i in range(1000):
+                    lock = clients[i % 5].lock("sequential", timeout=5, auto_extend=False)
+                    lease = await lock.acquire()
+                    assert lease.token is not None
+                    tokens.append(lease.token)
+                    await lease.release()
+        finally:
+            for client in clients:
+                await client.aclose()
+        assert all(b > a for a, b in itertools.pairwise(tokens))
+        assert len(set(tokens)) == 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """One successful acquisition: when it started, when acquire() returned, its token."""
+
+    start: float
+    committed: float
+    token: int
+
+
+class TestOrderUnderFaults:
+    async def test_contention_with_injected_expiries_keeps_tokens_unique_and_ordered(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Keys deleted on random masters break mutual exclusion; tokens stay ordered.
+
+        For every pair: an acquisition that started after another one committed
+        (acquire() returned) has the larger token.
+        """
+        committed: list[Committed] = []
+        rng = random.Random(3)
+        done = anyio.Event()
+        clients = [
+            AsyncRedlock(servers.urls, ttl=0.25, retry_delay=0.01, auto_extend=False)
+            for _ in range(3)
+        ]
+
+        async def worker(redlock: AsyncRedlock) -> None:
+            lock = redlock.lock("contended", timeout=math.inf)
+            while not done.is_set():
+                start = time.monotonic()
+                lease = await lock.acquire()
+                stamp = time.monotonic()
+                assert lease.token is not None
+                committed.append(Committed(start, stamp, lease.token))
+                if len(committed) >= 300:
+                    done.set()
+                await anyio.sleep(rng.uniform(0, 0.005))  # the work
+                with contextlib.suppress(LockNotOwnedError):  # its key deleted under it
+                    await lease.release()
+
+        async def expire_keys() -> None:
+            while not done.is_set():
+                for client in rng.sample(masters.clients, rng.randint(1, 3)):
+                    await client.delete("contended")
+                await anyio.sleep(rng.uniform(0, 0.01))  # the fault's timing
+
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(expire_keys)
+                    for i in range(12):
+                        tg.start_soon(worker, clients[i % 3])
+        finally:
+            for client in clients:
+                await client.aclose()
+        tokens = [c.token for c in committed]
+        assert len(set(tokens)) == len(tokens)
+        ordered_pairs = 0
+        for a in committed:
+            for b in committed:
+                if b.start > a.committed:
+                    assert b.token > a.token, (a, b)
+                    ordered_pairs += 1
+        assert ordered_pairs > 0
+
+    @pytest.mark.parametrize("wipe", ["flushall", "restart"])
+    async def test_a_master_that_loses_its_data_does_not_set_tokens_back(
+        self, make_servers: MakeServers, wipe: str
+    ) -> None:
+        group = make_servers(3)
+        tokens: list[int] = []
+        async with AsyncRedlock(group.urls) as redlock:
+            for round_ in range(6):
+                lease = await redlock.lock("wiped", timeout=5).acquire()
+                assert lease.token is not None
+                tokens.append(lease.token)
+                await lease.release()
+                await redlock.settle()
+                victim = group[round_ % 3]
+                if wipe == "flushall":
+                    victim.flushall()
+                else:
+                    victim.restart()  # no AOF: the server comes back empty
+        assert all(b > a for a, b in itertools.pairwise(tokens))
+
+
+class TestProtocolSteps:
+    """The per-master scripts driven step by step through adversarial interleavings
+    (expiries, late first-phase replies) on three real masters a, b, c.
+
+    Each scenario is the shortest one where dropping one rule of the commit
+    phase hands out a token that is not larger than an earlier committed one.
+    """
+
+    async def test_a_late_commit_never_sets_a_counter_back(self, make_servers: MakeServers) -> None:
+        a, b, c = await self._nodes(make_servers)
+        try:
+            await self._set_counters([a, b, c], 100)
+            assert await self._first_phase([a, b], "Z") == [101, 101]  # Z decides: t=101
+            await self._delete_key([a, b])  # Z's keys expire before its commit
+            assert await self._first_phase([b, c], "X") == [102, 101]
+            assert await self._commit([b, c], "X", 102) == [1, 1]  # X committed t=102
+            await self._delete_key([b, c])  # X released
+            assert await self._first_phase([c], "Z") == [103]  # Z's late reply from c
+            # Z's commit with t=101 reaches c, which holds Z's key: refused, since
+            # c's counter (103) is past 101. Accepting it would set c back to 101
+            # and let Y, below, reuse X's token 102.
+            assert await self._commit([c], "Z", 101) == [-1]
+            await self._delete_key([c])
+            y = await self._first_phase([a, c], "Y")
+            assert max(y) > 102
+        finally:
+            await self._close([a, b, c])
+
+    async def test_the_commit_writes_the_token_back(self, make_servers: MakeServers) -> None:
+        a, b, c = await self._nodes(make_servers)
+        try:
+            await self._set_counters([a, c], 100)
+            await self._set_counters([b], 200)
+            assert await self._first_phase([a, b], "X") == [101, 201]
+            assert await self._commit([a, b], "X", 201) == [1, 1]
+            await self._delete_key([a, b])
+            # Without the write-back a would still say 101 and Y (on a and c)
+            # would get 102, far below X's 201.
+            y = await self._first_phase([a, c], "Y")
+            assert max(y) > 201
+        finally:
+            await self._close([a, b, c])
+
+    KEY = "steps"
+    FENCE = "{steps}:fence"
+
+    async def _nodes(self, make_servers: MakeServers) -> list[Node]:
+        group = make_servers(3)
+        return [Node(Redis.from_url(url), url, owned=True) for url in group.urls]
+
+    async def _set_counters(self, nodes: Sequence[Node], value: int) -> None:
+        for node in nodes:
+            await node.client.set(self.FENCE, value)
+
+    async def _first_phase(self, nodes: Sequence[Node], value: str) -> list[int]:
+        keys = (self.KEY, f"{{{self.KEY}}}:undo:{value}", self.FENCE)
+        replies = [await node.call(ACQUIRE, keys, (value, 60_000, "1")) for node in nodes]
+        assert all(r.error is None and r.value[0] == 1 for r in replies), replies
+        return [int(r.value[1]) for r in replies]
+
+    async def _commit(self, nodes: Sequence[Node], value: str, token: int) -> list[int]:
+        keys = (self.KEY, self.FENCE)
+        replies = [await node.call(COMMIT, keys, (value, str(token))) for node in nodes]
+        return [int(r.value) for r in replies]
+
+    async def _delete_key(self, nodes: Sequence[Node]) -> None:
+        for node in nodes:
+            await node.client.delete(self.KEY)
+
+    async def _close(self, nodes: Sequence[Node]) -> None:
+        for node in nodes:
+            await node.aclose()
+
+
+class TestCancellationBetweenPhases:
+    async def test_cancel_after_the_first_phase_leaves_nothing_that_blocks(
+        self,
+        servers: ServerGroup,
+        masters: Masters,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Commits are held back until the acquirer is cancelled, then let through:
+        the lock key is undone, the late commits change nothing, the next acquirer
+        gets the lock at once with a larger token."""
+        reached = anyio.Event()
+        gate = anyio.Event()
+        async with (
+            AsyncRedlock(servers.urls) as redlock,
+            AsyncRedlock(servers.urls) as other,
+        ):
+            previous = await other.lock("phases").acquire()
+            await previous.release()
+            hold_back_commits(redlock._core.nodes, reached, gate, monkeypatch)
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(redlock.lock("phases").acquire)
+                    await reached.wait()  # the first phase won; a commit was sent
+                    assert await masters.holding("phases") >= 3
+                    tg.cancel_scope.cancel()
+                gate.set()
+                await redlock.settle()
+            assert await masters.keys() == [[]] * 5
+            assert redlock.statistics().held == 0
+            nxt = await other.lock("phases", timeout=0).acquire()
+            await other.settle()
+            assert previous.token is not None
+            assert nxt.token is not None
+            assert nxt.token > previous.token
+            assert (await masters.fences("phases")).count(nxt.token) >= 3
+            await nxt.release()
+
+    async def test_a_commit_refused_by_a_majority_is_not_a_lease(
+        self,
+        servers: ServerGroup,
+        masters: Masters,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The lock key vanishes between the phases (an expiry): every commit is
+        refused, the attempt fails and is undone everywhere."""
+        reached = anyio.Event()
+        gate = anyio.Event()
+        async with AsyncRedlock(servers.urls) as redlock:
+            hold_back_commits(redlock._core.nodes, reached, gate, monkeypatch)
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def acquire() -> None:
+                        with pytest.raises(LockTimeoutError) as caught:
+                            await redlock.lock("expired", timeout=0).acquire()
+                        outcomes = caught.value.outcomes
+                        assert not any(o.ok for o in outcomes)
+                        assert any("gone before the commit" in o.detail for o in outcomes)
+
+                    tg.start_soon(acquire)
+                    await reached.wait()
+                    for client in masters.clients:
+                        await client.delete("expired")
+                    gate.set()
+                await redlock.settle()
+            assert await masters.keys() == [[]] * 5
+            assert redlock.statistics().acquisitions == 0
+
+
+def hold_back_commits(
+    nodes: Sequence[Node],
+    reached: anyio.Event,
+    gate: anyio.Event,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Make every commit call wait for ``gate`` before it is sent; set ``reached``
+    when the first one is about to be. The servers still run every command."""
+    for node in nodes:
+        original = node.call
+
+        async def call(
+            script: Script,
+            keys: Sequence[str],
+            args: Sequence[Any],
+            _original: Any = original,
+        ) -> Reply:
+            if script is COMMIT:
+                reached.set()
+                await gate.wait()
+            reply: Reply = await _original(script, keys, args)
+            return reply
+
+        monkeypatch.setattr(node, "call", call)
