@@ -14,9 +14,11 @@ from __future__ import annotations
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeoutError as LockTimeoutError
+from ._errors import MissingRecordError as MissingRecordError
 from ._errors import NodeOutcome as NodeOutcome
 from ._errors import QuorumUnavailableError as QuorumUnavailableError
 from ._errors import RedlockError as RedlockError
+from ._errors import StaleTokenError as StaleTokenError
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._redlock import AsyncRedlock as AsyncRedlock
@@ -34,11 +36,13 @@ __all__ = [
     "LockNotOwnedError",
     "LockState",
     "LockTimeoutError",
+    "MissingRecordError",
     "NodeLockState",
     "NodeOutcome",
     "QuorumUnavailableError",
     "RedlockError",
     "RedlockStatistics",
+    "StaleTokenError",
 ]
 
 # Tracebacks and reprs show asyncredlock.X, not the private module (as httpx does).

@@ -5,11 +5,15 @@ RedlockError
 ├── LockTimeoutError        the lock stayed contended past the caller's timeout
 ├── QuorumUnavailableError  too many masters failed or were silent: an outage, not contention
 ├── LockLostError           a lease ended while its holder still relied on it
-└── LockNotOwnedError       release/extend of a lease that no longer holds a quorum
+├── LockNotOwnedError       release/extend of a lease that no longer holds a quorum
+├── StaleTokenError         a guarded write carried a fencing token older than one seen
+└── MissingRecordError      a fenced update of a record that does not exist (a LookupError)
 ```
 
 Every error carries the resource name and what each master said (``outcomes``), so
-the caller can tell which master refused, timed out or failed.
+the caller can tell which master refused, timed out or failed. The two fencing errors
+are raised by the resource-side guards of `asyncredlock.fencing`: their resource is
+the guarded key or record id, and their outcomes are empty.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
+    "MissingRecordError",
     "NodeOutcome",
     "QuorumUnavailableError",
     "RedlockError",
+    "StaleTokenError",
 ]
 
 
@@ -95,4 +101,43 @@ class LockNotOwnedError(RedlockError):
     """``release()`` or ``extend()`` of a lease that no longer holds a quorum.
 
     Whatever the lease still held on some masters has been removed.
+    """
+
+
+class StaleTokenError(RedlockError):
+    """A guarded write carried a fencing token older than the newest the guard has seen.
+
+    The writer's lease was superseded: another holder has since acquired the lock and
+    written with a larger token. The write was not applied.
+
+    Args:
+        message: The error message.
+        resource: The guarded key or record id.
+        token: The token the refused write carried.
+        newest: The newest token the guard had seen.
+        outcomes: Per-master outcomes; empty, no master is asked.
+
+    Attributes:
+        token: The token the refused write carried.
+        newest: The newest token the guard had seen (greater than ``token``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        resource: str,
+        token: int,
+        newest: int,
+        outcomes: Sequence[NodeOutcome] = (),
+    ) -> None:
+        super().__init__(message, resource=resource, outcomes=outcomes)
+        self.token = token
+        self.newest = newest
+
+
+class MissingRecordError(RedlockError, LookupError):
+    """A fenced update of a record that does not exist; nothing was written.
+
+    Also a `LookupError`, like `KeyError`.
     """

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
-from ._scripts import Script
+from ._scripts import Script, evalsha
 
 __all__ = ["Node", "Reply"]
 
@@ -54,7 +54,7 @@ class Node:
             self.busy_since = time.monotonic()
         self.in_flight += 1
         try:
-            reply = Reply(await self._evalsha(script, keys, args))
+            reply = Reply(await evalsha(self.client, script, keys, args))
         except ResponseError as exc:
             reply = Reply(error=exc)
         except Exception as exc:
@@ -67,13 +67,6 @@ class Node:
     def silent(self, now: float, patience: float) -> bool:
         """Whether calls are out here and nothing was answered for ``patience`` seconds."""
         return self.in_flight > 0 and now - max(self.last_answer, self.busy_since) > patience
-
-    async def _evalsha(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return await self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            # EVAL also caches the script, so the next EVALSHA finds it.
-            return await self.client.execute_command("EVAL", script.source, len(keys), *keys, *args)
 
     async def aclose(self) -> None:
         """Close the client if asyncredlock created it."""

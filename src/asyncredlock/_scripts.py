@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
-__all__ = ["ACQUIRE", "COMMIT", "DELETE", "EXTEND", "INSPECT", "RELEASE", "Script"]
+from redis.exceptions import NoScriptError
+
+__all__ = [
+    "ACQUIRE",
+    "COMMIT",
+    "DELETE",
+    "EXTEND",
+    "FENCED_WRITE",
+    "INSPECT",
+    "RELEASE",
+    "Script",
+    "evalsha",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +47,13 @@ RELEASE = _load("release")
 EXTEND = _load("extend")
 INSPECT = _load("inspect")
 DELETE = _load("delete")
+FENCED_WRITE = _load("fenced_write")
+
+
+async def evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """Run ``script`` on ``client`` by its SHA1, sending its source once if not cached."""
+    try:
+        return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        # EVAL also caches the script, so the next EVALSHA finds it.
+        return await client.execute_command("EVAL", script.source, len(keys), *keys, *args)

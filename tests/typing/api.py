@@ -8,6 +8,7 @@ Each ``assert_type`` fails the type check if the library's annotations drift. Ea
 from __future__ import annotations
 
 import math
+import sqlite3
 from typing import assert_type
 
 from redis.asyncio import Redis
@@ -26,6 +27,15 @@ from asyncredlock import (
     QuorumUnavailableError,
     RedlockError,
     RedlockStatistics,
+)
+from asyncredlock.fencing import (
+    FencedStore,
+    FencedValue,
+    FenceGuard,
+    MissingRecordError,
+    SQLFence,
+    StaleTokenError,
+    check_token,
 )
 from asyncredlock.testing import FaultProxy, ServerGroup, ServerProcess, find_server_binary
 
@@ -148,3 +158,49 @@ def testing_support() -> None:
     proxy = FaultProxy("127.0.0.1", group[0].port)
     assert_type(proxy.url, str)
     assert_type(asyncredlock.__version__, str)
+
+
+async def fencing(lease: Lease, client: Redis) -> None:
+    token = check_token(lease.token)
+    assert_type(token, int)
+    guard = FenceGuard()
+    guard.check(token, "orders:42")
+    assert_type(guard.newest("orders:42"), int | None)
+    guard.check(lease.token)  # type: ignore[arg-type]
+
+    store = FencedStore(client, prefix="app:")
+    await store.write("orders:42", b"paid", token)
+    await store.write("orders:42", 1.5, token)
+    found = await store.read("orders:42")
+    assert_type(found, FencedValue | None)
+    if found is not None:
+        assert_type(found.value, bytes)
+        assert_type(found.token, int)
+    await store.delete("orders:42", token)
+    await store.write("orders:42", None, token)  # type: ignore[arg-type]
+    FencedStore(client, "app:")  # type: ignore[call-arg]
+
+    fence = SQLFence("shop.orders", key_column="id", fence_column="fence", paramstyle="dollar")
+    sql, params = fence.update_statement(42, {"status": "paid"}, token)
+    assert_type(sql, str)
+    assert_type(params, tuple[object, ...] | dict[str, object])
+    assert_type(
+        fence.upsert_statement("a", {"status": "paid"}, token),
+        tuple[str, tuple[object, ...] | dict[str, object]],
+    )
+    assert_type(fence.token_statement(42)[0], str)
+    with sqlite3.connect(":memory:") as db:
+        SQLFence("orders").update(db, 42, {"status": "paid"}, token)
+        SQLFence("orders").upsert(db, 42, {"status": "paid"}, token)
+    SQLFence("orders", paramstyle="percent")  # type: ignore[arg-type]
+    SQLFence("orders", "id")  # type: ignore[call-arg]
+
+    try:
+        guard.check(token)
+    except StaleTokenError as exc:
+        assert_type(exc.token, int)
+        assert_type(exc.newest, int)
+        assert_type(exc.resource, str)
+    except MissingRecordError as exc:
+        assert_type(exc, MissingRecordError)
+    assert_type(asyncredlock.StaleTokenError, type[StaleTokenError])

@@ -22,4 +22,6 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   local now = redis.call('TIME')
   redis.call('SET', KEYS[3], now[1] .. string.format('%06d', tonumber(now[2])))
 end
+-- INCR's reply passes through a Lua number: exact below 2^53 (microseconds until
+-- the year 2255).
 return {1, redis.call('INCR', KEYS[3])}

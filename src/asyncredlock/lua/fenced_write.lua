@@ -1,0 +1,35 @@
+-- Fenced write or delete of one record of a FencedStore.
+-- KEYS[1] the record: a hash with the fields 'value' and 'fence'
+-- ARGV[1] the writer's fencing token, a canonical non-negative decimal string
+-- ARGV[2] the new value; absent for a delete, which removes the value but keeps the
+--         fence (a tombstone), so that an older writer cannot write after it
+-- Returns {1} when the write took effect, {0, fence} when it was refused because the
+-- record's fence is greater than the token.
+-- a <= b for canonical non-negative decimal strings, exactly: Lua numbers are
+-- doubles (exact to 2^53) and string order depends on the server's locale, so
+-- compare lengths, then at most 15 digits at a time as numbers.
+local function le(a, b)
+  if #a ~= #b then
+    return #a < #b
+  end
+  while #a > 15 do
+    local ha, hb = tonumber(string.sub(a, 1, 15)), tonumber(string.sub(b, 1, 15))
+    if ha ~= hb then
+      return ha < hb
+    end
+    a, b = string.sub(a, 16), string.sub(b, 16)
+  end
+  return tonumber(a) <= tonumber(b)
+end
+local token = ARGV[1]
+local fence = redis.call('HGET', KEYS[1], 'fence')
+if fence and not le(fence, token) then
+  return {0, fence}
+end
+if #ARGV >= 2 then
+  redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fence', token)
+else
+  redis.call('HDEL', KEYS[1], 'value')
+  redis.call('HSET', KEYS[1], 'fence', token)
+end
+return {1}
