@@ -179,6 +179,7 @@ class TestLockArguments:
             ({"timeout": math.nan}, ValueError, r"^timeout must be a finite"),
             ({"timeout": "2"}, TypeError, r"^timeout must be a number"),
             ({"auto_extend": "yes"}, TypeError, r"^auto_extend must be a bool"),
+            ({"fencing": "yes"}, TypeError, r"^fencing must be a bool"),
         ],
     )
     async def test_bad_lock_settings_refused(

@@ -63,7 +63,10 @@ async def explicit_use(redlock: AsyncRedlock) -> None:
     assert_type(lock.ttl, float)
     assert_type(lock.timeout, float)
     assert_type(lock.auto_extend, bool)
+    assert_type(lock.fencing, bool)
+    assert_type(redlock.lock("x", fencing=False), Lock)
     lease = await lock.acquire()
+    assert_type(lease.token, int | None)
     assert_type(lease, Lease)
     await lease.extend()
     await lease.extend(ttl=30.0)
@@ -85,6 +88,7 @@ async def settings() -> None:
         max_connections=64,
         socket_timeout=2.0,
         auto_extend=False,
+        fencing=False,
         clock=lambda: 0.0,
     )
     assert_type(redlock.masters, tuple[str, ...])

@@ -93,6 +93,7 @@ class TestSettings:
             "",
             True,
         )
+        assert DEFAULTS.fencing is True
 
     def test_frozen(self) -> None:
         settings = Settings()
@@ -171,6 +172,11 @@ class TestSettings:
         with pytest.raises(TypeError, match=r"^auto_extend must be a bool"):
             Settings(auto_extend=value)
 
+    @pytest.mark.parametrize("value", [1, 0, "yes", None])
+    def test_fencing_must_be_a_bool(self, value: object) -> None:
+        with pytest.raises(TypeError, match=r"^fencing must be a bool"):
+            Settings(fencing=value)
+
     def test_clock_must_be_callable(self) -> None:
         with pytest.raises(TypeError, match=r"^clock must be a callable"):
             Settings(clock=1.0)
@@ -201,6 +207,7 @@ class TestAsyncRedlockSettings:
             ({"max_connections": True}, TypeError, r"^max_connections must be an int"),
             ({"prefix": b"app:"}, TypeError, r"^prefix must be a str"),
             ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
+            ({"fencing": "no"}, TypeError, r"^fencing must be a bool"),
             ({"clock": "monotonic"}, TypeError, r"^clock must be a callable"),
         ],
     )
@@ -238,6 +245,8 @@ class TestLockSettings:
             ({"timeout": True}, TypeError, r"^timeout must be a number"),
             ({"auto_extend": 0}, TypeError, r"^auto_extend must be a bool"),
             ({"auto_extend": "no"}, TypeError, r"^auto_extend must be a bool"),
+            ({"fencing": 1}, TypeError, r"^fencing must be a bool"),
+            ({"fencing": None, "auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
         ],
     )
     def test_bad_override_refused_naming_it(
@@ -254,6 +263,9 @@ class TestLockSettings:
         assert (default.name, default.key) == ("orders:42", "app:orders:42")
         custom = redlock.lock("orders:42", ttl=2, timeout=0, auto_extend=True)
         assert (custom.ttl, custom.timeout, custom.auto_extend) == (2.0, 0.0, True)
+        assert default.fencing is True
+        assert redlock.lock("orders:42", fencing=False).fencing is False
+        assert AsyncRedlock(nowhere(), fencing=False).lock("x").fencing is False
 
     def test_no_prefix_by_default_the_key_is_the_name(self) -> None:
         assert AsyncRedlock(nowhere()).lock("orders:42").key == "orders:42"
