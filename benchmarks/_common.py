@@ -335,6 +335,26 @@ def publish_section(page: Path, marker: str, body: str) -> None:
     write_text(page, f"{head}\n{body.strip()}\n")
 
 
+def publish_between(page: Path, start: str, end: str, body: str) -> None:
+    """Replace the lines between the lines ``start`` and ``end`` in ``page`` by ``body``.
+
+    Both marker lines are kept, so the next run replaces the section again.
+
+    Raises:
+        ValueError: ``page`` lacks either marker line, or has them in the wrong order.
+    """
+    lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
+    stripped = [line.strip() for line in lines]
+    if start not in stripped or end not in stripped:
+        raise ValueError(f"{page} needs the lines {start!r} and {end!r}")
+    first, last = stripped.index(start), stripped.index(end)
+    if last < first:
+        raise ValueError(f"{page}: {end!r} comes before {start!r}")
+    head = "".join(lines[: first + 1])
+    tail = "".join(lines[last:])
+    write_text(page, f"{head}\n{body.strip()}\n\n{tail}")
+
+
 def pyplot() -> ModuleType:
     """``matplotlib.pyplot`` on the headless Agg backend."""
     import matplotlib

@@ -6,6 +6,7 @@ Timings are never asserted: only that every case was measured and every file wri
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "fanout.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STATS = {"iterations", "p50_ms", "p90_ms", "p99_ms", "mean_ms"}
+METHODS = ("sequential", "asyncredlock", "asyncredlock_fenced")
+FENCING_FIELDS = (
+    "fencing_cost_p50_ms",
+    "fencing_cost_rtts",
+    "fencing_acquire_ratio",
+    "measured_rtt_p50_ms",
+)
 EXPECTED_CASES = {(n, rtt, False) for n in (1, 3, 5, 7) for rtt in (0.0, 2.0, 10.0)} | {
     (5, 2.0, True)
 }
@@ -26,8 +34,10 @@ EXPECTED_CASES = {(n, rtt, False) for n in (1, 3, 5, 7) for rtt in (0.0, 2.0, 10
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """Run the quick benchmark once; its output directory and parsed JSON."""
     out = tmp_path_factory.mktemp("fanout")
+    readme = out / "README.md"
+    readme.write_text("intro\n<!-- BENCH-SUMMARY -->\nold table\n<!-- /BENCH-SUMMARY -->\nend\n")
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out), "--readme", str(readme)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -38,18 +48,33 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return out, json.loads((out / "fanout.json").read_text())
 
 
-def test_every_case_is_measured_by_both_methods(quick_run: tuple[Path, dict[str, Any]]) -> None:
+def test_every_case_is_measured_by_all_three_methods(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
     _, report = quick_run
     cases = report["cases"]
     assert {(c["n"], c["rtt_ms"], c["blackholed"]) for c in cases} == EXPECTED_CASES
     for case in cases:
         assert case["iterations"] > 0
         assert case["speedup_p50"] > 0
-        for method in ("sequential", "asyncredlock"):
+        assert set(case["methods"]) == set(METHODS)
+        for method in METHODS:
             for phase in ("total", "acquire", "release"):
                 stats = case["methods"][method][phase]
                 assert stats.keys() >= STATS
                 assert stats["iterations"] == case["iterations"]
+
+
+def test_every_case_records_the_fencing_cost(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _, report = quick_run
+    for case in report["cases"]:
+        for name in FENCING_FIELDS:
+            assert isinstance(case[name], float | int), name
+            assert math.isfinite(case[name]), name
+        rtt = report["measured_rtt"][f"{case['rtt_ms']:g}"]["p50_ms"]
+        assert case["measured_rtt_p50_ms"] == rtt
+        for name in ("asyncredlock_statistics", "asyncredlock_fenced_statistics"):
+            assert {"in_flight", "background_tasks"} <= case[name].keys()
 
 
 def test_environment_is_recorded(quick_run: tuple[Path, dict[str, Any]]) -> None:
@@ -64,4 +89,20 @@ def test_table_and_plot_are_written(quick_run: tuple[Path, dict[str, Any]]) -> N
     out, report = quick_run
     table = (out / "fanout.md").read_text()
     assert table.count("\n| ") == len(report["cases"]) + 1  # header + one row per case
+    header = table.split("\n| ", 1)[1].split("\n", 1)[0]
+    assert "asyncredlock fenced p50 (ms)" in header
+    assert "fencing cost (RTTs)" in header
+    assert "Fencing cost (" in table  # the finding under the table
     assert (out / "fanout.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_readme_summary_is_replaced_between_its_markers(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    out, report = quick_run
+    text = (out / "README.md").read_text()
+    assert text.startswith("intro\n<!-- BENCH-SUMMARY -->\n")
+    assert text.endswith("<!-- /BENCH-SUMMARY -->\nend\n")
+    assert "old table" not in text
+    rows = [c for c in report["cases"] if c["n"] in (3, 5)]
+    assert text.count("\n| ") == len(rows) + 1  # header + one row per N = 3, 5 case
