@@ -28,6 +28,7 @@ from ._quorum import (
 )
 from ._quorum import describe_error as _describe_error
 from ._scripts import ACQUIRE, COMMIT, RELEASE
+from ._wakeup import Waker
 
 if TYPE_CHECKING:
     from ._lease import Lease
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Core",
     "Counters",
+    "channel",
     "classify_acquire",
     "classify_commit",
     "classify_deleted",
@@ -47,6 +49,11 @@ __all__ = [
 def ms(seconds: float) -> int:
     """Seconds as whole milliseconds for ``PX``, at least 1."""
     return max(1, round(seconds * 1000))
+
+
+def channel(key: str) -> str:
+    """The pub/sub channel on which a release of ``key`` is announced."""
+    return aux_key(key, "released")
 
 
 def undo_key(key: str, value: str) -> str:
@@ -149,6 +156,7 @@ class Core:
         self.timing = Timing(
             settings.node_timeout, max(settings.node_timeout, settings.socket_timeout)
         )
+        self.waker = Waker(self.nodes, settings.node_timeout, self.quorum)
 
     def clock(self) -> float:
         """The monotonic clock that validity is measured with."""
@@ -247,7 +255,7 @@ class Core:
             return Reply(0)
         marker_ttl = 0 if reply.error is None else ms(ttl)
         keys = (key, undo_key(key, value))
-        return await node.call(RELEASE, keys, (value, marker_ttl))
+        return await node.call(RELEASE, keys, (value, marker_ttl, channel(key)))
 
     def undo(
         self, key: str, value: str, acquired: Sequence[asyncio.Future[Reply]], ttl: float
@@ -264,4 +272,6 @@ class Core:
             "held": len(self.held),
             "background_tasks": self.tracker.pending,
             "in_flight": sum(node.in_flight for node in self.nodes),
+            "notifications": self.waker.notifications,
+            "wakeups": self.waker.wakeups,
         }

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import anyio
 
-from ._core import Core, classify_acquire, classify_commit, fence_token
+from ._core import Core, channel, classify_acquire, classify_commit, fence_token
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
 from ._lease import Lease
 from ._node import Reply
 from ._quorum import Decision
+from ._wakeup import Ticket
 
 __all__ = ["Lock"]
 
@@ -71,9 +74,11 @@ class Lock:
         the token, committed in a second round on the masters that granted, and
         the attempt succeeds only if a majority commits it. A failed attempt is
         undone on every master; between attempts the task sleeps a jittered
-        delay. Safe to cancel, also under ``asyncio.timeout()`` or
-        ``anyio.fail_after()``: what the interrupted attempt took is released in
-        the background.
+        delay, or less: a waiting acquisition listens for the holder's release
+        (announced by the masters) and retries as soon as it is heard, and never
+        sleeps past the holder's remaining TTL. Safe to cancel, also under
+        ``asyncio.timeout()`` or ``anyio.fail_after()``: what the interrupted
+        attempt took is released in the background.
 
         Returns:
             The lease, already extending itself unless ``auto_extend=False``.
@@ -86,16 +91,32 @@ class Lock:
         """
         core = self._core
         deadline = core.clock() + self.timeout
-        while True:
-            outcome = await self._attempt()
-            if isinstance(outcome, Lease):
-                return outcome
-            remaining = deadline - core.clock()
-            if remaining <= 0:
-                raise self._failure(outcome)
-            await self._await_undo(outcome.cleanup, deadline)
-            remaining = deadline - core.clock()
-            await anyio.sleep(max(0.0, min(core.retry_pause(), remaining)))
+        ticket: Ticket | None = None
+        acquired = False
+        try:
+            while True:
+                outcome = await self._attempt()
+                if isinstance(outcome, Lease):
+                    acquired = True
+                    return outcome
+                if deadline - core.clock() <= 0:
+                    raise self._failure(outcome)
+                await self._await_undo(outcome.cleanup, deadline)
+                if ticket is None and not outcome.decision.unavailable(core.quorum):
+                    # Listen for the release, then try again at once: a release
+                    # before the subscription is seen by that attempt, one after
+                    # it is announced. No wake-up is lost in between.
+                    with anyio.move_on_after(max(0.0, deadline - core.clock())):
+                        ticket = await core.waker.enroll(channel(self.key))
+                    continue
+                pause = min(core.retry_pause(), outcome.free_in, deadline - core.clock())
+                if ticket is None:
+                    await anyio.sleep(max(0.0, pause))
+                else:
+                    await core.waker.wait(ticket, max(0.0, pause))
+        finally:
+            if ticket is not None:
+                core.waker.leave(ticket, acquired=acquired)
 
     async def _await_undo(self, cleanup: list[asyncio.Task[Reply]], deadline: float) -> None:
         """Do not race our own undo: a late SET of the last attempt would look like
@@ -149,10 +170,11 @@ class Lock:
             return lease
         core.counters.failed_attempts += 1
         cleanup = core.undo(self.key, value, rnd.tasks, self.ttl)
+        free_in = _free_in(rnd.tasks)
         if decision.yes >= core.quorum:
             decision = _expired(decision, core.clock() - start, self.ttl)
-            return _Failed(decision, expired=True, cleanup=cleanup)
-        return _Failed(decision, expired=False, cleanup=cleanup)
+            return _Failed(decision, expired=True, cleanup=cleanup, free_in=free_in)
+        return _Failed(decision, expired=False, cleanup=cleanup, free_in=free_in)
 
     def _failure(self, failed: _Failed) -> RedlockError:
         decision = failed.decision
@@ -200,11 +222,26 @@ class Lock:
 @dataclass(frozen=True, slots=True)
 class _Failed:
     """An attempt that did not take the lock: the counted replies, whether a
-    quorum did grant it but too late (validity used up), and its undo calls."""
+    quorum did grant it but too late (validity used up), its undo calls, and in
+    how many seconds the holder's keys expire (``inf`` when not known)."""
 
     decision: Decision
     expired: bool
     cleanup: list[asyncio.Task[Reply]]
+    free_in: float = math.inf
+
+
+def _free_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
+    """The median time to live the masters reported for another holder's key:
+    about when that holder's lock expires if it is not released."""
+    pttls = sorted(
+        max(0, int(reply.value[1]))
+        for reply in (f.result() for f in replies if f.done())
+        if reply.error is None and int(reply.value[0]) == 0 and int(reply.value[1]) != -1
+    )
+    if not pttls:
+        return math.inf
+    return pttls[len(pttls) // 2] / 1000
 
 
 def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:

@@ -17,7 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ._config import Settings, check_name, check_seconds
-from ._core import Core, classify_deleted
+from ._core import Core, channel, classify_deleted
 from ._errors import QuorumUnavailableError
 from ._keys import aux_key, lock_key
 from ._lock import Lock
@@ -56,6 +56,10 @@ class RedlockStatistics:
         held: Leases held right now.
         background_tasks: Background tasks running (calls still out, extenders).
         in_flight: Calls to masters waiting for a reply right now.
+        notifications: Release announcements received from the masters (each
+            release is announced by every master that deleted the key).
+        wakeups: Waiting acquisitions woken by a release announcement (at most
+            one per release), instead of waiting out their retry delay.
     """
 
     attempts: int
@@ -70,6 +74,8 @@ class RedlockStatistics:
     held: int
     background_tasks: int
     in_flight: int
+    notifications: int
+    wakeups: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +314,8 @@ class AsyncRedlock:
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         key = lock_key(self._settings.prefix, check_name(name))
-        rnd = self._core.fan_out(lambda _, node: node.call(DELETE, (key,), ()))
+        args = (channel(key),)
+        rnd = self._core.fan_out(lambda _, node: node.call(DELETE, (key,), args))
         wait = self._core.timing.max_wait
         deadline = time.monotonic() + wait
         decision = await self._core.decide(rnd, classify_deleted, wait=wait)
@@ -364,6 +371,7 @@ class AsyncRedlock:
             with anyio.move_on_after(self._settings.node_timeout):
                 await core.tracker.settle()
             core.closed = True
+            await core.waker.aclose()
             await core.tracker.aclose()
             for node in core.nodes:
                 await node.aclose()

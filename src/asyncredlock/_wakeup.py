@@ -1,0 +1,297 @@
+"""Waking waiters when a lock is released, through one subscription per master.
+
+Release (and force-release) publish the deleted value on the lock's channel on each
+master. A waiter whose attempt failed *enrolls*: its channel is subscribed on every
+master through one shared pub/sub connection per master (per ``AsyncRedlock``), and
+it retries once right after the subscriptions are confirmed, so a release that came
+before them is seen by that attempt and one that comes after is announced. Between
+later attempts it waits for a notification or its jittered retry delay, whichever
+comes first: a lost message costs at most one retry delay.
+
+Waiters of one key are woken one at a time, in the order they enrolled, once per
+release. A release publishes on every master, the copies carrying the same value:
+they wake nobody else, but they wake the chosen waiter again if it went back to
+waiting (its attempt came before the release had reached enough masters). A
+listener that loses its connection wakes every waiter, subscribes again, and wakes
+the waiters of each channel again once that subscription is confirmed: a release
+in between went unheard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from ._node import Node
+
+__all__ = ["Ticket", "Waker"]
+
+logger = logging.getLogger("asyncredlock")
+
+#: Pause before a listener reconnects after losing its connection (seconds).
+RECONNECT_DELAY = 0.2
+
+
+class Ticket:
+    """One waiting ``acquire()``: its place in its key's queue and its wake-up flag."""
+
+    __slots__ = ("channel", "event")
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.event = asyncio.Event()
+
+
+class _Listener:
+    """The shared subscription connection to one master."""
+
+    def __init__(
+        self,
+        node: Node,
+        on_message: Callable[[str, bytes], None],
+        on_lost: Callable[[str | None], None],
+    ) -> None:
+        self.node = node
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self.unconfirmed: set[str] = set()  # resubscribed after a loss, not confirmed
+        self.channels: set[str] = set()
+        self.confirmed: dict[str, asyncio.Future[None]] = {}
+        self.pubsub: Any = None
+        self.task: asyncio.Task[None] | None = None
+        self.sends: set[asyncio.Task[None]] = set()
+
+    def subscribe(self, channel: str) -> asyncio.Future[None]:
+        """Add ``channel``; the future completes when the master confirmed it."""
+        self.channels.add(channel)
+        future = self.confirmed.get(channel)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self.confirmed[channel] = future
+            if self.task is None:
+                self.task = asyncio.get_running_loop().create_task(self._run())
+            elif self.pubsub is not None:
+                self._send(self.pubsub.subscribe, channel)
+        return future
+
+    def unsubscribe(self, channel: str) -> None:
+        """Drop ``channel`` (nothing waits on it any more)."""
+        self.channels.discard(channel)
+        future = self.confirmed.pop(channel, None)
+        if future is not None and not future.done():
+            future.cancel()
+        if self.pubsub is not None:
+            self._send(self.pubsub.unsubscribe, channel)
+
+    def _send(self, command: Callable[[str], Awaitable[Any]], channel: str) -> None:
+        """(Un)subscribe while the reader reads; a failure is the reader's to see."""
+
+        async def send() -> None:
+            with contextlib.suppress(Exception):
+                await command(channel)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self.sends.add(task)
+        task.add_done_callback(self.sends.discard)
+
+    async def _run(self) -> None:
+        while self.channels:
+            pubsub = self.node.client.pubsub()
+            try:
+                self.pubsub = pubsub
+                await pubsub.subscribe(*self.channels)
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None:
+                        self._handle(message)
+            except Exception as exc:
+                logger.debug("subscription to %s lost: %r", self.node.name, exc)
+            finally:
+                self.pubsub = None
+                for future in self.confirmed.values():
+                    if not future.done():
+                        future.cancel()
+                self.confirmed = {}
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pubsub.aclose(), RECONNECT_DELAY)
+            self.on_lost(None)
+            await asyncio.sleep(RECONNECT_DELAY)
+            loop = asyncio.get_running_loop()
+            for channel in self.channels:
+                self.confirmed.setdefault(channel, loop.create_future())
+            self.unconfirmed = set(self.channels)
+        self.task = None
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = _text(message.get("channel"))
+        if kind == "subscribe":
+            future = self.confirmed.get(channel)
+            if future is not None and not future.done():
+                future.set_result(None)
+            if channel in self.unconfirmed:
+                # A release between the loss and now went unheard: retry now.
+                self.unconfirmed.discard(channel)
+                self.on_lost(channel)
+        elif kind == "message":
+            data = message.get("data")
+            self.on_message(channel, data if isinstance(data, bytes) else str(data).encode())
+
+    async def aclose(self) -> None:
+        task, self.task = self.task, None
+        tasks = [*self.sends, *([task] if task is not None else [])]
+        for each in tasks:
+            each.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=RECONNECT_DELAY * 5)
+
+
+class Waker:
+    """Subscriptions, queues of waiting acquisitions, and wake-ups for one redlock.
+
+    Args:
+        nodes: The masters; those whose client cannot subscribe (cluster
+            clients) get no listener, their waiters rely on the retry delay.
+        patience: How long `enroll` waits for masters to confirm a subscription.
+        quorum: How many confirmations `enroll` waits for: a release deletes on
+            a quorum of masters, so a quorum of subscriptions shares a master
+            with every release.
+    """
+
+    def __init__(self, nodes: Sequence[Node], patience: float, quorum: int) -> None:
+        self.patience = patience
+        self.quorum = quorum
+        self.listeners = [
+            _Listener(node, self._on_message, self._on_lost) if _can_subscribe(node) else None
+            for node in nodes
+        ]
+        self.queues: dict[str, collections.deque[Ticket]] = {}
+        # per channel: the last release heard, and the waiter it woke
+        self.last: dict[str, tuple[bytes, Ticket | None]] = {}
+        self.notifications = 0
+        self.wakeups = 0
+        self.closed = False
+
+    async def enroll(self, channel: str) -> Ticket:
+        """Queue a waiter on ``channel``, subscribing first where needed.
+
+        Returns once a quorum of masters confirmed the subscription, or after
+        ``patience``.
+        """
+        ticket = Ticket(channel)
+        queue = self.queues.setdefault(channel, collections.deque())
+        queue.append(ticket)
+        try:
+            confirmations = [
+                listener.subscribe(channel) for listener in self.listeners if listener is not None
+            ]
+            await _wait_for_some(confirmations, self.quorum, self.patience)
+        except BaseException:
+            self.leave(ticket, acquired=False)
+            raise
+        return ticket
+
+    def leave(self, ticket: Ticket, *, acquired: bool) -> None:
+        """Take ``ticket`` out of its queue; unsubscribe when nobody waits there.
+
+        A ticket woken but not ``acquired`` passes its wake-up on to the next.
+        """
+        queue = self.queues.get(ticket.channel)
+        if queue is None:
+            return
+        with contextlib.suppress(ValueError):
+            queue.remove(ticket)
+        if ticket.event.is_set() and not acquired and queue:
+            # It was woken but is not going to use the lock: pass the wake-up on.
+            heir = _wake_first(queue)
+            last = self.last.get(ticket.channel)
+            if last is not None and last[1] is ticket:
+                self.last[ticket.channel] = (last[0], heir)
+        if not queue:
+            del self.queues[ticket.channel]
+            self.last.pop(ticket.channel, None)
+            if not self.closed:
+                for listener in self.listeners:
+                    if listener is not None:
+                        listener.unsubscribe(ticket.channel)
+
+    async def wait(self, ticket: Ticket, delay: float) -> bool:
+        """Wait until ``ticket`` is woken or ``delay`` passed; whether it was woken."""
+        try:
+            await asyncio.wait_for(ticket.event.wait(), delay)
+        except TimeoutError:
+            return False
+        ticket.event.clear()
+        return True
+
+    def _on_message(self, channel: str, value: bytes) -> None:
+        self.notifications += 1
+        queue = self.queues.get(channel)
+        last = self.last.get(channel)
+        if last is not None and last[0] == value:
+            # The same release, heard from another master: only the waiter it
+            # woke may need it, if that waiter's attempt came too early.
+            chosen = last[1]
+            if chosen is not None and queue and chosen in queue:
+                chosen.event.set()
+            return
+        chosen = _wake_first(queue) if queue else None
+        self.last[channel] = (value, chosen)
+        if chosen is not None:
+            self.wakeups += 1
+
+    def _on_lost(self, channel: str | None) -> None:
+        """Wake every waiter (of ``channel``, or of all): a release may have gone
+        unheard while a subscription was down."""
+        queues = self.queues.values() if channel is None else [self.queues.get(channel, ())]
+        for queue in queues:
+            for ticket in queue:
+                ticket.event.set()
+
+    async def aclose(self) -> None:
+        """Close every subscription connection."""
+        self.closed = True
+        for listener in self.listeners:
+            if listener is not None:
+                await listener.aclose()
+
+
+def _wake_first(queue: Iterable[Ticket]) -> Ticket | None:
+    """Wake the first waiter not already woken; which one, if any."""
+    for ticket in queue:
+        if not ticket.event.is_set():
+            ticket.event.set()
+            return ticket
+    return None
+
+
+async def _wait_for_some(
+    futures: Sequence[asyncio.Future[None]], need: int, patience: float
+) -> None:
+    """Wait until ``need`` of ``futures`` succeeded, all ended, or ``patience`` passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while sum(1 for f in futures if f.done() and not f.cancelled()) < need:
+        pending = [f for f in futures if not f.done()]
+        remaining = deadline - loop.time()
+        if not pending or remaining <= 0:
+            return
+        await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+
+
+def _can_subscribe(node: Node) -> bool:
+    return callable(getattr(node.client, "pubsub", None)) and not _is_cluster(node.client)
+
+
+def _is_cluster(client: object) -> bool:
+    from redis.asyncio import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

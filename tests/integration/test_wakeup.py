@@ -1,0 +1,228 @@
+"""Waiters woken by the holder's release, against real servers.
+
+Waiters here get a retry delay of an hour: a waiter that acquires within the hang
+guard was woken, not its timer. The counters in ``statistics()`` say by what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock
+from asyncredlock._wakeup import Ticket, Waker
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+NEVER = 3600.0  # a retry delay no test waits out
+
+
+class Probe:
+    """Signals when a waiter of one redlock starts waiting for a release.
+
+    ``waiting`` is set when a waiter enters its wait (after its attempt right after
+    subscribing failed); `next()` arms a fresh event for the next time.
+    """
+
+    def __init__(self, redlock: AsyncRedlock, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waiting = anyio.Event()
+        waker = redlock._core.waker
+        original: Callable[[Ticket, float], Any] = waker.wait
+
+        async def wait(ticket: Ticket, delay: float) -> bool:
+            self.waiting.set()
+            woken: bool = await original(ticket, delay)
+            return woken
+
+        monkeypatch.setattr(waker, "wait", wait)
+
+    def next(self) -> anyio.Event:
+        self.waiting = anyio.Event()
+        return self.waiting
+
+
+async def test_a_waiter_acquires_on_release_not_on_its_timer(
+    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+    ):
+        lease = await holder.lock("handoff", ttl=60.0).acquire()
+        probe = Probe(waiter, monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                got: list[int | None] = []
+
+                async def wait_for_it() -> None:
+                    taken = await waiter.lock("handoff", timeout=HANG_GUARD).acquire()
+                    got.append(taken.token)
+                    await taken.release()
+
+                tg.start_soon(wait_for_it)
+                await probe.waiting.wait()
+                await lease.release()
+        stats = waiter.statistics()
+    assert len(got) == 1
+    assert stats.wakeups == 1
+    assert stats.notifications >= 3  # every master that deleted the key announced it
+    # the first attempt, the one right after subscribing, the one the release woke
+    assert stats.attempts == 3
+
+
+async def test_force_release_wakes_waiters(
+    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+    ):
+        await holder.lock("forced", ttl=60.0, auto_extend=False).acquire()
+        probe = Probe(waiter, monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter.lock("forced", timeout=HANG_GUARD).acquire)
+                await probe.waiting.wait()
+                assert await holder.force_release("forced") == 5
+        assert waiter.statistics().wakeups == 1
+
+
+async def test_an_expiring_lease_is_retried_at_its_ttl_not_the_retry_delay(
+    servers: ServerGroup,
+) -> None:
+    """A holder that dies never announces a release; the waiter's pause is bounded
+    by the holder's remaining TTL, as the masters reported it."""
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+    ):
+        await holder.lock("dies", ttl=0.5, auto_extend=False).acquire()
+        with anyio.fail_after(HANG_GUARD):
+            lease = await waiter.lock("dies", timeout=HANG_GUARD).acquire()
+        stats = waiter.statistics()
+        assert lease.held
+        assert stats.wakeups == 0
+        await lease.release()
+
+
+async def test_a_lost_subscription_still_acquires_and_listens_again(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subscription connections are killed on every master while a waiter
+    waits, with no retry timer to save it: the loss wakes it, and so does each
+    new subscription once confirmed, so a release announced while nobody
+    listened is not missed."""
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+    ):
+        probe = Probe(waiter, monkeypatch)
+        lease = await holder.lock("killed", ttl=60.0).acquire()
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter.lock("killed", timeout=HANG_GUARD).acquire)
+                await probe.waiting.wait()
+                for client in masters.clients:
+                    await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                await lease.release()
+            assert waiter.statistics().held == 1
+        stats = waiter.statistics()
+        assert stats.failed_attempts >= 2  # it did wait, and was woken without a timer
+        for held in list(waiter._core.held):
+            await held.release()
+
+
+async def test_many_local_waiters_are_handed_the_lock_one_by_one(
+    servers: ServerGroup,
+) -> None:
+    """Ten waiters in one process, no timer to save them: each release wakes the
+    next one; a lost wake-up would hang the test."""
+    order: list[int] = []
+    async with AsyncRedlock(servers.urls, retry_delay=NEVER) as redlock:
+
+        async def worker(i: int) -> None:
+            async with redlock.lock("queue", timeout=HANG_GUARD):
+                order.append(i)
+                await anyio.sleep(0.001)  # the work
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                for i in range(10):
+                    tg.start_soon(worker, i)
+        stats = redlock.statistics()
+        waker = redlock._core.waker
+        assert waker.queues == {}
+    assert sorted(order) == list(range(10))
+    assert stats.wakeups >= 1
+    assert stats.acquisitions == 10
+
+
+async def test_a_cancelled_waiter_leaves_its_queue_and_passes_its_wakeup_on(
+    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+    ):
+        lease = await holder.lock("cancelled", ttl=60.0).acquire()
+        waker: Waker = waiter._core.waker
+        probe = Probe(waiter, monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                first = anyio.CancelScope()
+
+                async def doomed() -> None:
+                    with first:
+                        await waiter.lock("cancelled", timeout=HANG_GUARD).acquire()
+
+                got: list[bool] = []
+
+                async def patient() -> None:
+                    taken = await waiter.lock("cancelled", timeout=HANG_GUARD).acquire()
+                    got.append(taken.held)
+                    await taken.release()
+
+                tg.start_soon(doomed)
+                await probe.waiting.wait()
+                waiting = probe.next()
+                tg.start_soon(patient)
+                await waiting.wait()
+                assert [len(q) for q in waker.queues.values()] == [2]
+                await lease.release()  # wakes the first waiter in line: doomed
+                first.cancel()  # which passes it on as it leaves
+        assert got == [True]
+        assert waker.queues == {}
+
+
+async def test_closing_the_redlock_closes_its_subscriptions(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    direct: Redis = masters.clients[0]
+    async with AsyncRedlock(servers.urls) as holder:
+        lease = await holder.lock("closing", ttl=60.0).acquire()
+        waiter = AsyncRedlock(servers.urls, retry_delay=NEVER)
+        probe = Probe(waiter, monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                scope = anyio.CancelScope()
+
+                async def wait() -> None:
+                    with scope:
+                        await waiter.lock("closing", timeout=HANG_GUARD).acquire()
+
+                tg.start_soon(wait)
+                await probe.waiting.wait()
+                clients = await direct.client_list(_type="pubsub")
+                assert len(clients) >= 1
+                scope.cancel()
+        await waiter.aclose()
+        assert await direct.client_list(_type="pubsub") == []
+        await lease.release()
