@@ -186,7 +186,10 @@ class _Pair:
             return False
         if data is None:
             if transport.can_write_eof():
-                transport.write_eof()
+                try:
+                    transport.write_eof()
+                except OSError:  # the other end is already gone: nothing to finish
+                    self.abort()
             return False
         transport.write(data)
         return True

@@ -1,0 +1,1810 @@
+"""asyncredlock side by side with the other Python Redis lock libraries, in one run.
+
+Libraries (each only if it imports; otherwise the output says why):
+
+- **asyncredlock**: ``AsyncRedlock(urls, ttl=10, timeout=10)`` with fencing on (the
+  default), ``await redlock.lock(name, ttl=10, timeout=10, auto_extend=False).acquire()``
+  then ``await lease.release()``; in the latency scenarios also with ``fencing=False``;
+- **aioredlock**: ``Aioredlock(urls)``, ``lock(name, lock_timeout=10)``, ``unlock(lock)``;
+- **pottery**: ``AIORedlock(key=name, masters=clients, auto_release_time=10)``,
+  ``acquire(timeout=10)``, ``release()``;
+- **redlock-ng**: ``redlock.AsyncRedlock(urls)``, ``acquire(name, 10000)``,
+  ``release(lock)``;
+- **redis-py**: ``redis.asyncio.lock.Lock(client, name, timeout=10,
+  blocking_timeout=10)`` (one server only);
+- **python-redis-lock**: ``redis_lock.Lock(client, name, expire=10)``, synchronous,
+  run in a thread pool (one server only).
+
+Every setting, passed or default, is read from the library and written to the JSON.
+The scenarios, on real servers each behind a ``FaultProxy`` (hosted in a separate
+process, see ``_common.py``):
+
+a. uncontended acquire + release latency, N = 1 and 5, RTT 0 and 2 ms;
+b. N = 5 at RTT 2 ms with one master blackholed, and with one master's server stopped:
+   per-acquire latency, failures, or "hung" when one operation outlasts the guard;
+c. throughput: 200 workers on distinct keys for a fixed time: cycles per second and
+   client CPU seconds per 1,000 cycles (``time.process_time()``, threads included);
+d. contention: 10 workers on one key, each holding it 1 ms then trying again at once:
+   acquisitions per second, wait p50/p99, how often the releasing worker took the lock
+   again next, and the fraction of the time the lock was held;
+e. wake-up: one holder, one waiter blocked in acquire; time from the holder's release()
+   returning to the waiter's acquire() returning.
+
+c and d run at N = 5 (the Redlock libraries) and at N = 1 (every library, so the
+single-server locks are compared too), RTT 0; e at N = 1 and 5, RTT 0.
+
+Run from the repository root, after ``pip install -e '.[bench]'`` (see
+``benchmarks/README.md`` for the one peer the extra cannot install)::
+
+    python benchmarks/peers.py [--quick] [--out benchmarks/results] [--docs docs]
+                               [--only asyncredlock,pottery]
+
+It writes ``peers.json`` (every number, every setting, the environment), ``peers.md``
+(a table per scenario and the ratio of asyncredlock to the best peer) and ``peers.png``
+(a panel per scenario) to ``--out``; with ``--docs`` it also copies the plot to
+``DOCS/img/peers.png`` and rewrites ``DOCS/peers.md`` after its ``<!-- PEERS-TABLE -->``
+line. It installs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import gc
+import importlib
+import importlib.metadata
+import inspect
+import itertools
+import logging
+import math
+import random
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+from _common import (
+    ProxyHost,
+    environment,
+    publish_section,
+    pyplot,
+    servers_behind_proxies,
+    summarize,
+    write_json,
+    write_text,
+)
+from fanout import measure_rtt
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock
+from asyncredlock.testing import ServerGroup
+
+T = TypeVar("T")
+
+HERE = Path(__file__).resolve().parent
+MARKER = "<!-- PEERS-TABLE -->"
+SEED = 1729
+TTL = 10.0  # seconds: every library's lock TTL (asyncredlock's and pottery's default)
+WAIT = 10.0  # seconds a contended acquire may wait, where the library takes a bound
+SERVERS = 5
+FAULTY = SERVERS - 1  # the master blackholed or stopped in scenario b
+THROUGHPUT_WORKERS = 200
+CONTENTION_WORKERS = 10
+CONTENTION_HOLD = 0.001  # seconds each contention worker holds the lock
+CLOSE_GUARD = 5.0  # seconds a session may take to close before it is abandoned
+# The first cycle of 200 workers at once opens 200 connections per master and loads
+# scripts: seconds of CPU on a small machine, not a hang.
+WARMUP_GUARD = 30.0
+# Connections per master for every library: asyncredlock's default. redis-py's default
+# pool (100) raises MaxConnectionsError under 200 workers, and aioredlock's (100)
+# makes the rest wait, which would make the throughput scenario a pool-size contest.
+POOL = 256
+# aioredlock has no "wait up to" setting, only a retry count with 0.1-0.3 s pauses;
+# waiting scenarios give it enough attempts to wait at least WAIT.
+AIOREDLOCK_WAIT_RETRIES = math.ceil(WAIT / 0.1)
+# The library loggers report every failed master call (pottery with a traceback);
+# silenced so that scenario b measures the libraries, not the terminal.
+QUIET_LOGGERS = ("aioredlock", "aioredis", "pottery", "redis_lock")
+
+
+# --- what to run -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Iterations, durations and guards of one run.
+
+    Attributes:
+        latency_iterations: Measured cycles per library in scenario a, by RTT in ms.
+        warmup: Unmeasured cycles per library before a latency, fault or wake-up case.
+        block: Scenario a alternates the libraries in blocks of this many cycles.
+        fault_iterations: At most this many cycles per library in a scenario b case…
+        fault_budget: …and no new cycle after this many seconds.
+        duration: Seconds each library runs in a throughput or contention case.
+        wake_trials: Measured trials per library in a wake-up case.
+        wake_hold: The holder holds for a uniform time in this range (s) before it
+            releases, so the release falls at a random point of the waiter's polling.
+        op_guard: Seconds one acquire or release may take before it counts as hung.
+        pings: PINGs through one proxy to measure the real round trip per RTT.
+    """
+
+    latency_iterations: dict[float, int]
+    warmup: int
+    block: int
+    fault_iterations: int
+    fault_budget: float
+    duration: float
+    wake_trials: int
+    wake_hold: tuple[float, float]
+    op_guard: float
+    pings: int
+
+
+# The guard is above redis-py's default 5 s socket timeout, so a library that waits
+# out a silent master is measured, not called hung. A full run takes about 9 minutes.
+FULL = Plan({0.0: 1000, 2.0: 300}, 20, 25, 50, 30.0, 10.0, 60, (0.02, 0.12), 8.0, 100)
+QUICK = Plan({0.0: 5, 2.0: 4}, 2, 3, 3, 3.0, 0.3, 3, (0.02, 0.04), 1.0, 5)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One configuration of a scenario."""
+
+    name: str
+    n: int
+    rtt_ms: float = 0.0
+    fault: str | None = None  # "blackhole" or "down" (scenario b)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A scenario: its cases, and the metric that decides who is best in each."""
+
+    id: str
+    title: str
+    cases: tuple[Case, ...]
+    metric: str  # the label of the compared value
+    better: str  # "lower" or "higher"
+
+
+LATENCY = Scenario(
+    "a",
+    "Uncontended acquire + release latency",
+    tuple(Case(f"N={n}, RTT {rtt:g} ms", n, rtt) for rtt in (0.0, 2.0) for n in (1, 5)),
+    "p50 acquire + release",
+    "lower",
+)
+FAULTS = Scenario(
+    "b",
+    "One of five masters failing (RTT 2 ms)",
+    (
+        Case("1 of 5 blackholed", SERVERS, 2.0, "blackhole"),
+        Case("1 of 5 down", SERVERS, 2.0, "down"),
+    ),
+    "p50 acquire",
+    "lower",
+)
+THROUGHPUT = Scenario(
+    "c",
+    f"Throughput, {THROUGHPUT_WORKERS} workers on distinct keys",
+    (Case("N=5", SERVERS), Case("N=1", 1)),
+    "cycles per second",
+    "higher",
+)
+CONTENTION = Scenario(
+    "d",
+    f"Contention, {CONTENTION_WORKERS} workers on one key",
+    (Case("N=5", SERVERS), Case("N=1", 1)),
+    "acquisitions per second",
+    "higher",
+)
+WAKEUP = Scenario(
+    "e",
+    "Wake-up after release",
+    (Case("N=1", 1), Case("N=5", SERVERS)),
+    "p50 release-to-acquire",
+    "lower",
+)
+SCENARIOS = (LATENCY, FAULTS, THROUGHPUT, CONTENTION, WAKEUP)
+
+
+# --- the libraries ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    """How a session is used: whether acquires wait for another holder, and how many
+    workers run at once (the thread pool of a synchronous library)."""
+
+    name: str
+    waiting: bool
+    workers: int
+
+
+class Handle(Protocol):
+    """One worker's lock on one key."""
+
+    async def acquire(self) -> None:
+        """Take the lock; raise if not taken."""
+
+    async def release(self) -> None:
+        """Release the lock taken by the last `acquire`."""
+
+
+class Session(Protocol):
+    """One library's clients for one case."""
+
+    def handle(self, key: str) -> Handle:
+        """A lock on ``key`` for one worker."""
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting in force, passed or default."""
+
+    async def aclose(self) -> None:
+        """Close every client."""
+
+
+class NotAcquiredError(RuntimeError):
+    """A library said no (``False`` or ``None``) instead of raising."""
+
+
+def defaults(func: Callable[..., Any], **given: Any) -> dict[str, Any]:
+    """The keyword defaults of ``func`` updated with ``given``, made JSON-safe."""
+    params = inspect.signature(func).parameters.values()
+    found = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    return {k: jsonable(v) for k, v in (found | given).items()}
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if JSON can hold it, else its repr."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return repr(value)
+
+
+def redis_client_settings(client: Any) -> dict[str, Any]:
+    """Socket timeouts, retry policy and pool size of a redis-py client, read from a
+    connection object made as its pool would make one (not counted by the pool, never
+    connected)."""
+    pool = client.connection_pool
+    conn = pool.connection_class(**pool.connection_kwargs)
+    retry = conn.retry
+    return {
+        "socket_timeout": conn.socket_timeout,
+        "socket_connect_timeout": conn.socket_connect_timeout,
+        "retries": getattr(retry, "_retries", None),
+        "backoff": type(getattr(retry, "_backoff", None)).__name__,
+        "max_connections": pool.max_connections,
+    }
+
+
+class AsyncredlockSession:
+    """asyncredlock, fenced (the default) or not."""
+
+    def __init__(self, urls: Sequence[str], mode: Mode, *, fencing: bool) -> None:
+        self._redlock = AsyncRedlock(list(urls), ttl=TTL, timeout=WAIT, fencing=fencing)
+        self._fencing = fencing
+
+    def handle(self, key: str) -> Handle:
+        return AsyncredlockHandle(self._redlock, key)
+
+    def settings(self) -> dict[str, Any]:
+        constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, fencing=self._fencing)
+        constructor.pop("clock", None)
+        return {
+            "AsyncRedlock": constructor,
+            "lock": {"ttl": TTL, "timeout": WAIT, "auto_extend": False},
+        }
+
+    async def aclose(self) -> None:
+        await self._redlock.aclose()
+
+
+class AsyncredlockHandle:
+    """``redlock.lock(key, ...).acquire()`` then ``lease.release()``."""
+
+    def __init__(self, redlock: AsyncRedlock, key: str) -> None:
+        self._redlock, self._key = redlock, key
+        self._lease: Any = None
+
+    async def acquire(self) -> None:
+        lock = self._redlock.lock(self._key, ttl=TTL, timeout=WAIT, auto_extend=False)
+        self._lease = await lock.acquire()
+
+    async def release(self) -> None:
+        lease, self._lease = self._lease, None
+        await lease.release()
+
+
+class AioredlockSession:
+    """aioredlock's ``Aioredlock`` manager (aioredis 1.x pools)."""
+
+    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
+        module = importlib.import_module("aioredlock")
+        given = {"retry_count": AIOREDLOCK_WAIT_RETRIES} if mode.waiting else {}
+        masters = [_host_port(url) | {"maxsize": POOL} for url in urls]
+        self._manager = module.Aioredlock(masters, **given)
+        self._given = given
+
+    def handle(self, key: str) -> Handle:
+        return AioredlockHandle(self._manager, key)
+
+    def settings(self) -> dict[str, Any]:
+        constructor = defaults(type(self._manager).__init__, **self._given)
+        constructor.pop("redis_connections", None)
+        return {
+            "Aioredlock": constructor,
+            "lock": {"lock_timeout": TTL},
+            "pool": f"aioredis.create_redis_pool((host, port), minsize=1, maxsize={POOL}) "
+            "(minsize is aioredlock's default; aioredis sets no socket timeout)",
+        }
+
+    async def aclose(self) -> None:
+        await self._manager.destroy()
+
+
+def _host_port(url: str) -> dict[str, Any]:
+    """``{"host": ..., "port": ...}`` of a ``redis://host:port`` URL."""
+    parts = urlsplit(url)
+    return {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379}
+
+
+class AioredlockHandle:
+    """``manager.lock(key, lock_timeout=TTL)`` then ``manager.unlock(lock)``; a fixed
+    ``lock_timeout`` turns its auto-extension off."""
+
+    def __init__(self, manager: Any, key: str) -> None:
+        self._manager, self._key = manager, key
+        self._lock: Any = None
+
+    async def acquire(self) -> None:
+        self._lock = await self._manager.lock(self._key, lock_timeout=TTL)
+
+    async def release(self) -> None:
+        lock, self._lock = self._lock, None
+        await self._manager.unlock(lock)
+
+
+class PotterySession:
+    """pottery's ``AIORedlock`` over ``redis.asyncio`` clients (one per master)."""
+
+    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
+        self._class = importlib.import_module("pottery").AIORedlock
+        self._masters = [Redis.from_url(url, max_connections=POOL) for url in urls]
+
+    def handle(self, key: str) -> Handle:
+        lock = self._class(key=key, masters=self._masters, auto_release_time=TTL)
+        return PotteryHandle(lock)
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "AIORedlock": defaults(self._class.__init__, auto_release_time=TTL),
+            "acquire": defaults(self._class.acquire, timeout=WAIT),
+            "retry_delay": f"uniform(0, {self._class._RETRY_DELAY}) s",
+            "client": f"redis.asyncio.Redis.from_url(url, max_connections={POOL})",
+            "client_settings": redis_client_settings(self._masters[0]),
+        }
+
+    async def aclose(self) -> None:
+        for client in self._masters:
+            await client.aclose()
+
+
+class PotteryHandle:
+    """``await lock.acquire(timeout=WAIT)`` (blocking, the default) then ``release()``."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    async def acquire(self) -> None:
+        if not await self._lock.acquire(timeout=WAIT):
+            raise NotAcquiredError("AIORedlock.acquire() returned False")
+
+    async def release(self) -> None:
+        await self._lock.release()
+
+
+class RedlockNgSession:
+    """redlock-ng's ``AsyncRedlock``: non-blocking with 3 retries by default, blocking
+    (no time limit) where a scenario needs to wait."""
+
+    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
+        self._module = importlib.import_module("redlock")
+        self._redlock = self._module.AsyncRedlock(list(urls))
+        self._blocking = mode.waiting
+        # It builds its clients itself, with no pool option: set the pool size after.
+        for client in self._redlock.client.instances:
+            client.connection_pool.max_connections = POOL
+
+    def handle(self, key: str) -> Handle:
+        return RedlockNgHandle(self._redlock, key, self._blocking)
+
+    def settings(self) -> dict[str, Any]:
+        config = self._redlock.client.config.model_dump()
+        config.pop("masters", None)
+        return {
+            "AsyncRedlock": defaults(self._module.AsyncRedlock.__init__),
+            "RedlockConfig": config,
+            "acquire": {"ttl_ms": round(TTL * 1000), "blocking": self._blocking},
+            "client": f"its own Redis.from_url(url, ...); pool max_connections set to {POOL}",
+            "client_settings": redis_client_settings(self._redlock.client.instances[0]),
+        }
+
+    async def aclose(self) -> None:
+        for client in self._redlock.client.instances:
+            await client.aclose()
+
+
+class RedlockNgHandle:
+    """``await redlock.acquire(key, ttl_ms, blocking=...)`` then ``release(lock)``."""
+
+    def __init__(self, redlock: Any, key: str, blocking: bool) -> None:
+        self._redlock, self._key, self._blocking = redlock, key, blocking
+        self._lock: Any = None
+
+    async def acquire(self) -> None:
+        lock = await self._redlock.acquire(self._key, round(TTL * 1000), blocking=self._blocking)
+        if lock is None:
+            raise NotAcquiredError("AsyncRedlock.acquire() returned None")
+        self._lock = lock
+
+    async def release(self) -> None:
+        lock, self._lock = self._lock, None
+        await self._redlock.release(lock)
+
+
+class RedisPySession:
+    """redis-py's ``redis.asyncio.lock.Lock`` on one ``redis.asyncio`` client."""
+
+    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
+        self._lock_class = importlib.import_module("redis.asyncio.lock").Lock
+        self._client = Redis.from_url(urls[0], max_connections=POOL)
+
+    def handle(self, key: str) -> Handle:
+        lock = self._lock_class(self._client, key, timeout=TTL, blocking_timeout=WAIT)
+        return RedisPyHandle(lock)
+
+    def settings(self) -> dict[str, Any]:
+        lock = defaults(self._lock_class.__init__, timeout=TTL, blocking_timeout=WAIT)
+        return {
+            "Lock": lock,
+            "client": f"redis.asyncio.Redis.from_url(url, max_connections={POOL})",
+            "client_settings": redis_client_settings(self._client),
+        }
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class RedisPyHandle:
+    """``await lock.acquire()`` (blocking, polling every ``sleep``) then ``release()``."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    async def acquire(self) -> None:
+        if not await self._lock.acquire():
+            raise NotAcquiredError("Lock.acquire() returned False")
+
+    async def release(self) -> None:
+        await self._lock.release()
+
+
+class PythonRedisLockSession:
+    """python-redis-lock (synchronous) on one ``redis.Redis`` client, every call in a
+    thread pool with one thread per worker.
+
+    The client has no socket timeout (``socket_timeout=None``): a waiting acquire
+    blocks in ``BLPOP`` for up to ``expire`` seconds, longer than redis-py's default
+    5 s socket timeout, which would cut it off with an error.
+    """
+
+    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
+        import redis
+
+        self._module = importlib.import_module("redis_lock")
+        self._client = redis.Redis.from_url(urls[0], socket_timeout=None, max_connections=POOL)
+        self._pool = concurrent.futures.ThreadPoolExecutor(mode.workers, "python-redis-lock")
+        self._workers = mode.workers
+
+    def handle(self, key: str) -> Handle:
+        lock = self._module.Lock(self._client, key, expire=round(TTL))
+        return PythonRedisLockHandle(lock, self._pool)
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "Lock": defaults(self._module.Lock.__init__, expire=round(TTL)),
+            "acquire": defaults(self._module.Lock.acquire, timeout=round(WAIT)),
+            "client": f"redis.Redis.from_url(url, socket_timeout=None, max_connections={POOL})",
+            "client_settings": redis_client_settings(self._client),
+            "threads": self._workers,
+        }
+
+    async def aclose(self) -> None:
+        self._client.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class PythonRedisLockHandle:
+    """``lock.acquire(timeout=WAIT)`` then ``lock.release()``, each in the pool."""
+
+    def __init__(self, lock: Any, pool: concurrent.futures.Executor) -> None:
+        self._lock, self._pool = lock, pool
+
+    async def _call(self, func: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, func)
+
+    async def acquire(self) -> None:
+        acquire = functools.partial(self._lock.acquire, True, round(WAIT))
+        if not await self._call(acquire):
+            raise NotAcquiredError("Lock.acquire() returned False")
+
+    async def release(self) -> None:
+        await self._call(self._lock.release)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A library under test.
+
+    Attributes:
+        id: Its name on the command line (``--only``) and in the JSON.
+        label: Its name in tables and plots.
+        distributions: The installed packages whose versions are recorded.
+        modules: What must import for it to run.
+        single_server: A lock on one server, not Redlock: runs with N = 1 only.
+        opener: Makes a session on the given masters.
+        scenarios: The scenarios it runs in (all when None).
+        note: How it is set up, for the notes under the tables.
+    """
+
+    id: str
+    label: str
+    distributions: tuple[str, ...]
+    modules: tuple[str, ...]
+    single_server: bool
+    opener: Callable[[Sequence[str], Mode], Session]
+    scenarios: frozenset[str] | None = None
+    note: str = ""
+
+
+PEERS = (
+    Peer(
+        "asyncredlock",
+        "asyncredlock",
+        ("asyncredlock",),
+        ("asyncredlock",),
+        False,
+        functools.partial(AsyncredlockSession, fencing=True),
+        note="fencing on (the default): two rounds per acquisition",
+    ),
+    Peer(
+        "asyncredlock-unfenced",
+        "asyncredlock fencing=False",
+        ("asyncredlock",),
+        ("asyncredlock",),
+        False,
+        functools.partial(AsyncredlockSession, fencing=False),
+        frozenset("abe"),
+        "plain Redlock, one round; measured in the latency scenarios",
+    ),
+    Peer(
+        "aioredlock",
+        "aioredlock",
+        ("aioredlock", "aioredis"),
+        ("aioredlock",),
+        False,
+        AioredlockSession,
+        note=f"3 attempts, 0.1-0.3 s apart; {AIOREDLOCK_WAIT_RETRIES} where a scenario waits",
+    ),
+    Peer(
+        "pottery",
+        "pottery AIORedlock",
+        ("pottery",),
+        ("pottery",),
+        False,
+        PotterySession,
+        note="blocking acquire(timeout=10), retries uniform(0, 0.2) s apart",
+    ),
+    Peer(
+        "redlock-ng",
+        "redlock-ng",
+        ("redlock-ng",),
+        ("redlock",),
+        False,
+        RedlockNgSession,
+        note="non-blocking (3 retries 0.1-0.3 s apart); blocking=True where a scenario waits",
+    ),
+    Peer(
+        "redis-py",
+        "redis-py Lock",
+        ("redis",),
+        ("redis.asyncio.lock",),
+        True,
+        RedisPySession,
+        note="one server; blocking acquire polls every 0.1 s (its default sleep)",
+    ),
+    Peer(
+        "python-redis-lock",
+        "python-redis-lock",
+        ("python-redis-lock",),
+        ("redis_lock",),
+        True,
+        PythonRedisLockSession,
+        note="one server; synchronous, in threads; a waiter blocks in BLPOP until signalled",
+    ),
+)
+UNCONTENDED = Mode("uncontended", waiting=False, workers=1)
+
+
+def probe(peer: Peer) -> dict[str, Any]:
+    """Whether ``peer`` imports here, its versions, and its declared requirements."""
+    info: dict[str, Any] = {
+        "label": peer.label,
+        "single_server": peer.single_server,
+        "note": peer.note,
+        "versions": {d: _version(d) for d in peer.distributions},
+        "requires": _requires(peer.distributions[0]),
+    }
+    try:
+        for module in peer.modules:
+            importlib.import_module(module)
+        if peer.id == "redlock-ng" and not hasattr(sys.modules["redlock"], "RedlockConfig"):
+            raise ImportError("the installed 'redlock' module is not redlock-ng's")
+    except Exception as exc:  # any import-time failure makes it unavailable, with why
+        info |= {"available": False, "reason": describe(exc)}
+    else:
+        info |= {"available": True, "reason": None}
+    info["settings"] = {}
+    return info
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _requires(distribution: str) -> list[str]:
+    try:
+        return importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+
+
+def describe(exc: BaseException) -> str:
+    """``module.Type: message``, short enough for a table note."""
+    kind = type(exc)
+    text = f"{kind.__module__}.{kind.__qualname__}: {exc}".replace("\n", " ")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# --- guards ------------------------------------------------------------------------------
+
+
+class HungError(Exception):
+    """An operation or a whole case outlasted its guard."""
+
+
+_abandoned: set[asyncio.Task[Any]] = set()
+
+
+async def guarded(op: Awaitable[T], seconds: float, what: str) -> T:
+    """``await op``, cancelled after ``seconds`` (then `HungError`)."""
+    scope = asyncio.timeout(seconds)
+    try:
+        async with scope:
+            return await op
+    except TimeoutError:
+        if scope.expired():
+            raise HungError(f"{what}: no result within {seconds:g} s") from None
+        raise
+
+
+async def bounded(coro: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
+    """Run ``coro`` as a task; after ``seconds`` cancel it and move on without waiting
+    for it (a library that ignores cancellation cannot hold the script up)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        _abandoned.add(task)
+        task.add_done_callback(_abandoned.discard)
+        raise HungError(f"{what}: still running after {seconds:g} s, abandoned")
+    return task.result()
+
+
+def outcome(status: str, reason: str, **extra: Any) -> dict[str, Any]:
+    """A result that is not (only) numbers: hung, failed, unavailable, not applicable."""
+    return {"status": status, "reason": reason} | extra
+
+
+def failure(exc: BaseException) -> dict[str, Any]:
+    """The record of a library run that stopped on ``exc``."""
+    if isinstance(exc, HungError):
+        return outcome("hung", str(exc))
+    return outcome("failed", describe(exc))
+
+
+@dataclass(slots=True)
+class Failures:
+    """Failed operations of a run: how many, and a few distinct messages."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, what: str, exc: BaseException) -> None:
+        """Count one failed ``what``."""
+        self.note(f"{what}: {describe(exc)}")
+
+    def note(self, message: str) -> None:
+        """Count one failure described by ``message``."""
+        self.count += 1
+        if len(self.examples) < 3 and message not in self.examples:
+            self.examples.append(message)
+
+    def record(self) -> dict[str, Any]:
+        """For the JSON."""
+        return {"failures": self.count, "failure_examples": self.examples}
+
+
+class Run:
+    """Opens and closes a library's session for one case; records its settings."""
+
+    def __init__(self, peer: Peer, info: dict[str, Any], urls: Sequence[str], mode: Mode) -> None:
+        self.peer, self._info, self._urls, self._mode = peer, info, urls, mode
+        self.session: Session | None = None
+
+    async def __aenter__(self) -> Session:
+        self.session = self.peer.opener(self._urls, self._mode)
+        self._info["settings"].setdefault(self._mode.name, self.session.settings())
+        return self.session
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self.session is not None:
+            with contextlib.suppress(Exception):
+                await bounded(self.session.aclose(), CLOSE_GUARD, "close")
+
+
+# --- a: uncontended latency --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LatencyRunner:
+    """One library's handle and samples in a latency case."""
+
+    peer: Peer
+    handle: Handle
+    acquire: list[float] = field(default_factory=list)
+    release: list[float] = field(default_factory=list)
+    stopped: dict[str, Any] | None = None
+
+
+async def cycle(handle: Handle, guard: float) -> tuple[float, float]:
+    """Acquire then release; the seconds each took."""
+    t0 = time.perf_counter()
+    await guarded(handle.acquire(), guard, "acquire")
+    t1 = time.perf_counter()
+    await guarded(handle.release(), guard, "release")
+    return t1 - t0, time.perf_counter() - t1
+
+
+async def run_block(runner: LatencyRunner, count: int, plan: Plan, *, keep: bool) -> None:
+    """``count`` cycles; a hang or an error stops the runner for the rest of the case."""
+
+    async def block() -> list[tuple[float, float]]:
+        return [await cycle(runner.handle, plan.op_guard) for _ in range(count)]
+
+    try:
+        samples = await bounded(block(), count * 2 * plan.op_guard + 1, "block")
+    except Exception as exc:
+        runner.stopped = failure(exc) | {"completed": len(runner.acquire)}
+        return
+    if keep:
+        runner.acquire.extend(s[0] for s in samples)
+        runner.release.extend(s[1] for s in samples)
+
+
+async def latency_case(
+    case: Case, peers: Sequence[Peer], infos: dict[str, dict[str, Any]], urls: list[str], plan: Plan
+) -> dict[str, dict[str, Any]]:
+    """Scenario a, one case: every library warmed up, then alternating in blocks."""
+    iterations = plan.latency_iterations[case.rtt_ms]
+    results: dict[str, dict[str, Any]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        runners = []
+        for peer in peers:
+            try:
+                session = await stack.enter_async_context(
+                    Run(peer, infos[peer.id], urls, UNCONTENDED)
+                )
+            except Exception as exc:  # a library that cannot even be set up
+                results[peer.id] = failure(exc)
+                continue
+            runners.append(LatencyRunner(peer, session.handle(f"peers:a:{case.name}:{peer.id}")))
+        for runner in runners:
+            await run_block(runner, plan.warmup, plan, keep=False)
+        while live := [r for r in runners if r.stopped is None and len(r.acquire) < iterations]:
+            for runner in live:
+                count = min(plan.block, iterations - len(runner.acquire))
+                await run_block(runner, count, plan, keep=True)
+    return results | {r.peer.id: latency_result(r) for r in runners}
+
+
+def latency_result(runner: LatencyRunner) -> dict[str, Any]:
+    """The JSON record of one library in one latency case."""
+    if runner.stopped is not None:
+        return runner.stopped
+    total = [a + r for a, r in zip(runner.acquire, runner.release, strict=True)]
+    return {
+        "status": "ok",
+        "total": summarize(total),
+        "acquire": summarize(runner.acquire),
+        "release": summarize(runner.release),
+    }
+
+
+# --- b: one master failing -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fault(case: Case, servers: ServerGroup, proxies: ProxyHost) -> Iterator[None]:
+    """Blackhole the last master's proxy, or stop its server; undo it at exit."""
+    if case.fault == "blackhole":
+        proxies.set_blackhole(FAULTY, True)
+    else:
+        servers[FAULTY].stop()
+    try:
+        yield
+    finally:
+        if case.fault == "blackhole":
+            proxies.set_blackhole(FAULTY, False)
+        else:
+            servers[FAULTY].start()
+
+
+async def under_fault(handle: Handle, plan: Plan) -> dict[str, Any]:
+    """Cycles under the fault until the iterations or the time budget are spent."""
+    acquired, released, failed_after = [], [], []
+    failures = Failures()
+    started = time.perf_counter()
+    hung: str | None = None
+    for _ in range(plan.fault_iterations):
+        if time.perf_counter() - started > plan.fault_budget:
+            break
+        t0 = time.perf_counter()
+        try:
+            await guarded(handle.acquire(), plan.op_guard, "acquire")
+        except HungError as exc:
+            hung = str(exc)
+            break
+        except Exception as exc:
+            failed_after.append(time.perf_counter() - t0)
+            failures.add("acquire", exc)
+            continue
+        t1 = time.perf_counter()
+        acquired.append(t1 - t0)
+        try:
+            await guarded(handle.release(), plan.op_guard, "release")
+        except HungError as exc:
+            hung = str(exc)
+            break
+        except Exception as exc:
+            failures.add("release", exc)
+            continue
+        released.append(time.perf_counter() - t1)
+    return fault_result(acquired, released, failed_after, failures, hung)
+
+
+def fault_result(
+    acquired: list[float],
+    released: list[float],
+    failed_after: list[float],
+    failures: Failures,
+    hung: str | None,
+) -> dict[str, Any]:
+    """The JSON record of one library in one fault case."""
+    record: dict[str, Any] = {"succeeded": len(acquired)} | failures.record()
+    if acquired:
+        record["acquire"] = summarize(acquired)
+    if released:
+        record["release"] = summarize(released)
+    if failed_after:
+        record["failed_acquire"] = summarize(failed_after)
+    if hung is not None:
+        return outcome("hung", hung) | record
+    if not acquired:
+        return outcome("failed", "no acquire succeeded; " + "; ".join(failures.examples)) | record
+    return {"status": "ok"} | record
+
+
+async def fault_case(
+    case: Case,
+    peer: Peer,
+    info: dict[str, Any],
+    servers: ServerGroup,
+    proxies: ProxyHost,
+    plan: Plan,
+) -> dict[str, Any]:
+    """Scenario b, one library: warm up on healthy masters, then measure under the fault."""
+    key = f"peers:b:{case.name}:{peer.id}"
+    try:
+        async with Run(peer, info, proxies.urls(case.n), UNCONTENDED) as session:
+            handle = session.handle(key)
+            guard = plan.warmup * 2 * plan.op_guard + 1
+            await bounded(cycles(handle, plan.warmup, plan.op_guard), guard, "warm-up")
+            with fault(case, servers, proxies):
+                guard = plan.fault_budget + 3 * plan.op_guard
+                return await bounded(under_fault(handle, plan), guard, "fault case")
+    except Exception as exc:
+        return failure(exc)
+
+
+async def cycles(handle: Handle, count: int, guard: float) -> None:
+    """``count`` cycles, unmeasured."""
+    for _ in range(count):
+        await cycle(handle, guard)
+
+
+# --- c: throughput ---------------------------------------------------------------------------
+
+
+async def warm_all(handles: Sequence[Handle], guard: float) -> Failures:
+    """One cycle on every handle at once: connections open, scripts cached. A library
+    may fail some of them under this load; the timed run counts its own failures."""
+    outcomes = await asyncio.gather(*(cycle(h, guard) for h in handles), return_exceptions=True)
+    failures = Failures()
+    for result in outcomes:
+        if isinstance(result, HungError):
+            raise result
+        if isinstance(result, BaseException):
+            failures.add("warm-up cycle", result)
+    return failures
+
+
+async def throughput(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
+    """Every handle cycles until ``duration`` is over; cycles/s and CPU per cycle."""
+    failures = Failures()
+    cycles = 0
+
+    async def worker(handle: Handle) -> None:
+        nonlocal cycles
+        while time.perf_counter() < deadline:
+            try:
+                await handle.acquire()
+            except Exception as exc:
+                failures.add("acquire", exc)
+                continue
+            try:
+                await handle.release()
+            except Exception as exc:
+                failures.add("release", exc)
+                continue
+            cycles += 1
+
+    gc.collect()
+    cpu, start = time.process_time(), time.perf_counter()
+    deadline = start + duration
+    await asyncio.gather(*(worker(h) for h in handles))
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "status": "ok" if cycles else "failed",
+        "workers": len(handles),
+        "cycles": cycles,
+        "seconds": round(seconds, 3),
+        "cycles_per_s": round(cycles / seconds, 1),
+        "cpu_s": round(cpu, 3),
+        "cpu_s_per_1000": round(cpu / cycles * 1000, 4) if cycles else None,
+    } | failures.record()
+
+
+async def throughput_case(
+    case: Case, peer: Peer, info: dict[str, Any], urls: list[str], plan: Plan
+) -> dict[str, Any]:
+    """Scenario c, one library: one warm-up cycle per worker, then the timed run."""
+    mode = Mode("uncontended", waiting=False, workers=THROUGHPUT_WORKERS)
+    try:
+        async with Run(peer, info, urls, mode) as session:
+            keys = [f"peers:c:{case.name}:{peer.id}:{i}" for i in range(THROUGHPUT_WORKERS)]
+            handles = [session.handle(key) for key in keys]
+            warm = await bounded(warm_all(handles, WARMUP_GUARD), WARMUP_GUARD + 1, "warm-up")
+            guard = plan.duration + 2 * plan.op_guard + 5
+            result = await bounded(throughput(handles, plan.duration), guard, "throughput run")
+    except Exception as exc:
+        return failure(exc)
+    result["warmup_failures"] = warm.count
+    if result["status"] != "ok":
+        result["reason"] = "no cycle completed; " + "; ".join(result["failure_examples"])
+    return result
+
+
+# --- d: contention -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One acquisition in the contention run (perf_counter seconds)."""
+
+    worker: int
+    asked: float  # acquire() called
+    got: float  # acquire() returned
+    releasing: float  # release() called
+    released: float  # release() returned
+
+
+async def contention(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
+    """Every handle takes the one key, holds it ``CONTENTION_HOLD``, releases, and asks
+    again at once, until ``duration`` is over; acquisitions that began earlier finish."""
+    holds: list[Hold] = []
+    failures = Failures()
+
+    async def worker(index: int, handle: Handle) -> None:
+        while (asked := time.perf_counter()) < deadline:
+            try:
+                await handle.acquire()
+            except Exception as exc:
+                failures.add("acquire", exc)
+                continue
+            got = time.perf_counter()
+            await asyncio.sleep(CONTENTION_HOLD)
+            releasing = time.perf_counter()
+            try:
+                await handle.release()
+            except Exception as exc:
+                failures.add("release", exc)
+            holds.append(Hold(index, asked, got, releasing, time.perf_counter()))
+
+    gc.collect()
+    start = time.perf_counter()
+    deadline = start + duration
+    await asyncio.gather(*(worker(i, h) for i, h in enumerate(handles)))
+    return contention_result(holds, start, deadline) | failures.record()
+
+
+def contention_result(holds: list[Hold], start: float, end: float) -> dict[str, Any]:
+    """Rates over the window ``start``-``end``: acquisitions that returned in it."""
+    window = end - start
+    inside = sorted((h for h in holds if h.got < end), key=lambda h: h.got)
+    if not inside:
+        return {"status": "failed", "reason": "no acquisition in the window", "window_s": window}
+    pairs = list(itertools.pairwise(inside))
+    return {
+        "status": "ok",
+        "workers": CONTENTION_WORKERS,
+        "window_s": round(window, 3),
+        "acquisitions": len(inside),
+        "acquisitions_per_s": round(len(inside) / window, 1),
+        "wait": summarize([h.got - h.asked for h in inside]),
+        "same_worker_again": round(sum(a.worker == b.worker for a, b in pairs) / len(pairs), 4)
+        if pairs
+        else None,
+        "busy_fraction": round(sum(min(h.released, end) - h.got for h in inside) / window, 4),
+        # the next holder returned from acquire() before the previous one began to
+        # release: two holders at once (expected 0)
+        "exclusion_violations": sum(b.got < a.releasing for a, b in pairs),
+        "finished_after_window": len(holds) - len(inside),
+    }
+
+
+async def contention_case(
+    case: Case, peer: Peer, info: dict[str, Any], urls: list[str], plan: Plan
+) -> dict[str, Any]:
+    """Scenario d, one library."""
+    mode = Mode("contended", waiting=True, workers=CONTENTION_WORKERS)
+    key = f"peers:d:{case.name}:{peer.id}"
+    try:
+        async with Run(peer, info, urls, mode) as session:
+            handles = [session.handle(key) for _ in range(CONTENTION_WORKERS)]
+            await bounded(cycle(handles[0], plan.op_guard), 2 * plan.op_guard + 1, "warm-up")
+            guard = plan.duration + WAIT + 2 * plan.op_guard + 5
+            return await bounded(contention(handles, plan.duration), guard, "contention run")
+    except Exception as exc:
+        return failure(exc)
+
+
+# --- e: wake-up ------------------------------------------------------------------------------
+
+
+async def timed_acquire(handle: Handle) -> float:
+    """Acquire; the perf_counter time at which acquire() returned."""
+    await handle.acquire()
+    return time.perf_counter()
+
+
+async def wake_trial(holder: Handle, waiter: Handle, hold: float, guard: float) -> float:
+    """The holder holds, the waiter asks, the holder releases after ``hold`` seconds:
+    release() returning to the waiter's acquire() returning, in seconds."""
+    await guarded(holder.acquire(), guard, "holder acquire")
+    task = asyncio.create_task(timed_acquire(waiter))
+    try:
+        await asyncio.sleep(hold)
+        if task.done():
+            task.result()  # raises the waiter's error, if it failed
+            raise RuntimeError("the waiter acquired while the holder held the lock")
+        await guarded(holder.release(), guard, "holder release")
+        released = time.perf_counter()
+        acquired = await guarded(task, guard, "waiter acquire after the release")
+    finally:
+        task.cancel()  # a no-op once it is done
+    await guarded(waiter.release(), guard, "waiter release")
+    return acquired - released
+
+
+async def wakeup(holder: Handle, waiter: Handle, plan: Plan) -> dict[str, Any]:
+    """Warm-up trials, then the measured ones."""
+    rng = random.Random(SEED)
+    wakes = []
+    for trial in range(plan.warmup + plan.wake_trials):
+        wake = await wake_trial(holder, waiter, rng.uniform(*plan.wake_hold), plan.op_guard)
+        if trial >= plan.warmup:
+            wakes.append(wake)
+    return {"status": "ok", "wake": summarize(wakes)}
+
+
+async def wakeup_case(
+    case: Case, peer: Peer, info: dict[str, Any], urls: list[str], plan: Plan
+) -> dict[str, Any]:
+    """Scenario e, one library."""
+    mode = Mode("contended", waiting=True, workers=2)
+    key = f"peers:e:{case.name}:{peer.id}"
+    trials = plan.warmup + plan.wake_trials
+    guard = trials * (plan.wake_hold[1] + 4 * plan.op_guard) + 5
+    try:
+        async with Run(peer, info, urls, mode) as session:
+            holder, waiter = session.handle(key), session.handle(key)
+            return await bounded(wakeup(holder, waiter, plan), guard, "wake-up trials")
+    except Exception as exc:
+        return failure(exc)
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def skip_reason(
+    peer: Peer, info: dict[str, Any], scenario: Scenario, case: Case
+) -> dict[str, Any] | None:
+    """Why ``peer`` does not run in ``case``, as a result record; None if it runs.
+
+    A case the library does not apply to says so whether or not it is installed.
+    """
+    if peer.scenarios is not None and scenario.id not in peer.scenarios:
+        return outcome(
+            "not_applicable",
+            "fencing=False is measured in the latency scenarios (a, b, e) only",
+        )
+    if peer.single_server and case.n > 1:
+        return outcome("not_applicable", "a single-server lock: runs with N = 1 only")
+    if not info["available"]:
+        return outcome("unavailable", info["reason"])
+    return None
+
+
+def flush(servers: ServerGroup) -> None:
+    """Empty every running server: each case starts from nothing."""
+    for server in servers:
+        if server.running:
+            server.flushall()
+
+
+def progress(scenario: Scenario, case: Case, label: str, result: dict[str, Any]) -> None:
+    """One line per library and case on stderr."""
+    print(
+        f"{scenario.id}  {case.name:<20} {label:<28} {headline(scenario, result)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def headline(scenario: Scenario, result: dict[str, Any]) -> str:
+    """The result in a few words."""
+    status = result["status"]
+    if status != "ok":
+        return f"{status}: {result.get('reason', '')}"[:110]
+    return cell(scenario, result)
+
+
+class Runner:
+    """Runs the scenarios for the selected libraries on one set of servers."""
+
+    def __init__(
+        self,
+        peers: Sequence[Peer],
+        infos: dict[str, dict[str, Any]],
+        servers: ServerGroup,
+        proxies: ProxyHost,
+        plan: Plan,
+    ) -> None:
+        self.peers, self.infos = peers, infos
+        self.servers, self.proxies, self.plan = servers, proxies, plan
+        self.rtts: dict[str, Any] = {}
+        self.loop_errors: dict[str, Failures] = {}
+        self.current: str | None = None
+
+    def on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's report of a task error nobody retrieved, or of a task destroyed
+        while pending: counted for the library running at the time, not printed.
+        (Reports come when the task is collected, so ``gc.collect()`` runs before the
+        next library starts.)"""
+        exc = context.get("exception")
+        message = str(context.get("message", "")) + (f": {describe(exc)}" if exc else "")
+        self.loop_errors.setdefault(self.current or "between libraries", Failures()).note(message)
+
+    async def set_rtt(self, rtt_ms: float) -> None:
+        """Set the proxies' delay; measure it once per RTT."""
+        self.proxies.set_delay(rtt_ms / 2 / 1000)
+        if f"{rtt_ms:g}" not in self.rtts:
+            self.rtts[f"{rtt_ms:g}"] = await measure_rtt(self.proxies, self.plan.pings)
+
+    def skipped(self, scenario: Scenario, case: Case) -> dict[str, dict[str, Any]]:
+        """The records of the libraries that do not run in ``case``."""
+        out = {}
+        for peer in self.peers:
+            reason = skip_reason(peer, self.infos[peer.id], scenario, case)
+            if reason is not None:
+                out[peer.id] = reason
+        return out
+
+    async def scenario(self, scenario: Scenario) -> dict[str, Any]:
+        """Every case of ``scenario``."""
+        cases = []
+        for case in scenario.cases:
+            await self.set_rtt(case.rtt_ms)
+            flush(self.servers)
+            random.seed(SEED)
+            started = time.perf_counter()
+            results = await self.case(scenario, case)
+            ordered = {p.id: results[p.id] for p in self.peers}
+            cases.append(
+                {
+                    "name": case.name,
+                    "n": case.n,
+                    "rtt_ms": case.rtt_ms,
+                    "fault": case.fault,
+                    "results": ordered,
+                    "seconds": round(time.perf_counter() - started, 1),
+                }
+            )
+        flush(self.servers)
+        return {
+            "id": scenario.id,
+            "title": scenario.title,
+            "metric": scenario.metric,
+            "better": scenario.better,
+            "cases": cases,
+        }
+
+    async def case(self, scenario: Scenario, case: Case) -> dict[str, dict[str, Any]]:
+        """Every library in one case (all together in a, one after the other else)."""
+        results = self.skipped(scenario, case)
+        runnable = [p for p in self.peers if p.id not in results]
+        urls = self.proxies.urls(case.n)
+        if scenario is LATENCY:
+            self.current = "a (all libraries at once)"
+            measured = await latency_case(case, runnable, self.infos, urls, self.plan)
+            gc.collect()
+            self.current = None
+            for peer in runnable:
+                progress(scenario, case, peer.label, measured[peer.id])
+            return results | measured
+        for peer in runnable:
+            random.seed(SEED)
+            gc.collect()
+            self.current = peer.id
+            results[peer.id] = await self.one(scenario, case, peer, urls)
+            gc.collect()
+            self.current = None
+            progress(scenario, case, peer.label, results[peer.id])
+            flush(self.servers)
+        return results
+
+    async def one(
+        self, scenario: Scenario, case: Case, peer: Peer, urls: list[str]
+    ) -> dict[str, Any]:
+        """One library in one case of b, c, d or e."""
+        info, plan = self.infos[peer.id], self.plan
+        if scenario is FAULTS:
+            return await fault_case(case, peer, info, self.servers, self.proxies, plan)
+        if scenario is THROUGHPUT:
+            return await throughput_case(case, peer, info, urls, plan)
+        if scenario is CONTENTION:
+            return await contention_case(case, peer, info, urls, plan)
+        return await wakeup_case(case, peer, info, urls, plan)
+
+
+async def run_all(runner: Runner) -> list[dict[str, Any]]:
+    """Every scenario, in order."""
+    random.seed(SEED)
+    asyncio.get_running_loop().set_exception_handler(runner.on_loop_error)
+    return [await runner.scenario(scenario) for scenario in SCENARIOS]
+
+
+def run(peers: Sequence[Peer], plan: Plan) -> dict[str, Any]:
+    """Start servers and proxies, run everything, stop everything (also on error)."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    infos = {peer.id: probe(peer) for peer in peers}
+    started = time.perf_counter()
+    with servers_behind_proxies(SERVERS) as (servers, proxies):
+        runner = Runner(peers, infos, servers, proxies, plan)
+        scenarios = asyncio.run(run_all(runner))
+    report = {
+        "benchmark": "peers",
+        "unit": "ms unless stated",
+        "settings": {
+            "ttl_s": TTL,
+            "wait_s": WAIT,
+            "op_guard_s": plan.op_guard,
+            "close_guard_s": CLOSE_GUARD,
+            "throughput_workers": THROUGHPUT_WORKERS,
+            "contention_workers": CONTENTION_WORKERS,
+            "contention_hold_s": CONTENTION_HOLD,
+            "wake_hold_s": list(plan.wake_hold),
+            "faulty_master": FAULTY,
+            "pool": POOL,
+            "seed": SEED,
+            "silenced_loggers": list(QUIET_LOGGERS),
+        },
+        "plan": plan_record(plan),
+        "environment": environment() | {"event_loop": "asyncio"},
+        "libraries": infos,
+        "measured_rtt": runner.rtts,
+        "scenarios": scenarios,
+        "loop_errors": {who: f.record() for who, f in runner.loop_errors.items()},
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in scenarios}
+    return report
+
+
+def plan_record(plan: Plan) -> dict[str, Any]:
+    """The plan, for the JSON."""
+    return {
+        "quick": plan is QUICK,
+        "latency_iterations_by_rtt_ms": {f"{k:g}": v for k, v in plan.latency_iterations.items()},
+        "warmup": plan.warmup,
+        "block": plan.block,
+        "fault_iterations": plan.fault_iterations,
+        "fault_budget_s": plan.fault_budget,
+        "duration_s": plan.duration,
+        "wake_trials": plan.wake_trials,
+    }
+
+
+# --- reporting -----------------------------------------------------------------------------
+
+STATUS_TEXT = {
+    "hung": "hung",
+    "failed": "failed",
+    "unavailable": "unavailable",
+    "not_applicable": "n/a",
+}
+
+
+def value(scenario_id: str, result: dict[str, Any]) -> float | None:
+    """The compared value of a result (its scenario's metric), or None."""
+    if result["status"] != "ok":
+        return None
+    match scenario_id:
+        case "a":
+            return float(result["total"]["p50_ms"])
+        case "b":
+            return float(result["acquire"]["p50_ms"])
+        case "c":
+            return float(result["cycles_per_s"])
+        case "d":
+            return float(result["acquisitions_per_s"])
+        case _:
+            return float(result["wake"]["p50_ms"])
+
+
+def cell(scenario: Scenario | str, result: dict[str, Any]) -> str:
+    """A table cell for one library in one case."""
+    status = result["status"]
+    sid = scenario if isinstance(scenario, str) else scenario.id
+    if status != "ok":
+        text = STATUS_TEXT[status]
+        return f"{text} ({result['succeeded']} ok)" if result.get("succeeded") else text
+    match sid:
+        case "a":
+            return f"{result['total']['p50_ms']:.2f} / {result['total']['p99_ms']:.2f}"
+        case "b":
+            acquire = result["acquire"]
+            failed = f", {result['failures']} failed" if result["failures"] else ""
+            counts = f"({acquire['iterations']} ok{failed})"
+            return f"{acquire['p50_ms']:.2f} / {acquire['p99_ms']:.2f} {counts}"
+        case "c":
+            return f"{result['cycles_per_s']:,.0f} / {result['cpu_s_per_1000']:.3f}"
+        case "d":
+            return f"{result['acquisitions_per_s']:,.0f}"
+        case _:
+            return f"{result['wake']['p50_ms']:.2f} / {result['wake']['p99_ms']:.2f}"
+
+
+CELL_UNITS = {
+    "a": "p50 / p99 (ms)",
+    "b": "acquire p50 / p99 (ms)",
+    "c": "cycles/s / CPU s per 1,000",
+    "e": "p50 / p99 (ms)",
+}
+
+
+def table(scenario: dict[str, Any], infos: dict[str, Any]) -> str:
+    """Rows = libraries, one column per case (scenario d has its own)."""
+    if scenario["id"] == "d":
+        return "\n".join(contention_table(c, infos) for c in scenario["cases"])
+    unit = CELL_UNITS[scenario["id"]]
+    head = "| Library | " + " | ".join(f"{c['name']}: {unit}" for c in scenario["cases"]) + " |\n"
+    head += "|---|" + "--:|" * len(scenario["cases"]) + "\n"
+    rows = [
+        f"| {info['label']} | "
+        + " | ".join(cell(scenario["id"], c["results"][lib]) for c in scenario["cases"])
+        + " |"
+        for lib, info in infos.items()
+    ]
+    return head + "\n".join(rows) + "\n"
+
+
+def contention_table(case: dict[str, Any], infos: dict[str, Any]) -> str:
+    """Scenario d, one case: one row per library."""
+    head = (
+        f"{case['name']}:\n\n| Library | acquisitions/s | wait p50 (ms) | wait p99 (ms) "
+        "| same worker again | lock busy | failed |\n|---|--:|--:|--:|--:|--:|--:|\n"
+    )
+    rows = []
+    for lib, info in infos.items():
+        r = case["results"][lib]
+        if r["status"] != "ok":
+            rows.append(f"| {info['label']} | {STATUS_TEXT[r['status']]} | | | | | |")
+            continue
+        again = "-" if r["same_worker_again"] is None else f"{r['same_worker_again']:.0%}"
+        rows.append(
+            f"| {info['label']} | {r['acquisitions_per_s']:,.0f} | {r['wait']['p50_ms']:.2f} "
+            f"| {r['wait']['p99_ms']:.2f} | {again} | {r['busy_fraction']:.0%} | {r['failures']} |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def reasons(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
+    """Why some cells hold no numbers, and which had failures, one line each."""
+    lines: dict[str, list[str]] = {}
+    for case in scenario["cases"]:
+        for lib, r in case["results"].items():
+            if r["status"] == "ok" and not r.get("failures"):
+                continue
+            why = r.get("reason") or "; ".join(r.get("failure_examples", []))
+            text = (
+                f"{infos[lib]['label']}: {STATUS_TEXT.get(r['status'], 'ok, with failures')}, {why}"
+            )
+            lines.setdefault(text, []).append(case["name"])
+    return [f"{text} ({', '.join(cases)})" for text, cases in lines.items()]
+
+
+def ratio_lines(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
+    """asyncredlock's value over the best peer's, per case, computed from the results."""
+    lower = scenario["better"] == "lower"
+    out = []
+    for case in scenario["cases"]:
+        results = case["results"]
+        peers = {
+            lib: v
+            for lib, r in results.items()
+            if not lib.startswith("asyncredlock") and (v := value(scenario["id"], r)) is not None
+        }
+        ours = {
+            lib: v
+            for lib in ("asyncredlock", "asyncredlock-unfenced")
+            if lib in results and (v := value(scenario["id"], results[lib])) is not None
+        }
+        out.append(ratio_line(case["name"], ours, peers, infos, lower))
+    return out
+
+
+def ratio_line(
+    case: str, ours: dict[str, float], peers: dict[str, float], infos: dict[str, Any], lower: bool
+) -> str:
+    """``N=1: asyncredlock 0.52 (1.40x) vs the best peer, redis-py Lock 0.37``."""
+    if not peers:
+        return f"{case}: no peer completed"
+    if not ours:
+        return f"{case}: asyncredlock not run or did not complete"
+    best = (min if lower else max)(peers, key=peers.__getitem__)
+    parts = [f"{infos[lib]['label']} {v:,.2f} ({v / peers[best]:.2f}x)" for lib, v in ours.items()]
+    return f"{case}: {', '.join(parts)} vs the best peer, {infos[best]['label']} {peers[best]:,.2f}"
+
+
+def scenario_section(scenario: dict[str, Any], infos: dict[str, Any], level: str) -> str:
+    """Title, table, ratio line and reasons of one scenario."""
+    better = "lower" if scenario["better"] == "lower" else "higher"
+    ratios = "; ".join(ratio_lines(scenario, infos))
+    notes = "".join(f"- {line}\n" for line in reasons(scenario, infos))
+    return (
+        f"{level} {scenario['id']}. {scenario['title']}\n\n"
+        + table(scenario, infos)
+        + f"\n**asyncredlock ÷ best peer**, {scenario['metric']} ({better} is better): "
+        + ratios
+        + ".\n\n"
+        + notes
+    )
+
+
+def library_table(report: dict[str, Any]) -> str:
+    """Which libraries ran, their versions, and how each was set up."""
+    rows = []
+    for info in report["libraries"].values():
+        versions = ", ".join(f"{d} {v or 'not installed'}" for d, v in info["versions"].items())
+        state = "yes" if info["available"] else f"no: {info['reason']}"
+        rows.append(f"| {info['label']} | {versions} | {state} | {info['note']} |")
+    return (
+        "| Library | Version | Runs here | Set up |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+
+
+def notes(report: dict[str, Any]) -> str:
+    """What was measured and how, under the tables."""
+    s, env = report["settings"], report["environment"]
+    rtt = ", ".join(f"{k} ms → {v['p50_ms']:.2f} ms" for k, v in report["measured_rtt"].items())
+    return (
+        f"- Every lock has a TTL of {s['ttl_s']:g} s; an acquire that waits for a holder "
+        f"waits up to {s['wait_s']:g} s where the library takes a bound. The JSON has "
+        "every setting of every library, passed or default.\n"
+        f"- Every library gets {s['pool']} connections per master (asyncredlock's default); "
+        "redis-py's default pool of 100 fails 200 workers with MaxConnectionsError. "
+        "python-redis-lock's client has no socket timeout, as its BLPOP waits up to "
+        "the lock's expiry.\n"
+        f"- An operation that takes longer than {s['op_guard_s']:g} s counts as hung and "
+        "that library stops for the case; a whole case has a wall-clock guard too.\n"
+        f"- b: master {s['faulty_master'] + 1} of 5 is blackholed (its proxy swallows "
+        "everything) or its server is stopped (its proxy then resets each connection), "
+        "after a warm-up on healthy masters.\n"
+        "- c: each cycle is acquire + release; CPU is this process's "
+        "(`time.process_time()`, threads included), not the servers'.\n"
+        f"- d: each worker holds {s['contention_hold_s'] * 1000:g} ms; wait is from the "
+        "call of acquire() to its return; same worker again is how often the next "
+        "acquisition went to the worker that released last; lock busy is the held time "
+        "(acquire() returned to release() returned) over the wall time.\n"
+        f"- e: the holder holds {s['wake_hold_s'][0] * 1000:g}-{s['wake_hold_s'][1] * 1000:g} "
+        "ms (uniform) before releasing, so the release falls anywhere in a waiter's "
+        "retry pause.\n"
+        f"- RTT is the delay the proxies add (nominal → PING p50 through one proxy): {rtt}.\n"
+        f"- Everything runs on one machine ({env['cpu_count']} CPUs): client, proxy "
+        "process and servers share it; compare ratios, not absolute numbers.\n"
+        + loop_error_line(report)
+    )
+
+
+def loop_error_line(report: dict[str, Any]) -> str:
+    """Which libraries left task errors nobody retrieved (asyncio reports them)."""
+    errors = report["loop_errors"]
+    if not errors:
+        return ""
+    labels = {lib: info["label"] for lib, info in report["libraries"].items()}
+    counts = ", ".join(f"{labels.get(who, who)}: {e['failures']}" for who, e in errors.items())
+    return (
+        "- Task errors nobody retrieved, or tasks destroyed while pending, as asyncio "
+        f"reported them while each library ran (examples in the JSON): {counts}.\n"
+    )
+
+
+def machine_line(env: dict[str, Any]) -> str:
+    """Where and when the numbers were measured."""
+    return (
+        f"Measured {env['date']} on {env['cpu_count']} CPUs ({env['cpu_model']}), "
+        f"{env['platform']}; Python {env['python']}, redis-py {env['redis_py']} "
+        f"(hiredis {env['hiredis']}), {env['server']}, asyncredlock {env['asyncredlock']}."
+    )
+
+
+def body(report: dict[str, Any], level: str) -> str:
+    """Libraries, one section per scenario, notes, machine."""
+    infos = report["libraries"]
+    quick = (
+        " **Quick run: too few iterations to mean anything.**" if report["plan"]["quick"] else ""
+    )
+    return (
+        f"{level} Libraries\n\n"
+        + library_table(report)
+        + "\n"
+        + "".join(scenario_section(s, infos, level) + "\n" for s in report["scenarios"])
+        + f"{level} Notes\n\n"
+        + notes(report)
+        + "\n"
+        + machine_line(report["environment"])
+        + quick
+        + "\n"
+    )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """``peers.md``."""
+    return "# asyncredlock and its peers\n\n" + body(report, "##")
+
+
+def docs_section(report: dict[str, Any]) -> str:
+    """The generated part of ``docs/peers.md``."""
+    return (
+        body(report, "###")
+        + "\n![asyncredlock and its peers](img/peers.png)\n\n"
+        + f"To rerun (about {FULL_MINUTES} minutes; `--quick` for a smoke run):\n\n"
+        + "```bash\npip install -e '.[bench]'\n"
+        + "python benchmarks/peers.py --docs docs\n```\n"
+    )
+
+
+FULL_MINUTES = 9
+
+COLORS = {
+    "asyncredlock": "tab:blue",
+    "asyncredlock-unfenced": "lightskyblue",
+    "aioredlock": "tab:orange",
+    "pottery": "tab:green",
+    "redlock-ng": "tab:red",
+    "redis-py": "tab:purple",
+    "python-redis-lock": "tab:brown",
+}
+PANEL_LABELS = {
+    "a": ("p50 acquire + release (ms, log)", True),
+    "b": ("p50 acquire (ms, log)", True),
+    "c": ("cycles per second", False),
+    "d": ("acquisitions per second", False),
+    "e": ("p50 release → acquire (ms, log)", True),
+}
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """One panel per scenario, grouped bars (cases by libraries); hangs marked."""
+    plt = pyplot()
+    fig, grid = plt.subplots(2, 3, figsize=(15, 8.5), dpi=100)
+    axes = list(grid.flat)
+    infos = report["libraries"]
+    for ax, scenario in zip(axes, report["scenarios"], strict=False):
+        bars(ax, scenario, infos, report["settings"]["op_guard_s"] * 1000)
+    legend_panel(axes[-1], infos)
+    fig.suptitle(
+        "asyncredlock and other Python Redis locks (bars: ok; hatched: hung at the guard; "
+        "'failed' or 'hung' written where no bar; missing: n/a or unavailable)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def bars(ax: Any, scenario: dict[str, Any], infos: dict[str, Any], guard_ms: float) -> None:
+    """Grouped bars of one scenario's metric."""
+    ylabel, log = PANEL_LABELS[scenario["id"]]
+    libs = list(infos)
+    width = 0.8 / len(libs)
+    for i, case in enumerate(scenario["cases"]):
+        for j, lib in enumerate(libs):
+            x = i - 0.4 + width * (j + 0.5)
+            bar(ax, x, width, case["results"][lib], scenario["id"], COLORS[lib], guard_ms, log)
+    ax.set_xticks(range(len(scenario["cases"])))
+    ax.set_xticklabels([c["name"] for c in scenario["cases"]], fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_title(f"{scenario['id']}. {scenario['title']}", fontsize=10)
+    if log:
+        from matplotlib.ticker import FormatStrFormatter, LogLocator
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter(""))
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def bar(
+    ax: Any,
+    x: float,
+    width: float,
+    result: dict[str, Any],
+    sid: str,
+    color: str,
+    guard: float,
+    log: bool,
+) -> None:
+    """One bar, or the mark of a hang or failure."""
+    y = value(sid, result)
+    if y is not None:
+        ax.bar(x, y, width, color=color)
+    elif result["status"] == "hung" and log:
+        ax.bar(x, guard, width, color="white", edgecolor=color, hatch="//")
+        ax.annotate(
+            "hung", (x, guard * 0.8), ha="center", va="top", rotation=90, color=color, fontsize=8
+        )
+    elif result["status"] in ("hung", "failed"):
+        ax.annotate(
+            result["status"],
+            (x, 0.02),
+            ha="center",
+            va="bottom",
+            rotation=90,
+            color=color,
+            fontsize=8,
+            xycoords=("data", "axes fraction"),
+        )
+
+
+def legend_panel(ax: Any, infos: dict[str, Any]) -> None:
+    """The last panel: the legend."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=COLORS[lib], label=info["label"]) for lib, info in infos.items()]
+    ax.legend(handles=handles, loc="center", fontsize=10, frameon=False)
+    ax.axis("off")
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
+    parser.add_argument(
+        "--docs", type=Path, help="also publish to this mkdocs dir (img/, peers.md)"
+    )
+    parser.add_argument(
+        "--only",
+        type=select,
+        default=PEERS,
+        help="comma-separated libraries: " + ",".join(p.id for p in PEERS),
+    )
+    return parser.parse_args(argv)
+
+
+def select(names: str) -> tuple[Peer, ...]:
+    """The libraries named in ``--only`` (``_`` and ``-`` alike), in the usual order."""
+    wanted = {n.strip().lower().replace("_", "-") for n in names.split(",") if n.strip()}
+    unknown = wanted - {p.id for p in PEERS}
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(
+            f"unknown {', '.join(sorted(unknown)) or 'empty list'}; "
+            f"choose from {', '.join(p.id for p in PEERS)}"
+        )
+    return tuple(p for p in PEERS if p.id in wanted)
+
+
+def write_outputs(report: dict[str, Any], out: Path, docs: Path | None) -> None:
+    """JSON, markdown and PNG into ``out``; plot and section into ``docs`` if given."""
+    write_json(out / "peers.json", report)
+    write_text(out / "peers.md", markdown(report))
+    plot(report, out / "peers.png")
+    if docs is not None:
+        (docs / "img").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "peers.png", docs / "img" / "peers.png")
+        publish_section(docs / "peers.md", MARKER, docs_section(report))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and write its outputs."""
+    args = parse_args(argv)
+    try:
+        report = run(args.only, QUICK if args.quick else FULL)
+    except KeyboardInterrupt:
+        print("interrupted; servers and proxies stopped", file=sys.stderr)
+        return 130
+    write_outputs(report, args.out, args.docs)
+    for scenario in report["scenarios"]:
+        print(scenario_section(scenario, report["libraries"], "##"))
+    print(f"written to {args.out} in {report['seconds']:g} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

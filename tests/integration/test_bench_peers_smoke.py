@@ -1,0 +1,213 @@
+"""Smoke test of ``benchmarks/peers.py --quick``: it runs, and writes what it promises.
+
+Timings are never asserted: only that every scenario has a result for every library,
+numbers where it ran and a reason where it did not, and that every file is written.
+Skipped when a peer library is not installed (``pip install -e '.[bench]'`` and
+``pip install --no-deps redlock-ng``, see ``benchmarks/requirements-peers.txt``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "peers.py"
+MARKER = "<!-- PEERS-TABLE -->"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# distribution -> the module it installs
+PEER_MODULES = {
+    "aioredlock": "aioredlock",
+    "pottery": "pottery",
+    "redlock-ng": "redlock",
+    "python-redis-lock": "redis_lock",
+}
+MISSING = [
+    name for name, module in PEER_MODULES.items() if importlib.util.find_spec(module) is None
+]
+LIBRARIES = {
+    "asyncredlock",
+    "asyncredlock-unfenced",
+    "aioredlock",
+    "pottery",
+    "redlock-ng",
+    "redis-py",
+    "python-redis-lock",
+}
+SINGLE_SERVER = {"redis-py", "python-redis-lock"}
+STATUSES = {"ok", "hung", "failed", "unavailable", "not_applicable"}
+EXPECTED_CASES = {
+    "a": {(1, 0.0), (5, 0.0), (1, 2.0), (5, 2.0)},
+    "b": {(5, 2.0)},
+    "c": {(5, 0.0), (1, 0.0)},
+    "d": {(5, 0.0), (1, 0.0)},
+    "e": {(1, 0.0), (5, 0.0)},
+}
+# the numbers each scenario's ok result must hold
+OK_FIELDS = {
+    "a": ("total", "acquire", "release"),
+    "b": ("acquire", "failures"),
+    "c": ("cycles_per_s", "cpu_s_per_1000", "failures"),
+    "d": ("acquisitions_per_s", "wait", "busy_fraction", "same_worker_again", "failures"),
+    "e": ("wake",),
+}
+
+# Peers that are not installed (CI installs only the test extra) are not skipped:
+# the script must mark them unavailable, with the import error as the reason.
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Run the quick benchmark once, publishing to a copy of the docs page; its output
+    directory (with ``docs/`` inside) and parsed JSON."""
+    out = tmp_path_factory.mktemp("peers")
+    docs = out / "docs"
+    docs.mkdir()
+    shutil.copyfile(ROOT / "docs" / "peers.md", docs / "peers.md")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out), "--docs", str(docs)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads((out / "peers.json").read_text())
+
+
+def test_every_scenario_has_every_library(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _, report = quick_run
+    assert [s["id"] for s in report["scenarios"]] == list(EXPECTED_CASES)
+    for scenario in report["scenarios"]:
+        cases = {(c["n"], c["rtt_ms"]) for c in scenario["cases"]}
+        assert cases == EXPECTED_CASES[scenario["id"]], scenario["id"]
+        for case in scenario["cases"]:
+            assert set(case["results"]) == LIBRARIES, (scenario["id"], case["name"])
+
+
+def test_each_result_has_numbers_or_a_reason(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _, report = quick_run
+    for scenario in report["scenarios"]:
+        for case in scenario["cases"]:
+            for lib, result in case["results"].items():
+                where = (scenario["id"], case["name"], lib)
+                assert result["status"] in STATUSES, where
+                if result["status"] == "ok":
+                    assert result.keys() >= set(OK_FIELDS[scenario["id"]]), where
+                    assert_finite_numbers(result, where)
+                else:
+                    assert isinstance(result["reason"], str), where
+                    assert result["reason"].strip(), where
+
+
+def assert_finite_numbers(result: dict[str, Any], where: object) -> None:
+    """Every number in ``result`` (nested summaries too) is finite."""
+    for key, value in result.items():
+        if isinstance(value, dict):
+            assert_finite_numbers(value, where)
+        elif isinstance(value, float):
+            assert math.isfinite(value), (where, key)
+
+
+def test_peers_not_installed_are_marked_unavailable(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, report = quick_run
+    for scenario in report["scenarios"]:
+        for case in scenario["cases"]:
+            for lib in MISSING:
+                result = case["results"][lib]
+                if result["status"] != "not_applicable":
+                    assert result["status"] == "unavailable", (case["name"], lib)
+                    assert result["reason"].strip()
+
+
+def test_single_server_locks_and_the_unfenced_row_are_marked(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, report = quick_run
+    for scenario in report["scenarios"]:
+        for case in scenario["cases"]:
+            results = case["results"]
+            for lib in SINGLE_SERVER:
+                if case["n"] > 1:
+                    assert results[lib]["status"] == "not_applicable", (case["name"], lib)
+            if scenario["id"] in ("c", "d"):
+                assert results["asyncredlock-unfenced"]["status"] == "not_applicable"
+
+
+def test_asyncredlock_completes_every_healthy_case(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, report = quick_run
+    for scenario in report["scenarios"]:
+        for case in scenario["cases"]:
+            assert case["results"]["asyncredlock"]["status"] == "ok", (
+                scenario["id"],
+                case["name"],
+                case["results"]["asyncredlock"],
+            )
+
+
+def test_libraries_versions_and_settings_are_recorded(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, report = quick_run
+    libraries = report["libraries"]
+    assert set(libraries) == LIBRARIES
+    for lib, info in libraries.items():
+        assert info["versions"], lib
+        if info["available"]:
+            assert info["settings"].keys() >= {"uncontended", "contended"}, lib
+        else:
+            assert info["reason"], lib
+    env = report["environment"]
+    assert {"python", "redis_py", "server", "cpu_count", "date"} <= env.keys()
+    assert report["plan"]["quick"] is True
+    assert set(report["measured_rtt"]) == {"0", "2"}
+
+
+def test_ratio_lines_are_computed_per_case(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _, report = quick_run
+    for scenario in report["scenarios"]:
+        lines = report["ratios"][scenario["id"]]
+        assert len(lines) == len(scenario["cases"])
+        for line, case in zip(lines, scenario["cases"], strict=True):
+            assert line.startswith(f"{case['name']}: ")
+
+
+def test_markdown_plot_and_docs_are_written(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    out, report = quick_run
+    table = (out / "peers.md").read_text()
+    for scenario in report["scenarios"]:
+        assert f"## {scenario['id']}. {scenario['title']}" in table
+    assert table.count("**asyncredlock ÷ best peer**") == len(report["scenarios"])
+    assert (out / "peers.png").read_bytes().startswith(PNG_MAGIC)
+    page = (out / "docs" / "peers.md").read_text()
+    head, _, section = page.partition(MARKER + "\n")
+    assert head.startswith("# Compared with other libraries")
+    assert "### a. " in section
+    assert "No results yet" not in section
+    assert (out / "docs" / "img" / "peers.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_only_rejects_an_unknown_library() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--only", "asyncredlock,nosuchlock"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "nosuchlock" in proc.stderr
