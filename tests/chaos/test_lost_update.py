@@ -135,8 +135,10 @@ async def test_clock_jump_on_one_master(servers: ServerGroup, resource: Resource
     try:
         async with AsyncRedlock(urls) as client_a, AsyncRedlock(urls) as client_b:
             for d_or_e in direct[3:]:
-                await d_or_e.set(NAME, "another holder", px=300)
+                await d_or_e.set(NAME, "another holder")
             a = await client_a.lock(NAME, ttl=30.0, timeout=0, auto_extend=False).acquire()
+            for d_or_e in direct[3:]:
+                await d_or_e.pexpire(NAME, 300)  # the other holder's keys expire
             await resource.write("A", a.token)
             await direct[2].delete(NAME)  # the clock jump on c: A's key expires there
             b = await client_b.lock(NAME, ttl=30.0, timeout=10.0, auto_extend=False).acquire()

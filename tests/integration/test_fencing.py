@@ -261,6 +261,39 @@ class TestProtocolSteps:
             await node.aclose()
 
 
+class TestWipedMaster:
+    async def test_a_wiped_master_that_alone_links_two_quorums(
+        self, make_servers: MakeServers
+    ) -> None:
+        """c misses X's acquisition (X commits on a and b); b then restarts empty,
+        a goes down and c comes back: Y's quorum (b, c) shares only the wiped b
+        with X's. b's counter restarts from its clock, so Y's token is still
+        larger; a counter restarting from 0 would hand Y X's token again."""
+        group = make_servers(3)
+        a, b, c = group[0], group[1], group[2]
+        tokens: list[int | None] = []
+
+        async def take_and_release() -> None:
+            async with AsyncRedlock(group.urls) as redlock:
+                lease = await redlock.lock("wiped-link", timeout=5).acquire()
+                tokens.append(lease.token)
+                await lease.release()
+                await redlock.settle()
+
+        await take_and_release()  # every master counts
+        c.stop()
+        await take_and_release()  # X: committed on a and b
+        b.restart()  # no AOF: comes back empty
+        a.stop()
+        c.start()
+        await take_and_release()  # Y: committed on b and c
+        first, x, y = tokens
+        assert first is not None
+        assert x is not None
+        assert y is not None
+        assert first < x < y
+
+
 class TestCancellationBetweenPhases:
     async def test_cancel_after_the_first_phase_leaves_nothing_that_blocks(
         self,

@@ -4,6 +4,11 @@
 -- ARGV[3] '1' to count the fence up (first phase of a fenced acquisition), '0' not
 -- Returns {1} when granted ({1, counter} with fencing), {0, pttl} when another
 -- holder has it, {-1} when the attempt was already undone here (its SET arrived late).
+-- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
+-- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {-1}
 end
@@ -16,9 +21,6 @@ end
 if redis.call('EXISTS', KEYS[3]) == 0 then
   -- A missing counter (new resource, or a master that lost its data) starts from
   -- the server's clock in microseconds, far above any count kept before.
-  if redis.replicate_commands then
-    redis.replicate_commands()  -- Redis < 7: allow writes after TIME
-  end
   local now = redis.call('TIME')
   redis.call('SET', KEYS[3], now[1] .. string.format('%06d', tonumber(now[2])))
 end
