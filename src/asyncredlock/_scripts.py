@@ -36,18 +36,22 @@ class Script:
         object.__setattr__(self, "sha", digest)
 
 
-def _load(name: str) -> Script:
-    text = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-    return Script(name, text)
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def _load(name: str, *, needs: tuple[str, ...] = ()) -> Script:
+    """The script ``lua/NAME.lua``, with the helper files ``needs`` prepended."""
+    return Script(name, "".join(_read(helper) for helper in needs) + _read(name))
 
 
 ACQUIRE = _load("acquire")
-COMMIT = _load("commit")
+COMMIT = _load("commit", needs=("decimal",))
 RELEASE = _load("release")
 EXTEND = _load("extend")
 INSPECT = _load("inspect")
 DELETE = _load("delete")
-FENCED_WRITE = _load("fenced_write")
+FENCED_WRITE = _load("fenced_write", needs=("decimal",))
 
 
 async def evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:

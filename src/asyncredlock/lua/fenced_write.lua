@@ -5,22 +5,7 @@
 --         fence (a tombstone), so that an older writer cannot write after it
 -- Returns {1} when the write took effect, {0, fence} when it was refused because the
 -- record's fence is greater than the token.
--- a <= b for canonical non-negative decimal strings, exactly: Lua numbers are
--- doubles (exact to 2^53) and string order depends on the server's locale, so
--- compare lengths, then at most 15 digits at a time as numbers.
-local function le(a, b)
-  if #a ~= #b then
-    return #a < #b
-  end
-  while #a > 15 do
-    local ha, hb = tonumber(string.sub(a, 1, 15)), tonumber(string.sub(b, 1, 15))
-    if ha ~= hb then
-      return ha < hb
-    end
-    a, b = string.sub(a, 16), string.sub(b, 16)
-  end
-  return tonumber(a) <= tonumber(b)
-end
+-- le(a, b) comes from decimal.lua, prepended by _scripts.py.
 local token = ARGV[1]
 local fence = redis.call('HGET', KEYS[1], 'fence')
 if fence and not le(fence, token) then
