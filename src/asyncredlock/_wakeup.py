@@ -26,6 +26,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+from redis.asyncio import RedisCluster
+
 from ._node import Node
 
 __all__ = ["Ticket", "Waker"]
@@ -284,13 +286,10 @@ async def _wait_for_some(
 
 
 def _can_subscribe(node: Node) -> bool:
-    return callable(getattr(node.client, "pubsub", None)) and not _is_cluster(node.client)
-
-
-def _is_cluster(client: object) -> bool:
-    from redis.asyncio import RedisCluster
-
-    return isinstance(client, RedisCluster)
+    """Whether the master's client offers pub/sub (cluster clients do not here)."""
+    return callable(getattr(node.client, "pubsub", None)) and not isinstance(
+        node.client, RedisCluster
+    )
 
 
 def _text(value: object) -> str:
