@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._config import Settings
+from ._gate import Gates
 from ._keys import aux_key
 from ._node import Node, Reply
 from ._quorum import (
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ._lease import Lease
 
 __all__ = [
+    "TOKEN_BLOCK",
     "Core",
     "Counters",
     "channel",
@@ -41,9 +43,17 @@ __all__ = [
     "classify_commit",
     "classify_deleted",
     "classify_flag",
+    "committed_already",
     "fence_token",
     "ms",
 ]
+
+
+#: How far a fenced acquisition counts the fence counter up. The acquisition's
+#: token is ``t``; the next acquisition gets at least ``t + TOKEN_BLOCK``, so the
+#: tokens in between are this holder's to give to the tasks it passes the lease
+#: on to (see ``_gate``), at most ``TOKEN_BLOCK - 1`` of them in a row.
+TOKEN_BLOCK = 64
 
 
 def ms(seconds: float) -> int:
@@ -68,11 +78,25 @@ def granted(reply: Reply) -> bool:
 
 def fence_token(replies: Sequence[asyncio.Future[Reply]]) -> int:
     """The token of a fenced first phase: the largest counter a master returned."""
-    return max(
+    return max(_counts(replies))
+
+
+def committed_already(replies: Sequence[asyncio.Future[Reply]], token: int, quorum: int) -> bool:
+    """Whether a quorum of masters returned ``token`` itself in the first phase.
+
+    Their commit would change nothing: each holds the key for this value (it was
+    just set) and its counter is exactly ``token``. The first phase is then the
+    commit, and the second round is skipped.
+    """
+    return sum(1 for count in _counts(replies) if count == token) >= quorum
+
+
+def _counts(replies: Sequence[asyncio.Future[Reply]]) -> list[int]:
+    return [
         int(future.result().value[1])
         for future in replies
         if future.done() and granted(future.result())
-    )
+    ]
 
 
 def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
@@ -140,6 +164,7 @@ class Counters:
     failed_extensions: int = 0
     releases: int = 0
     lost: int = 0
+    handoffs: int = 0
 
 
 class Core:
@@ -157,6 +182,7 @@ class Core:
             settings.node_timeout, max(settings.node_timeout, settings.socket_timeout)
         )
         self.waker = Waker(self.nodes, settings.node_timeout, self.quorum)
+        self.gates = Gates(self.clock)
 
     def clock(self) -> float:
         """The monotonic clock that validity is measured with."""
@@ -198,10 +224,10 @@ class Core:
         """Start ``SET NX PX`` (through ``acquire.lua``) on every master.
 
         With ``fencing``, each master that grants also counts the resource's
-        fence counter up and returns it (the first of two phases).
+        fence counter up by `TOKEN_BLOCK` and returns it (the first of two phases).
         """
         keys = (key, undo_key(key, value), aux_key(key, "fence"))
-        args = (value, ms(ttl), "1" if fencing else "0")
+        args = (value, ms(ttl), str(TOKEN_BLOCK) if fencing else "0")
         return self.fan_out(lambda _, node: node.call(ACQUIRE, keys, args), skip_silent=True)
 
     def commit_round(

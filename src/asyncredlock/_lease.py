@@ -13,8 +13,9 @@ from typing import Any
 import anyio
 
 from ._config import check_seconds
-from ._core import Core, classify_flag, granted, ms, wait_done
+from ._core import TOKEN_BLOCK, Core, classify_flag, granted, ms, wait_done
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
+from ._gate import Gates
 from ._node import Node, Reply
 from ._quorum import Decision, Round
 from ._scripts import EXTEND
@@ -61,6 +62,8 @@ class Lease:
         acquired: Sequence[asyncio.Future[Reply]],
         auto_extend: bool,
         token: int | None = None,
+        first_token: int | None = None,
+        handoffs: int = 0,
     ) -> None:
         self._core = core
         self.resource = resource
@@ -76,6 +79,11 @@ class Lease:
         self._scope: anyio.CancelScope | None = None
         self._extender: asyncio.Task[None] | None = None
         self._ended = asyncio.Event()
+        # the token of the acquisition this lease descends from, and how many times
+        # it was passed on since (see `_hand_off`)
+        self._first_token = token if first_token is None else first_token
+        self._handoffs = handoffs
+        self._gates: Gates | None = None  # set while this lease holds its key's slot
         core.held.add(self)
         if auto_extend:
             self._extender = core.tracker.loop(self._keep_alive())
@@ -165,6 +173,8 @@ class Lease:
                 expire with the TTL.
         """
         self._check_held("release")
+        if self._hand_off():
+            return
         decision = await self._release_round()
         if decision.yes >= self._core.quorum:
             return
@@ -251,6 +261,7 @@ class Lease:
             return decision
         finally:
             self._ended.set()
+            self._leave_gate()
 
     def _send_release(self) -> Round:
         """Compare-and-delete on every master, each after this lease's calls there."""
@@ -269,11 +280,76 @@ class Lease:
             if isinstance(future, asyncio.Task):
                 self._last[i] = future
 
+    # -- passing the lease on within the process -------------------------------
+
+    def _hand_off(self) -> bool:
+        """Pass this lease to the next task of this ``AsyncRedlock`` waiting for its
+        key, instead of releasing it; whether it was passed on.
+
+        The masters are not called: the key keeps its value and TTL, and the next
+        holder's lease keeps this one's validity and extends itself from there.
+        Its token is the next of this acquisition's block (the masters counted
+        `TOKEN_BLOCK` up for it; the next acquisition from the masters gets at
+        least ``token + TOKEN_BLOCK``), so it is larger than this holder's and
+        smaller than any later holder's. The lease is passed on only if the
+        waiter extends its leases, half its TTL of validity is left, the block
+        has a token left (at most ``TOKEN_BLOCK - 1`` hand-offs in a row, fenced
+        or not, after which the lock goes back to the masters), and a fenced
+        waiter gets a token.
+        """
+        gates = self._gates
+        if gates is None or self._state is not _State.HELD or self.validity <= 0:
+            return False
+        waiter = gates.successor(self.key, self)
+        if waiter is None or not waiter.auto_extend:
+            return False
+        handoffs = self._handoffs + 1
+        if handoffs >= TOKEN_BLOCK or self.validity < waiter.ttl / 2:
+            return False
+        token: int | None = None
+        if waiter.fencing:
+            if self._first_token is None:
+                return False
+            token = self._first_token + handoffs
+        core = self._core
+        successor = Lease(
+            core,
+            resource=waiter.resource,
+            key=self.key,
+            value=self.value,
+            ttl=waiter.ttl,
+            expires_at=self._expires_at,
+            acquired=self._acquired,
+            auto_extend=True,
+            token=token,
+            first_token=self._first_token,
+            handoffs=handoffs,
+        )
+        successor._last = list(self._last)
+        successor._gates, self._gates = gates, None
+        self._finish(_State.RELEASED)
+        core.counters.handoffs += 1
+        gates.hand(self.key, waiter, successor)
+        return True
+
+    def _pass_on(self) -> None:
+        """Hand the lease on, or release it in the background (its task gave up)."""
+        if not self._hand_off():
+            self._core.tracker.loop(self._release_quietly())
+
+    def _leave_gate(self) -> None:
+        """Give the key's slot to the next waiting task (the lease has ended)."""
+        gates, self._gates = self._gates, None
+        if gates is not None:
+            gates.exit(self.key, self)
+
     # -- automatic extension and loss --------------------------------------------
 
     async def _keep_alive(self) -> None:
         core = self._core
-        next_at = core.clock() + self.ttl / 3
+        # Extend once a third of the TTL is used up (at once for a lease passed on
+        # with less validity than that).
+        next_at = self._expires_at - 2 * self.ttl / 3
         while True:
             await anyio.sleep(max(0.0, min(next_at, self._expires_at) - core.clock()))
             if core.clock() >= self._expires_at:
@@ -301,6 +377,7 @@ class Lease:
         if self._scope is not None:
             self._scope.cancel()
         self._send_release()
+        self._leave_gate()
 
     def _finish(self, state: _State, *, announce: bool = True) -> None:
         self._state = state
@@ -339,7 +416,7 @@ class Lease:
         return swallowed
 
     async def _release_quietly(self) -> None:
-        if self._state is not _State.HELD:
+        if self._state is not _State.HELD or self._hand_off():
             return
         decision = await self._release_round()
         if decision.unavailable(self._core.quorum):

@@ -13,8 +13,16 @@ from typing import Any
 
 import anyio
 
-from ._core import Core, channel, classify_acquire, classify_commit, fence_token
+from ._core import (
+    Core,
+    channel,
+    classify_acquire,
+    classify_commit,
+    committed_already,
+    fence_token,
+)
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
+from ._gate import LocalTimeoutError, Waiter
 from ._lease import Lease
 from ._node import Reply
 from ._quorum import Decision
@@ -72,13 +80,25 @@ class Lock:
         a majority granted it with validity left. With fencing, each granting
         master also counts the resource's fence counter up; the largest count is
         the token, committed in a second round on the masters that granted, and
-        the attempt succeeds only if a majority commits it. A failed attempt is
+        the attempt succeeds only if a majority commits it (the second round is
+        skipped when a majority returned that very count). A failed attempt is
         undone on every master; between attempts the task sleeps a jittered
         delay, or less: a waiting acquisition listens for the holder's release
         (announced by the masters) and retries as soon as it is heard, and never
-        sleeps past the holder's remaining TTL. Safe to cancel, also under
-        ``asyncio.timeout()`` or ``anyio.fail_after()``: what the interrupted
-        attempt took is released in the background.
+        sleeps past the holder's remaining TTL.
+
+        Tasks of the same ``AsyncRedlock`` that want the same key queue in
+        arrival order, and only the first of them sends attempts to the masters.
+        When a lease is released while another task of the same ``AsyncRedlock``
+        waits for its key, it is passed straight to that task, without a call to
+        the masters, if that task's lease extends itself (the default), at least
+        half its TTL of validity is left, and fewer than 63 such hand-offs came in
+        a row; the new lease gets the next fencing token.
+
+        Safe to cancel, also under ``asyncio.timeout()`` or
+        ``anyio.fail_after()``: what the interrupted attempt took is released in
+        the background, and a lease passed to a task that was cancelled
+        meanwhile goes on to the next one (or is released).
 
         Returns:
             The lease, already extending itself unless ``auto_extend=False``.
@@ -91,6 +111,50 @@ class Lock:
         """
         core = self._core
         deadline = core.clock() + self.timeout
+        gates = core.gates
+        if gates.busy(self.key):
+            handed = await self._queue(deadline)
+            if handed is not None:
+                return handed
+        else:
+            gates.claim(self.key)
+        lease: Lease | None = None
+        try:
+            lease = await self._acquire(deadline)
+            gates.hold(self.key, lease)
+            lease._gates = gates
+            return lease
+        finally:
+            if lease is None:
+                gates.exit(self.key)
+
+    async def _queue(self, deadline: float) -> Lease | None:
+        """Wait behind the task of this ``AsyncRedlock`` that holds the key's slot:
+        for its lease, or for the slot."""
+        core = self._core
+        counters = core.counters
+        if self.timeout == 0:
+            counters.timeouts += 1
+            raise self._busy_error()
+        waiter = Waiter(self.name, self.ttl, self.auto_extend, self.fencing)
+        try:
+            return await core.gates.wait(self.key, waiter, max(0.0, deadline - core.clock()))
+        except LocalTimeoutError:
+            counters.timeouts += 1
+            raise self._busy_error() from None
+
+    def _busy_error(self) -> LockTimeoutError:
+        wait = "one attempt" if self.timeout == 0 else f"{self.timeout:g} s"
+        return LockTimeoutError(
+            f"could not lock {self.name!r} within {wait}: held by another task of"
+            " this AsyncRedlock",
+            resource=self.name,
+            outcomes=(),
+        )
+
+    async def _acquire(self, deadline: float) -> Lease:
+        """Attempts on the masters until one takes the lock or ``deadline`` passes."""
+        core = self._core
         ticket: Ticket | None = None
         acquired = False
         try:
@@ -147,9 +211,10 @@ class Lock:
             decision = await core.decide(rnd, classify_acquire)
             if self.fencing and decision.yes >= core.quorum and expires_at > core.clock():
                 token = fence_token(rnd.tasks)
-                second = core.commit_round(self.key, value, token, rnd.tasks)
-                commit = second.tasks
-                decision = await core.decide(second, classify_commit)
+                if not committed_already(rnd.tasks, token, core.quorum):
+                    second = core.commit_round(self.key, value, token, rnd.tasks)
+                    commit = second.tasks
+                    decision = await core.decide(second, classify_commit)
         except BaseException:
             core.undo(self.key, value, rnd.tasks, self.ttl)
             raise

@@ -53,6 +53,9 @@ class RedlockStatistics:
         failed_extensions: Extension rounds that did not reach a quorum in time.
         releases: Release rounds started.
         lost: Leases lost while held (not extended in time, or found taken).
+        handoffs: Leases passed on release straight to the next task of this
+            ``AsyncRedlock`` waiting for the same key, with no call to the masters
+            (counted in neither ``acquisitions`` nor ``releases``).
         held: Leases held right now.
         background_tasks: Background tasks running (calls still out, extenders).
         in_flight: Calls to masters waiting for a reply right now.
@@ -71,6 +74,7 @@ class RedlockStatistics:
     failed_extensions: int
     releases: int
     lost: int
+    handoffs: int
     held: int
     background_tasks: int
     in_flight: int
@@ -297,8 +301,11 @@ class AsyncRedlock:
     async def force_release(self, name: str) -> int:
         """Delete a lock's key on every master, whoever holds it: an operator's tool.
 
-        The holder is not told until its next extension finds the lock gone (then
-        its lease is lost). Use it only to free a lock whose holder is known dead.
+        A holder elsewhere is not told until its next extension finds the lock
+        gone (then its lease is lost); leases of this ``AsyncRedlock`` on the
+        lock are lost at once (their ``async with`` blocks are cancelled), and its
+        tasks waiting for the lock go on to acquire it. Use it only to free a lock
+        whose holder is known dead.
         Waits for every master up to ``max(node_timeout, socket_timeout)`` in all;
         a master that did not answer by then is not counted (its delete may still
         land).
@@ -325,6 +332,8 @@ class AsyncRedlock:
                 resource=name,
                 outcomes=decision.outcomes,
             )
+        for lease in [lease for lease in self._core.held if lease.key == key]:
+            lease._lose(decision)
         await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - time.monotonic()))
         return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
 
@@ -341,6 +350,7 @@ class AsyncRedlock:
             failed_extensions=c.failed_extensions,
             releases=c.releases,
             lost=c.lost,
+            handoffs=c.handoffs,
             **self._core.describe(),
         )
 
@@ -364,6 +374,7 @@ class AsyncRedlock:
         core = self._core
         if core.closed:
             return
+        core.gates.close()
         with anyio.CancelScope(shield=True):
             for lease in list(core.held):
                 with anyio.move_on_after(self._settings.node_timeout):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
+import anyio
 import pytest
 from redis.asyncio import Redis
 
+from asyncredlock import AsyncRedlock, Lease
+from asyncredlock._gate import Waiter
 from asyncredlock.testing import ServerGroup
 
 
@@ -34,6 +37,14 @@ class Masters:
         values = [await client.get(f"{{{name}}}:fence") for client in self.clients]
         return [None if value is None else int(value) for value in values]
 
+    async def skew_fences(self, name: str) -> None:
+        """Make the fence counters of ``name`` differ on every master (each one
+        more than the last, all above any count so far): no quorum of them can then
+        return the same count, and a fenced acquisition must run its commit round."""
+        top = max((count for count in await self.fences(name) if count is not None), default=0)
+        for i, client in enumerate(self.clients):
+            await client.set(f"{{{name}}}:fence", top + 1 + i)
+
     async def holding(self, key: str) -> int:
         """On how many masters ``key`` exists."""
         return sum([await client.exists(key) for client in self.clients])
@@ -49,3 +60,27 @@ async def masters(servers: ServerGroup) -> AsyncIterator[Masters]:
     direct = Masters(servers.urls)
     yield direct
     await direct.aclose()
+
+
+class Queue:
+    """Counts the acquisitions of one redlock that queued behind another task of
+    it (for the same key), and lets a test wait for a count."""
+
+    def __init__(self, redlock: AsyncRedlock, monkeypatch: pytest.MonkeyPatch) -> None:
+        gates = redlock._core.gates
+        original = gates.wait
+        self.queued = 0
+        self._changed = anyio.Event()
+
+        async def wait(key: str, waiter: Waiter, patience: float) -> Lease | None:
+            self.queued += 1
+            changed, self._changed = self._changed, anyio.Event()
+            changed.set()
+            return await original(key, waiter, patience)
+
+        monkeypatch.setattr(gates, "wait", wait)
+
+    async def reach(self, count: int) -> None:
+        """Return once ``count`` acquisitions have queued."""
+        while self.queued < count:
+            await self._changed.wait()

@@ -107,9 +107,10 @@ class TestForceRelease:
     async def test_frees_a_held_lock(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        async with AsyncRedlock(servers.urls) as redlock:
+        # the stuck holder and the next one are different clients (processes)
+        async with AsyncRedlock(servers.urls) as dead, AsyncRedlock(servers.urls) as redlock:
+            stuck = await dead.lock("cli:stuck", ttl=60.0, auto_extend=False).acquire()
             lock = redlock.lock("cli:stuck", ttl=60.0, timeout=0, auto_extend=False)
-            stuck = await lock.acquire()
             with pytest.raises(LockTimeoutError):
                 await lock.acquire()
             code = await cli("force-release", "cli:stuck", "--yes", *master_args(servers.urls))

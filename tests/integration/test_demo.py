@@ -58,8 +58,10 @@ async def test_with_the_lock_exactly_limit_requests_succeed(demo: Demo) -> None:
 
 async def test_the_lock_serialized_every_request(demo: Demo) -> None:
     stats = demo.result.statistics
-    assert stats.acquisitions == REQUESTS
-    assert stats.releases == REQUESTS
+    # each request held the lock once: taken on the masters, or passed on by the
+    # handler before it in this process; and each hold ended once
+    assert stats.acquisitions + stats.handoffs == REQUESTS
+    assert stats.releases + stats.handoffs == REQUESTS
     assert (stats.lost, stats.held) == (0, 0)
 
 

@@ -142,9 +142,11 @@ class TestCancellation:
             ]
         assert [t for t in asyncio.all_tasks() if _from_library(t)] == []  # after aclose()
         assert listening == [1] * 5  # contention happened: waiters subscribed
-        assert stats.attempts >= 600  # 100 warm-up + 500: each sends a first round
-        assert stats.acquisitions > 100  # cancellations also hit held leases
+        assert stats.attempts > 100  # the warm-up, and then first in line per name
+        assert stats.acquisitions + stats.handoffs > 100  # cancellations hit held leases
         assert stats.failed_attempts > 0  # and contended attempts
+        assert stats.timeouts == 0  # every acquire() ended by its cancellation or a lease
+        assert redlock._core.gates._gates == {}  # no task left queued or holding a slot
         assert stats.held == 0
         assert stats.in_flight == 0
         assert stats.background_tasks == 0

@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
+from asyncredlock._core import TOKEN_BLOCK
 from asyncredlock._node import Node, Reply
 from asyncredlock._scripts import ACQUIRE, COMMIT, Script
 from asyncredlock.testing import ServerGroup
@@ -294,6 +295,63 @@ class TestWipedMaster:
         assert first < x < y
 
 
+class TestCommitRound:
+    """The second round runs only where the first left the counters apart."""
+
+    @pytest.mark.parametrize("skewed", [False, True], ids=["counters equal", "counters apart"])
+    async def test_the_commit_round_runs_only_when_a_quorum_did_not_count_the_token(
+        self,
+        servers: ServerGroup,
+        masters: Masters,
+        monkeypatch: pytest.MonkeyPatch,
+        skewed: bool,
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            earlier = await redlock.lock("rounds").acquire()
+            await earlier.release()
+            await redlock.settle()
+            for count in await masters.fences("rounds"):  # lined up by the commit
+                assert count == earlier.token
+            if skewed:
+                await masters.skew_fences("rounds")
+            commits = count_commits(redlock._core.nodes, monkeypatch)
+            lease = await redlock.lock("rounds").acquire()
+            await redlock.settle()
+            fences = await masters.fences("rounds")
+            await lease.release()
+        assert earlier.token is not None
+        assert lease.token is not None
+        assert lease.token >= earlier.token + TOKEN_BLOCK
+        assert fences.count(lease.token) >= 3  # counted or committed on a quorum
+        if skewed:
+            assert len(commits) >= 3
+            assert set(commits) == {str(lease.token)}
+        else:
+            assert commits == []
+            assert fences == [lease.token] * 5
+
+
+def count_commits(nodes: Sequence[Node], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the token of every commit call sent from now on."""
+    tokens: list[str] = []
+    for node in nodes:
+        original = node.call
+
+        async def call(
+            script: Script,
+            keys: Sequence[str],
+            args: Sequence[Any],
+            _original: Any = original,
+        ) -> Reply:
+            if script is COMMIT:
+                tokens.append(str(args[1]))
+            reply: Reply = await _original(script, keys, args)
+            return reply
+
+        monkeypatch.setattr(node, "call", call)
+    return tokens
+
+
 class TestCancellationBetweenPhases:
     async def test_cancel_after_the_first_phase_leaves_nothing_that_blocks(
         self,
@@ -312,6 +370,8 @@ class TestCancellationBetweenPhases:
         ):
             previous = await other.lock("phases").acquire()
             await previous.release()
+            await other.settle()
+            await masters.skew_fences("phases")  # so that the commit round runs
             hold_back_commits(redlock._core.nodes, reached, gate, monkeypatch)
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
@@ -342,6 +402,7 @@ class TestCancellationBetweenPhases:
         reached = anyio.Event()
         gate = anyio.Event()
         async with AsyncRedlock(servers.urls) as redlock:
+            await masters.skew_fences("expired")  # so that the commit round runs
             hold_back_commits(redlock._core.nodes, reached, gate, monkeypatch)
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:

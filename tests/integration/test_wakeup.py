@@ -17,7 +17,7 @@ from asyncredlock import AsyncRedlock
 from asyncredlock._wakeup import Ticket, Waker
 from asyncredlock.testing import ServerGroup
 
-from .conftest import Masters
+from .conftest import Masters, Queue
 
 pytestmark = pytest.mark.anyio
 
@@ -140,13 +140,19 @@ async def test_a_lost_subscription_still_acquires_and_listens_again(
             await held.release()
 
 
-async def test_many_local_waiters_are_handed_the_lock_one_by_one(
-    servers: ServerGroup,
+async def test_local_waiters_queue_behind_the_one_that_listens(
+    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ten waiters in one process, no timer to save them: each release wakes the
-    next one; a lost wake-up would hang the test."""
+    """Ten tasks of one process wait for a lock held elsewhere: only the first
+    listens and retries; the release wakes it, and the others get the lock from it
+    in turn (no timer to save them: a lost wake-up would hang the test)."""
     order: list[int] = []
-    async with AsyncRedlock(servers.urls, retry_delay=NEVER) as redlock:
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=NEVER) as redlock,
+    ):
+        lease = await holder.lock("queue", ttl=60.0).acquire()
+        probe = Probe(redlock, monkeypatch)
 
         async def worker(i: int) -> None:
             async with redlock.lock("queue", timeout=HANG_GUARD):
@@ -157,15 +163,18 @@ async def test_many_local_waiters_are_handed_the_lock_one_by_one(
             async with anyio.create_task_group() as tg:
                 for i in range(10):
                     tg.start_soon(worker, i)
+                await probe.waiting.wait()
+                assert [len(q) for q in redlock._core.waker.queues.values()] == [1]
+                await lease.release()
         stats = redlock.statistics()
-        waker = redlock._core.waker
-        assert waker.queues == {}
-    assert sorted(order) == list(range(10))
-    assert stats.wakeups >= 1
-    assert stats.acquisitions == 10
+        assert redlock._core.waker.queues == {}
+        assert redlock._core.gates._gates == {}
+    assert order == list(range(10))
+    assert stats.wakeups == 1
+    assert (stats.acquisitions, stats.handoffs) == (1, 9)
 
 
-async def test_a_cancelled_waiter_leaves_its_queue_and_passes_its_wakeup_on(
+async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
     servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with (
@@ -175,6 +184,7 @@ async def test_a_cancelled_waiter_leaves_its_queue_and_passes_its_wakeup_on(
         lease = await holder.lock("cancelled", ttl=60.0).acquire()
         waker: Waker = waiter._core.waker
         probe = Probe(waiter, monkeypatch)
+        queue = Queue(waiter, monkeypatch)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 first = anyio.CancelScope()
@@ -191,15 +201,15 @@ async def test_a_cancelled_waiter_leaves_its_queue_and_passes_its_wakeup_on(
                     await taken.release()
 
                 tg.start_soon(doomed)
-                await probe.waiting.wait()
-                waiting = probe.next()
+                await probe.waiting.wait()  # doomed listens for the release
                 tg.start_soon(patient)
-                await waiting.wait()
-                assert [len(q) for q in waker.queues.values()] == [2]
-                await lease.release()  # wakes the first waiter in line: doomed
-                first.cancel()  # which passes it on as it leaves
+                await queue.reach(1)  # patient waits behind it
+                assert [len(q) for q in waker.queues.values()] == [1]
+                await lease.release()  # wakes doomed, the one listening
+                first.cancel()  # which gives its turn to patient as it leaves
         assert got == [True]
         assert waker.queues == {}
+        assert waiter._core.gates._gates == {}
 
 
 async def test_closing_the_redlock_closes_its_subscriptions(

@@ -1,0 +1,165 @@
+"""The tasks of one ``AsyncRedlock`` that want the same key, served in arrival order.
+
+Without this, every task of a process that wants a contended key sends its own
+attempts to the masters: they split the masters' votes between them, and the task
+that just released usually takes the lock again before the woken waiters do. With
+it, one task per key and ``AsyncRedlock`` (the one holding the *slot*) talks to the
+masters; the others queue here. When the holder releases and the next task in the
+queue can take the lease as it is, the lease is passed on with no call to the
+masters (see ``Lease._hand_off``); otherwise the lease is released on the masters
+and the next task gets the slot and acquires as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._lease import Lease
+
+__all__ = ["Gates", "LocalTimeoutError", "Waiter"]
+
+
+class LocalTimeoutError(Exception):
+    """The slot did not come free within the caller's timeout (internal)."""
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One queued ``acquire()``: what a lease passed to it must look like, and where
+    the lease (or the slot, ``None``) is delivered."""
+
+    resource: str
+    ttl: float
+    auto_extend: bool
+    fencing: bool
+    future: asyncio.Future[Lease | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+@dataclass(slots=True)
+class _Gate:
+    # the lease that holds the slot; None while the slot's task is acquiring
+    holder: Lease | None = None
+    waiters: collections.deque[Waiter] = field(default_factory=collections.deque)
+
+
+class Gates:
+    """Per key: whether a task holds the slot, and the tasks queued behind it.
+
+    A key is in ``_gates`` exactly while some task holds its slot: it is trying
+    to acquire, or holds a lease. A lease holds it until it is released or lost,
+    or its validity ends (a lease that does not extend itself is not told; the
+    waiters then take the slot back).
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._gates: dict[str, _Gate] = {}
+        self._clock = clock
+        self.closed = False
+
+    def busy(self, key: str) -> bool:
+        """Whether a task of this ``AsyncRedlock`` holds ``key``'s slot."""
+        return key in self._gates
+
+    def claim(self, key: str) -> None:
+        """Take the free slot of ``key``."""
+        assert key not in self._gates
+        self._gates[key] = _Gate()
+
+    def hold(self, key: str, lease: Lease) -> None:
+        """The slot's task acquired ``lease``: it holds the slot from now on."""
+        self._gates[key].holder = lease
+
+    async def wait(self, key: str, waiter: Waiter, patience: float) -> Lease | None:
+        """Queue behind the holder of ``key``'s slot for at most ``patience`` seconds.
+
+        Returns:
+            A lease passed on by the previous holder, or ``None``: the slot is
+            now the caller's, to acquire on the masters and then `exit`.
+
+        Raises:
+            LocalTimeoutError: ``patience`` ran out first.
+        """
+        gate = self._gates[key]
+        gate.waiters.append(waiter)
+        future = waiter.future
+        deadline = self._clock() + patience
+        try:
+            while not future.done() and (remaining := deadline - self._clock()) > 0:
+                holder = gate.holder
+                if holder is not None:
+                    if holder.validity <= 0:
+                        self.exit(key, holder)  # it ran out: the slot is free again
+                        continue
+                    remaining = min(remaining, holder.validity)
+                timeout = None if remaining == float("inf") else remaining
+                await asyncio.wait([future], timeout=timeout)
+        except BaseException:
+            self._abandon(key, waiter)
+            raise
+        if not future.done():
+            self._abandon(key, waiter)
+            raise LocalTimeoutError
+        return future.result()
+
+    def successor(self, key: str, holder: Lease) -> Waiter | None:
+        """The next task waiting for ``key``, if ``holder`` may pass its lease to it."""
+        gate = self._gates.get(key)
+        if gate is None or gate.holder is not holder or self.closed:
+            return None
+        while gate.waiters and gate.waiters[0].future.done():
+            gate.waiters.popleft()
+        return gate.waiters[0] if gate.waiters else None
+
+    def hand(self, key: str, waiter: Waiter, lease: Lease) -> None:
+        """Deliver ``lease`` to ``waiter`` (the `successor`); the slot goes with it."""
+        gate = self._gates[key]
+        assert gate.waiters[0] is waiter
+        gate.waiters.popleft()
+        gate.holder = lease
+        waiter.future.set_result(lease)
+
+    def exit(self, key: str, holder: Lease | None = None) -> None:
+        """Give up ``key``'s slot: to the next waiting task, or free it.
+
+        ``holder``: the lease giving it up (``None``: the acquiring task); a lease
+        that no longer holds the slot gives up nothing.
+        """
+        gate = self._gates.get(key)
+        if gate is None or gate.holder is not holder:
+            return
+        gate.holder = None
+        while gate.waiters:
+            waiter = gate.waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+                return
+        del self._gates[key]
+
+    def close(self) -> None:
+        """Pass no more leases on (the ``AsyncRedlock`` is closing)."""
+        self.closed = True
+
+    def _abandon(self, key: str, waiter: Waiter) -> None:
+        """A waiter gives up (timeout or cancellation): whatever it was given
+        already goes on to the next one."""
+        future = waiter.future
+        if not future.done():
+            future.cancel()
+            gate = self._gates.get(key)
+            if gate is not None:
+                with contextlib.suppress(ValueError):
+                    gate.waiters.remove(waiter)
+            return
+        lease = future.result()
+        if lease is None:
+            self.exit(key)
+        else:
+            lease._pass_on()
