@@ -44,7 +44,7 @@ __all__ = [
     "classify_deleted",
     "classify_flag",
     "committed_already",
-    "fence_token",
+    "fence_tokens",
     "ms",
 ]
 
@@ -76,24 +76,28 @@ def granted(reply: Reply) -> bool:
     return reply.error is None and int(reply.value[0]) == 1
 
 
-def fence_token(replies: Sequence[asyncio.Future[Reply]]) -> int:
-    """The token of a fenced first phase: the largest counter a master returned."""
-    return max(_counts(replies))
+def fence_tokens(replies: Sequence[asyncio.Future[Reply]]) -> tuple[int, ...]:
+    """The tokens of a fenced first phase, one per resource: the largest counter a
+    master returned for it."""
+    counts = _counts(replies)
+    return tuple(max(column) for column in zip(*counts, strict=True))
 
 
-def committed_already(replies: Sequence[asyncio.Future[Reply]], token: int, quorum: int) -> bool:
-    """Whether a quorum of masters returned ``token`` itself in the first phase.
+def committed_already(
+    replies: Sequence[asyncio.Future[Reply]], tokens: tuple[int, ...], quorum: int
+) -> bool:
+    """Whether a quorum of masters returned ``tokens`` themselves in the first phase.
 
-    Their commit would change nothing: each holds the key for this value (it was
-    just set) and its counter is exactly ``token``. The first phase is then the
-    commit, and the second round is skipped.
+    Their commit would change nothing: each holds the keys for this value (they
+    were just set) and its counters are exactly the tokens. The first phase is
+    then the commit, and the second round is skipped.
     """
-    return sum(1 for count in _counts(replies) if count == token) >= quorum
+    return sum(1 for counts in _counts(replies) if counts == tokens) >= quorum
 
 
-def _counts(replies: Sequence[asyncio.Future[Reply]]) -> list[int]:
+def _counts(replies: Sequence[asyncio.Future[Reply]]) -> list[tuple[int, ...]]:
     return [
-        int(future.result().value[1])
+        tuple(int(count) for count in future.result().value[1:])
         for future in replies
         if future.done() and granted(future.result())
     ]
@@ -220,36 +224,42 @@ class Core:
         timing = self.timing if wait is None else Timing(wait, wait)
         return await rnd.decide(self.quorum, classify, timing)
 
-    def acquire_round(self, key: str, value: str, ttl: float, *, fencing: bool) -> Round:
+    def acquire_round(self, keys: Sequence[str], value: str, ttl: float, *, fencing: bool) -> Round:
         """Start ``SET NX PX`` (through ``acquire.lua``) on every master.
 
         With ``fencing``, each master that grants also counts the resource's
         fence counter up by `TOKEN_BLOCK` and returns it (the first of two phases).
         """
-        keys = (key, undo_key(key, value), aux_key(key, "fence"))
+        script_keys = [
+            each for key in keys for each in (key, undo_key(key, value), aux_key(key, "fence"))
+        ]
         args = (value, ms(ttl), str(TOKEN_BLOCK) if fencing else "0")
-        return self.fan_out(lambda _, node: node.call(ACQUIRE, keys, args), skip_silent=True)
+        return self.fan_out(lambda _, node: node.call(ACQUIRE, script_keys, args), skip_silent=True)
 
     def commit_round(
-        self, key: str, value: str, token: int, acquired: Sequence[asyncio.Future[Reply]]
+        self,
+        keys: Sequence[str],
+        value: str,
+        tokens: tuple[int, ...],
+        acquired: Sequence[asyncio.Future[Reply]],
     ) -> Round:
-        """Commit ``token`` on every master that granted the first phase.
+        """Commit ``tokens`` (one per key) on every master that granted the first phase.
 
-        A master commits only while it still holds ``value`` and its counter is
-        at most ``token``; it then raises the counter to ``token``. A master whose
+        A master commits only while it still holds ``value`` in every key and each
+        counter is at most its token; it then raises the counters to the tokens. A master whose
         first-phase reply is still on its way gets its commit once that reply
         grants. Masters that refused get no call: their first-phase reply stands
         in (see `classify_commit`).
         """
-        keys = (key, aux_key(key, "fence"))
-        args = (value, str(token))
+        script_keys = [each for key in keys for each in (key, aux_key(key, "fence"))]
+        args = (value, *(str(token) for token in tokens))
 
         async def commit_on(node: Node, first: asyncio.Future[Reply]) -> Reply:
             await wait_done(first)
             reply = first.result()
             if not granted(reply):
                 return reply
-            return await node.call(COMMIT, keys, args)
+            return await node.call(COMMIT, script_keys, args)
 
         def make(i: int, node: Node) -> Coroutine[Any, Any, Reply] | Reply:
             first = acquired[i]
@@ -262,7 +272,7 @@ class Core:
     async def release_on(
         self,
         node: Node,
-        key: str,
+        keys: Sequence[str],
         value: str,
         acquired: asyncio.Future[Reply],
         previous: asyncio.Future[Reply],
@@ -280,15 +290,20 @@ class Core:
         if refused or isinstance(reply.error, NodeSkippedError):  # nothing of ours there
             return Reply(0)
         marker_ttl = 0 if reply.error is None else ms(ttl)
-        keys = (key, undo_key(key, value))
-        return await node.call(RELEASE, keys, (value, marker_ttl, channel(key)))
+        script_keys = [each for key in keys for each in (key, undo_key(key, value))]
+        args = (value, marker_ttl, *(channel(key) for key in keys))
+        return await node.call(RELEASE, script_keys, args)
 
     def undo(
-        self, key: str, value: str, acquired: Sequence[asyncio.Future[Reply]], ttl: float
+        self,
+        keys: Sequence[str],
+        value: str,
+        acquired: Sequence[asyncio.Future[Reply]],
+        ttl: float,
     ) -> list[asyncio.Task[Reply]]:
         """Release a failed or cancelled attempt on every master, in the background."""
         return [
-            self.tracker.call(self.release_on(node, key, value, future, future, ttl))
+            self.tracker.call(self.release_on(node, keys, value, future, future, ttl))
             for node, future in zip(self.nodes, acquired, strict=True)
         ]
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ._keys import Resources
+
 if TYPE_CHECKING:
     from ._lease import Lease
 
@@ -34,7 +36,7 @@ class Waiter:
     """One queued ``acquire()``: what a lease passed to it must look like, and where
     the lease (or the slot, ``None``) is delivered."""
 
-    resource: str
+    target: Resources
     ttl: float
     auto_extend: bool
     fencing: bool

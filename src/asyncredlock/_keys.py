@@ -5,8 +5,28 @@ from __future__ import annotations
 import functools
 import itertools
 import string
+from dataclasses import dataclass
 
-__all__ = ["aux_key", "has_hash_tag", "key_slot", "lock_key"]
+__all__ = ["Resources", "aux_key", "has_hash_tag", "key_slot", "lock_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What one lock takes: resource names and their lock keys, in order."""
+
+    names: tuple[str, ...]
+    keys: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """The names for messages: ``'a'``, or ``'a, b, c'``."""
+        return ", ".join(self.names)
+
+    @property
+    def slot(self) -> str:
+        """One string per set of keys: how tasks of one process queue for it."""
+        return "\0".join(self.keys)
+
 
 _SLOTS = 16384
 

@@ -16,6 +16,7 @@ from ._config import check_seconds
 from ._core import TOKEN_BLOCK, Core, classify_flag, granted, ms, wait_done
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._gate import Gates
+from ._keys import Resources
 from ._node import Node, Reply
 from ._quorum import Decision, Round
 from ._scripts import EXTEND
@@ -40,13 +41,20 @@ class Lease:
     cancelled and `LockLostError` raised at its exit.
 
     Attributes:
-        resource: The resource name passed to ``lock()``.
-        key: The Redis key that holds the lock (the name after the prefix).
+        resource: The resource name passed to ``lock()`` (for a lock on several
+            resources, their names joined by ``", "``).
+        resources: The resource names, in the order given to ``lock()``.
+        key: The Redis key that holds the lock (the name after the prefix; for
+            several resources, the first one's).
+        keys: The Redis key of each resource.
         value: This holder's random value (128 bits from `secrets`).
         ttl: The time to live, in seconds, set on each extension.
         token: The fencing token: an ``int`` that strictly increases with each
             acquisition of the resource (committed on a majority of masters), for
             the resource to refuse writes from older holders; ``None`` when the
+            lock was taken with ``fencing=False``, and for a lock on several
+            resources (see ``tokens``).
+        tokens: The fencing token of each resource, by name; ``None`` when the
             lock was taken with ``fencing=False``.
     """
 
@@ -54,23 +62,27 @@ class Lease:
         self,
         core: Core,
         *,
-        resource: str,
-        key: str,
+        target: Resources,
         value: str,
         ttl: float,
         expires_at: float,
         acquired: Sequence[asyncio.Future[Reply]],
         auto_extend: bool,
-        token: int | None = None,
-        first_token: int | None = None,
+        tokens: tuple[int, ...] | None = None,
+        first_tokens: tuple[int, ...] | None = None,
         handoffs: int = 0,
     ) -> None:
         self._core = core
-        self.resource = resource
-        self.key = key
+        self._target = target
+        self.resource = target.label
+        self.resources = target.names
+        self.key = target.keys[0]
+        self.keys = target.keys
         self.value = value
         self.ttl = ttl
-        self.token = token
+        self.tokens = None if tokens is None else dict(zip(target.names, tokens, strict=True))
+        self.token = tokens[0] if tokens is not None and len(tokens) == 1 else None
+        self._tokens = tokens
         self._expires_at = expires_at
         self._acquired = tuple(acquired)
         self._last: list[asyncio.Future[Reply]] = list(acquired)
@@ -79,9 +91,9 @@ class Lease:
         self._scope: anyio.CancelScope | None = None
         self._extender: asyncio.Task[None] | None = None
         self._ended = asyncio.Event()
-        # the token of the acquisition this lease descends from, and how many times
+        # the tokens of the acquisition this lease descends from, and how many times
         # it was passed on since (see `_hand_off`)
-        self._first_token = token if first_token is None else first_token
+        self._first_tokens = tokens if first_tokens is None else first_tokens
         self._handoffs = handoffs
         self._gates: Gates | None = None  # set while this lease holds its key's slot
         core.held.add(self)
@@ -240,7 +252,7 @@ class Lease:
         reply = acquired.result()
         if reply.error is None and not granted(reply):
             return Reply(0)
-        return await node.call(EXTEND, (self.key,), args)
+        return await node.call(EXTEND, self.keys, args)
 
     async def _release_round(self) -> Decision:
         """Release everywhere; a lease found gone on a majority ends lost, not released.
@@ -268,7 +280,7 @@ class Lease:
         core = self._core
         rnd = core.fan_out(
             lambda i, node: core.release_on(
-                node, self.key, self.value, self._acquired[i], self._last[i], self.ttl
+                node, self.keys, self.value, self._acquired[i], self._last[i], self.ttl
             )
         )
         self._track(rnd.tasks)
@@ -300,36 +312,36 @@ class Lease:
         gates = self._gates
         if gates is None or self._state is not _State.HELD or self.validity <= 0:
             return False
-        waiter = gates.successor(self.key, self)
+        slot = self._target.slot
+        waiter = gates.successor(slot, self)
         if waiter is None or not waiter.auto_extend:
             return False
         handoffs = self._handoffs + 1
         if handoffs >= TOKEN_BLOCK or self.validity < waiter.ttl / 2:
             return False
-        token: int | None = None
+        tokens: tuple[int, ...] | None = None
         if waiter.fencing:
-            if self._first_token is None:
+            if self._first_tokens is None:
                 return False
-            token = self._first_token + handoffs
+            tokens = tuple(token + handoffs for token in self._first_tokens)
         core = self._core
         successor = Lease(
             core,
-            resource=waiter.resource,
-            key=self.key,
+            target=waiter.target,
             value=self.value,
             ttl=waiter.ttl,
             expires_at=self._expires_at,
             acquired=self._acquired,
             auto_extend=True,
-            token=token,
-            first_token=self._first_token,
+            tokens=tokens,
+            first_tokens=self._first_tokens,
             handoffs=handoffs,
         )
         successor._last = list(self._last)
         successor._gates, self._gates = gates, None
         self._finish(_State.RELEASED)
         core.counters.handoffs += 1
-        gates.hand(self.key, waiter, successor)
+        gates.hand(slot, waiter, successor)
         return True
 
     def _pass_on(self) -> None:
@@ -341,7 +353,7 @@ class Lease:
         """Give the key's slot to the next waiting task (the lease has ended)."""
         gates, self._gates = self._gates, None
         if gates is not None:
-            gates.exit(self.key, self)
+            gates.exit(self._target.slot, self)
 
     # -- automatic extension and loss --------------------------------------------
 

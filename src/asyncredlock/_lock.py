@@ -19,10 +19,11 @@ from ._core import (
     classify_acquire,
     classify_commit,
     committed_already,
-    fence_token,
+    fence_tokens,
 )
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
 from ._gate import LocalTimeoutError, Waiter
+from ._keys import Resources
 from ._lease import Lease
 from ._node import Reply
 from ._quorum import Decision
@@ -32,16 +33,21 @@ __all__ = ["Lock"]
 
 
 class Lock:
-    """A distributed lock on one resource, made by ``AsyncRedlock.lock()``.
+    """A distributed lock on one resource or several, made by ``AsyncRedlock.lock()``.
 
     A ``Lock`` holds no state on the masters: each `acquire` returns a new
     `Lease`, and ``async with lock as lease:`` acquires, keeps the lease
     extended while the block runs, and releases it at the end. The same ``Lock``
-    may be used by many tasks at once; each gets its own lease.
+    may be used by many tasks at once; each gets its own lease. A lock on several
+    resources takes all of them or none on each master, in one script.
 
     Attributes:
-        name: The resource name.
-        key: The Redis key (the name after the ``AsyncRedlock``'s prefix).
+        name: The resource name (for several resources, their names joined by
+            ``", "``).
+        names: The resource names, in the order given.
+        key: The Redis key (the name after the ``AsyncRedlock``'s prefix; for
+            several resources, the first one's).
+        keys: The Redis key of each resource.
         ttl: Time to live of the key, in seconds.
         timeout: How long `acquire` waits for a contended lock, in seconds
             (``0``: one attempt; ``math.inf``: no limit).
@@ -54,16 +60,19 @@ class Lock:
         self,
         core: Core,
         *,
-        name: str,
-        key: str,
+        target: Resources,
         ttl: float,
         timeout: float,
         auto_extend: bool,
         fencing: bool,
     ) -> None:
         self._core = core
-        self.name = name
-        self.key = key
+        self._target = target
+        self.name = target.label
+        self.names = target.names
+        self.key = target.keys[0]
+        self.keys = target.keys
+        self._slot = target.slot
         self.ttl = ttl
         self.timeout = timeout
         self.auto_extend = auto_extend
@@ -112,21 +121,21 @@ class Lock:
         core = self._core
         deadline = core.clock() + self.timeout
         gates = core.gates
-        if gates.busy(self.key):
+        if gates.busy(self._slot):
             handed = await self._queue(deadline)
             if handed is not None:
                 return handed
         else:
-            gates.claim(self.key)
+            gates.claim(self._slot)
         lease: Lease | None = None
         try:
             lease = await self._acquire(deadline)
-            gates.hold(self.key, lease)
+            gates.hold(self._slot, lease)
             lease._gates = gates
             return lease
         finally:
             if lease is None:
-                gates.exit(self.key)
+                gates.exit(self._slot)
 
     async def _queue(self, deadline: float) -> Lease | None:
         """Wait behind the task of this ``AsyncRedlock`` that holds the key's slot:
@@ -136,9 +145,9 @@ class Lock:
         if self.timeout == 0:
             counters.timeouts += 1
             raise self._busy_error()
-        waiter = Waiter(self.name, self.ttl, self.auto_extend, self.fencing)
+        waiter = Waiter(self._target, self.ttl, self.auto_extend, self.fencing)
         try:
-            return await core.gates.wait(self.key, waiter, max(0.0, deadline - core.clock()))
+            return await core.gates.wait(self._slot, waiter, max(0.0, deadline - core.clock()))
         except LocalTimeoutError:
             counters.timeouts += 1
             raise self._busy_error() from None
@@ -171,7 +180,7 @@ class Lock:
                     # before the subscription is seen by that attempt, one after
                     # it is announced. No wake-up is lost in between.
                     with anyio.move_on_after(max(0.0, deadline - core.clock())):
-                        ticket = await core.waker.enroll(channel(self.key))
+                        ticket = await core.waker.enroll([channel(key) for key in self.keys])
                     continue
                 pause = min(core.retry_pause(), outcome.free_in, deadline - core.clock())
                 if ticket is None:
@@ -204,37 +213,36 @@ class Lock:
         start = core.clock()
         core.counters.attempts += 1
         expires_at = core.expiry(start, self.ttl)
-        rnd = core.acquire_round(self.key, value, self.ttl, fencing=self.fencing)
-        token: int | None = None
+        rnd = core.acquire_round(self.keys, value, self.ttl, fencing=self.fencing)
+        tokens: tuple[int, ...] | None = None
         commit: list[asyncio.Future[Reply]] = []
         try:
             decision = await core.decide(rnd, classify_acquire)
             if self.fencing and decision.yes >= core.quorum and expires_at > core.clock():
-                token = fence_token(rnd.tasks)
-                if not committed_already(rnd.tasks, token, core.quorum):
-                    second = core.commit_round(self.key, value, token, rnd.tasks)
+                tokens = fence_tokens(rnd.tasks)
+                if not committed_already(rnd.tasks, tokens, core.quorum):
+                    second = core.commit_round(self.keys, value, tokens, rnd.tasks)
                     commit = second.tasks
                     decision = await core.decide(second, classify_commit)
         except BaseException:
-            core.undo(self.key, value, rnd.tasks, self.ttl)
+            core.undo(self.keys, value, rnd.tasks, self.ttl)
             raise
         if decision.yes >= core.quorum and expires_at > core.clock():
             core.counters.acquisitions += 1
             lease = Lease(
                 core,
-                resource=self.name,
-                key=self.key,
+                target=self._target,
                 value=value,
                 ttl=self.ttl,
                 expires_at=expires_at,
                 acquired=rnd.tasks,
                 auto_extend=self.auto_extend,
-                token=token,
+                tokens=tokens,
             )
             lease._track(commit)
             return lease
         core.counters.failed_attempts += 1
-        cleanup = core.undo(self.key, value, rnd.tasks, self.ttl)
+        cleanup = core.undo(self.keys, value, rnd.tasks, self.ttl)
         free_in = _free_in(rnd.tasks)
         if decision.yes >= core.quorum:
             decision = _expired(decision, core.clock() - start, self.ttl)

@@ -19,7 +19,7 @@ from redis.backoff import NoBackoff
 from ._config import Settings, check_name, check_seconds
 from ._core import Core, channel, classify_deleted
 from ._errors import QuorumUnavailableError
-from ._keys import aux_key, lock_key
+from ._keys import Resources, aux_key, key_slot, lock_key
 from ._lock import Lock
 from ._node import Node, Reply
 from ._scripts import DELETE, INSPECT
@@ -228,7 +228,7 @@ class AsyncRedlock:
 
     def lock(
         self,
-        name: str,
+        name: str | Sequence[str],
         *,
         ttl: float | None = None,
         timeout: float | None = None,
@@ -238,7 +238,12 @@ class AsyncRedlock:
         """A lock on the resource ``name``; nothing is sent until it is acquired.
 
         Args:
-            name: The resource name; the key is ``prefix + name``.
+            name: The resource name; the key is ``prefix + name``. A list or tuple
+                of names makes one lock on all of them: each master grants all or
+                none (one script), the lease holds them together, and with fencing
+                it carries one token per resource (``lease.tokens``). With cluster
+                clients as masters, their keys must share one cluster slot (give
+                them a common hash tag, e.g. ``"{order:7}:items"``).
             ttl: Time to live in seconds; the ``AsyncRedlock``'s default if omitted.
             timeout: Seconds to wait when contended (``0``: one attempt,
                 ``math.inf``: no limit); the default if omitted.
@@ -246,14 +251,26 @@ class AsyncRedlock:
             fencing: Whether leases carry a fencing token; the default if omitted.
 
         Raises:
-            TypeError: ``name`` is not a str, or a setting has the wrong type.
-            ValueError: ``name`` is empty, ``ttl`` is not positive and finite, or
-                ``timeout`` is negative or NaN.
+            TypeError: ``name`` is not a str (or a list or tuple of them), or a
+                setting has the wrong type.
+            ValueError: A name is empty, the list is empty or names a resource
+                twice, the keys span several cluster slots on cluster masters,
+                ``ttl`` is not positive and finite, or ``timeout`` is negative or
+                NaN.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         settings = self._settings
         self._check_open()
-        name = check_name(name)
+        names = _check_names(name)
+        keys = tuple(lock_key(settings.prefix, each) for each in names)
+        if len(keys) > 1 and any(isinstance(n.client, RedisCluster) for n in self._core.nodes):
+            slots = {key_slot(key) for key in keys}
+            if len(slots) > 1:
+                raise ValueError(
+                    f"the keys of {', '.join(map(repr, names))} are in {len(slots)} cluster"
+                    " slots; a lock on several resources runs one script per master, so"
+                    ' their keys must share a hash tag, e.g. "{order:7}:items"'
+                )
         ttl = settings.ttl if ttl is None else check_seconds("ttl", ttl)
         if timeout is None:
             timeout = settings.timeout
@@ -266,11 +283,9 @@ class AsyncRedlock:
             fencing = settings.fencing
         elif not isinstance(fencing, bool):
             raise TypeError("fencing must be a bool")
-        key = lock_key(settings.prefix, name)
         return Lock(
             self._core,
-            name=name,
-            key=key,
+            target=Resources(names, keys),
             ttl=ttl,
             timeout=timeout,
             auto_extend=auto_extend,
@@ -332,7 +347,7 @@ class AsyncRedlock:
                 resource=name,
                 outcomes=decision.outcomes,
             )
-        for lease in [lease for lease in self._core.held if lease.key == key]:
+        for lease in [lease for lease in self._core.held if key in lease.keys]:
             lease._lose(decision)
         await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - time.monotonic()))
         return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
@@ -505,3 +520,16 @@ def _client_name(client: Redis | RedisCluster) -> str:
     if host is not None:
         return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
     return f"{type(client).__name__}@{id(client):x}"
+
+
+def _check_names(name: object) -> tuple[str, ...]:
+    """One resource name, or a non-empty list or tuple of distinct ones."""
+    if isinstance(name, list | tuple):
+        if not name:
+            raise ValueError("a lock on several resources needs at least one name")
+        names = tuple(check_name(each) for each in name)
+        if len(set(names)) != len(names):
+            twice = sorted({each for each in names if names.count(each) > 1})
+            raise ValueError(f"a lock names each resource once; given twice: {twice}")
+        return names
+    return (check_name(name),)

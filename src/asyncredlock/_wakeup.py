@@ -39,12 +39,13 @@ RECONNECT_DELAY = 0.2
 
 
 class Ticket:
-    """One waiting ``acquire()``: its place in its key's queue and its wake-up flag."""
+    """One waiting ``acquire()``: its channels (one per resource of its lock), its
+    place in each channel's queue, and its wake-up flag."""
 
-    __slots__ = ("channel", "event")
+    __slots__ = ("channels", "event")
 
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
+    def __init__(self, channels: Sequence[str]) -> None:
+        self.channels = tuple(channels)
         self.event = asyncio.Event()
 
 
@@ -178,48 +179,55 @@ class Waker:
         self.wakeups = 0
         self.closed = False
 
-    async def enroll(self, channel: str) -> Ticket:
-        """Queue a waiter on ``channel``, subscribing first where needed.
+    async def enroll(self, channels: Sequence[str]) -> Ticket:
+        """Queue a waiter on ``channels`` (a release on any wakes it), subscribing
+        first where needed.
 
-        Returns once a quorum of masters confirmed the subscription, or after
+        Returns once a quorum of masters confirmed every subscription, or after
         ``patience``.
         """
-        ticket = Ticket(channel)
-        queue = self.queues.setdefault(channel, collections.deque())
-        queue.append(ticket)
+        ticket = Ticket(channels)
+        for channel in ticket.channels:
+            self.queues.setdefault(channel, collections.deque()).append(ticket)
         try:
             confirmations = [
-                listener.subscribe(channel) for listener in self.listeners if listener is not None
+                [listener.subscribe(channel) for listener in self.listeners if listener is not None]
+                for channel in ticket.channels
             ]
-            await _wait_for_some(confirmations, self.quorum, self.patience)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.patience
+            for each in confirmations:
+                await _wait_for_some(each, self.quorum, max(0.0, deadline - loop.time()))
         except BaseException:
             self.leave(ticket, acquired=False)
             raise
         return ticket
 
     def leave(self, ticket: Ticket, *, acquired: bool) -> None:
-        """Take ``ticket`` out of its queue; unsubscribe when nobody waits there.
+        """Take ``ticket`` out of its queues; unsubscribe where nobody waits.
 
         A ticket woken but not ``acquired`` passes its wake-up on to the next.
         """
-        queue = self.queues.get(ticket.channel)
-        if queue is None:
-            return
-        with contextlib.suppress(ValueError):
-            queue.remove(ticket)
-        if ticket.event.is_set() and not acquired and queue:
-            # It was woken but is not going to use the lock: pass the wake-up on.
-            heir = _wake_first(queue)
-            last = self.last.get(ticket.channel)
-            if last is not None and last[1] is ticket:
-                self.last[ticket.channel] = (last[0], heir)
-        if not queue:
-            del self.queues[ticket.channel]
-            self.last.pop(ticket.channel, None)
-            if not self.closed:
-                for listener in self.listeners:
-                    if listener is not None:
-                        listener.unsubscribe(ticket.channel)
+        woken = ticket.event.is_set() and not acquired
+        for channel in ticket.channels:
+            queue = self.queues.get(channel)
+            if queue is None:
+                continue
+            with contextlib.suppress(ValueError):
+                queue.remove(ticket)
+            if woken and queue:
+                # It was woken but is not going to use the lock: pass the wake-up on.
+                heir = _wake_first(queue)
+                last = self.last.get(channel)
+                if last is not None and last[1] is ticket:
+                    self.last[channel] = (last[0], heir)
+            if not queue:
+                del self.queues[channel]
+                self.last.pop(channel, None)
+                if not self.closed:
+                    for listener in self.listeners:
+                        if listener is not None:
+                            listener.unsubscribe(channel)
 
     async def wait(self, ticket: Ticket, delay: float) -> bool:
         """Wait until ``ticket`` is woken or ``delay`` passed; whether it was woken."""

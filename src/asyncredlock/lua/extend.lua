@@ -1,8 +1,13 @@
--- Reset the lock's expiry on one master if it still holds the holder's value.
--- KEYS[1] lock key; ARGV[1] the holder's value, ARGV[2] ttl in ms
--- Returns 1 when extended, else 0.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+-- Reset the lock's expiry on one master if it still holds every resource for the
+-- holder's value.
+-- KEYS: the lock key of each resource; ARGV[1] the holder's value, ARGV[2] ttl in ms
+-- Returns 1 when extended, else 0 (nothing is changed then).
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) ~= ARGV[1] then
+    return 0
+  end
 end
-return 0
+for i = 1, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+return 1
