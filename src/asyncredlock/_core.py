@@ -28,16 +28,18 @@ from ._quorum import (
     Verdict,
 )
 from ._quorum import describe_error as _describe_error
-from ._scripts import ACQUIRE, COMMIT, RELEASE
+from ._scripts import ACQUIRE, ACQUIRE_FAIR, COMMIT, DEQUEUE, RELEASE
 from ._wakeup import Waker
 
 if TYPE_CHECKING:
     from ._lease import Lease
 
 __all__ = [
+    "QUEUED",
     "TOKEN_BLOCK",
     "Core",
     "Counters",
+    "QueueEntry",
     "channel",
     "classify_acquire",
     "classify_commit",
@@ -54,6 +56,21 @@ __all__ = [
 #: tokens in between are this holder's to give to the tasks it passes the lease
 #: on to (see ``_gate``), at most ``TOKEN_BLOCK - 1`` of them in a row.
 TOKEN_BLOCK = 64
+
+
+#: What ``acquire_fair.lua`` answers instead of a TTL when the lock is free but an
+#: earlier waiter is first in its queue.
+QUEUED = -3
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """A waiter of a fair lock: its id, its arrival score (the same on every
+    master, so they agree on the order), and how long its entry lives unrefreshed."""
+
+    waiter: str
+    score: int
+    ttl: float
 
 
 def ms(seconds: float) -> int:
@@ -111,6 +128,8 @@ def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
     if code == 1:
         return Verdict.YES, "granted"
     if code == 0:
+        if int(reply.value[1]) == QUEUED:
+            return Verdict.NO, "free, but an earlier waiter is first in the queue (fair)"
         return Verdict.NO, f"held by another holder ({int(reply.value[1])} ms left)"
     return Verdict.NO, "attempt already undone here"
 
@@ -224,17 +243,40 @@ class Core:
         timing = self.timing if wait is None else Timing(wait, wait)
         return await rnd.decide(self.quorum, classify, timing)
 
-    def acquire_round(self, keys: Sequence[str], value: str, ttl: float, *, fencing: bool) -> Round:
+    def acquire_round(
+        self,
+        keys: Sequence[str],
+        value: str,
+        ttl: float,
+        *,
+        fencing: bool,
+        entry: QueueEntry | None = None,
+    ) -> Round:
         """Start ``SET NX PX`` (through ``acquire.lua``) on every master.
 
         With ``fencing``, each master that grants also counts the resource's
         fence counter up by `TOKEN_BLOCK` and returns it (the first of two phases).
+        With ``entry`` (a fair lock, one resource), ``acquire_fair.lua`` queues the
+        waiter and grants only to the first in the queue.
         """
         script_keys = [
             each for key in keys for each in (key, undo_key(key, value), aux_key(key, "fence"))
         ]
-        args = (value, ms(ttl), str(TOKEN_BLOCK) if fencing else "0")
-        return self.fan_out(lambda _, node: node.call(ACQUIRE, script_keys, args), skip_silent=True)
+        args: tuple[str | int, ...] = (value, ms(ttl), str(TOKEN_BLOCK) if fencing else "0")
+        script = ACQUIRE
+        if entry is not None:  # a fair lock: one resource, and its queue
+            (key,) = keys
+            script = ACQUIRE_FAIR
+            script_keys += [aux_key(key, "queue"), aux_key(key, "queue:expiry")]
+            args += (entry.waiter, entry.score, ms(entry.ttl))
+        return self.fan_out(lambda _, node: node.call(script, script_keys, args), skip_silent=True)
+
+    def dequeue(self, key: str, entry: QueueEntry) -> None:
+        """Take a fair lock's waiter out of the queue on every master, in the background."""
+        keys = (aux_key(key, "queue"), aux_key(key, "queue:expiry"))
+        args = (entry.waiter, channel(key))
+        for node in self.nodes:
+            self.tracker.call(node.call(DEQUEUE, keys, args))
 
     def commit_round(
         self,

@@ -15,6 +15,7 @@ import anyio
 
 from ._core import (
     Core,
+    QueueEntry,
     channel,
     classify_acquire,
     classify_commit,
@@ -54,6 +55,8 @@ class Lock:
         auto_extend: Whether leases extend themselves until released.
         fencing: Whether leases carry a fencing token (two phases per
             acquisition instead of one).
+        fair: Whether waiters are served in arrival order, through a queue on
+            the masters.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Lock:
         timeout: float,
         auto_extend: bool,
         fencing: bool,
+        fair: bool = False,
     ) -> None:
         self._core = core
         self._target = target
@@ -77,6 +81,7 @@ class Lock:
         self.timeout = timeout
         self.auto_extend = auto_extend
         self.fencing = fencing
+        self.fair = fair
         self._entered: dict[asyncio.Task[Any] | None, list[Lease]] = {}
 
     def __repr__(self) -> str:
@@ -120,6 +125,9 @@ class Lock:
         """
         core = self._core
         deadline = core.clock() + self.timeout
+        if self.fair:
+            # Each task queues on the masters itself: that queue decides the order.
+            return await self._acquire_fair(deadline)
         gates = core.gates
         if gates.busy(self._slot):
             handed = await self._queue(deadline)
@@ -161,14 +169,29 @@ class Lock:
             outcomes=(),
         )
 
-    async def _acquire(self, deadline: float) -> Lease:
+    async def _acquire_fair(self, deadline: float) -> Lease:
+        """Queue on the masters, then attempt until first in line and granted."""
+        core = self._core
+        settings = core.settings
+        entry = QueueEntry(
+            waiter=secrets.token_hex(8),
+            score=time.time_ns() // 1000,  # arrival, by this client's clock
+            ttl=max(1.0, 3 * (settings.retry_delay + settings.node_timeout)),
+        )
+        try:
+            return await self._acquire(deadline, entry)
+        finally:
+            # granted: the other masters still list it; otherwise it leaves the queue
+            core.dequeue(self.key, entry)
+
+    async def _acquire(self, deadline: float, entry: QueueEntry | None = None) -> Lease:
         """Attempts on the masters until one takes the lock or ``deadline`` passes."""
         core = self._core
         ticket: Ticket | None = None
         acquired = False
         try:
             while True:
-                outcome = await self._attempt()
+                outcome = await self._attempt(entry)
                 if isinstance(outcome, Lease):
                     acquired = True
                     return outcome
@@ -180,7 +203,8 @@ class Lock:
                     # before the subscription is seen by that attempt, one after
                     # it is announced. No wake-up is lost in between.
                     with anyio.move_on_after(max(0.0, deadline - core.clock())):
-                        ticket = await core.waker.enroll([channel(key) for key in self.keys])
+                        channels = [channel(key) for key in self.keys]
+                        ticket = await core.waker.enroll(channels, everyone=self.fair)
                     continue
                 pause = min(core.retry_pause(), outcome.free_in, deadline - core.clock())
                 if ticket is None:
@@ -207,13 +231,13 @@ class Lock:
                 if not task.done() and not node.silent(now, patience)
             }
 
-    async def _attempt(self) -> Lease | _Failed:
+    async def _attempt(self, entry: QueueEntry | None) -> Lease | _Failed:
         core = self._core
         value = secrets.token_hex(16)
         start = core.clock()
         core.counters.attempts += 1
         expires_at = core.expiry(start, self.ttl)
-        rnd = core.acquire_round(self.keys, value, self.ttl, fencing=self.fencing)
+        rnd = core.acquire_round(self.keys, value, self.ttl, fencing=self.fencing, entry=entry)
         tokens: tuple[int, ...] | None = None
         commit: list[asyncio.Future[Reply]] = []
         try:
@@ -310,7 +334,7 @@ def _free_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
     pttls = sorted(
         max(0, int(reply.value[1]))
         for reply in (f.result() for f in replies if f.done())
-        if reply.error is None and int(reply.value[0]) == 0 and int(reply.value[1]) != -1
+        if reply.error is None and int(reply.value[0]) == 0 and int(reply.value[1]) >= 0
     )
     if not pttls:
         return math.inf

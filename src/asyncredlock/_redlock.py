@@ -234,6 +234,7 @@ class AsyncRedlock:
         timeout: float | None = None,
         auto_extend: bool | None = None,
         fencing: bool | None = None,
+        fair: bool = False,
     ) -> Lock:
         """A lock on the resource ``name``; nothing is sent until it is acquired.
 
@@ -249,19 +250,29 @@ class AsyncRedlock:
                 ``math.inf``: no limit); the default if omitted.
             auto_extend: Whether leases extend themselves; the default if omitted.
             fencing: Whether leases carry a fencing token; the default if omitted.
+            fair: Serve waiters in arrival order, through a queue on the masters
+                (one resource only). Each waiting ``acquire()`` has an entry there,
+                refreshed by its attempts, that lapses about a second after its
+                last one if it dies; the lock goes only to the first entry. Off by
+                default: unfair is faster (tasks of one process pass the lock on
+                between them).
 
         Raises:
             TypeError: ``name`` is not a str (or a list or tuple of them), or a
                 setting has the wrong type.
             ValueError: A name is empty, the list is empty or names a resource
-                twice, the keys span several cluster slots on cluster masters,
-                ``ttl`` is not positive and finite, or ``timeout`` is negative or
-                NaN.
+                twice, ``fair=True`` is asked of several resources, the keys span
+                several cluster slots on cluster masters, ``ttl`` is not positive
+                and finite, or ``timeout`` is negative or NaN.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         settings = self._settings
         self._check_open()
         names = _check_names(name)
+        if not isinstance(fair, bool):
+            raise TypeError("fair must be a bool")
+        if fair and len(names) > 1:
+            raise ValueError("fair=True takes one resource, not a list of them")
         keys = tuple(lock_key(settings.prefix, each) for each in names)
         if len(keys) > 1 and any(isinstance(n.client, RedisCluster) for n in self._core.nodes):
             slots = {key_slot(key) for key in keys}
@@ -286,6 +297,7 @@ class AsyncRedlock:
         return Lock(
             self._core,
             target=Resources(names, keys),
+            fair=fair,
             ttl=ttl,
             timeout=timeout,
             auto_extend=auto_extend,

@@ -12,8 +12,10 @@ from redis.exceptions import NoScriptError
 
 __all__ = [
     "ACQUIRE",
+    "ACQUIRE_FAIR",
     "COMMIT",
     "DELETE",
+    "DEQUEUE",
     "EXTEND",
     "FENCED_WRITE",
     "INSPECT",
@@ -46,6 +48,8 @@ def _load(name: str, *, needs: tuple[str, ...] = ()) -> Script:
 
 
 ACQUIRE = _load("acquire")
+ACQUIRE_FAIR = _load("acquire_fair")
+DEQUEUE = _load("dequeue")
 COMMIT = _load("commit", needs=("decimal",))
 RELEASE = _load("release")
 EXTEND = _load("extend")

@@ -42,11 +42,14 @@ class Ticket:
     """One waiting ``acquire()``: its channels (one per resource of its lock), its
     place in each channel's queue, and its wake-up flag."""
 
-    __slots__ = ("channels", "event")
+    __slots__ = ("channels", "event", "everyone")
 
-    def __init__(self, channels: Sequence[str]) -> None:
+    def __init__(self, channels: Sequence[str], *, everyone: bool = False) -> None:
         self.channels = tuple(channels)
         self.event = asyncio.Event()
+        # a fair lock's waiter: only the first in the masters' queue can take it,
+        # which need not be the first here, so a release wakes all of them
+        self.everyone = everyone
 
 
 class _Listener:
@@ -179,14 +182,14 @@ class Waker:
         self.wakeups = 0
         self.closed = False
 
-    async def enroll(self, channels: Sequence[str]) -> Ticket:
+    async def enroll(self, channels: Sequence[str], *, everyone: bool = False) -> Ticket:
         """Queue a waiter on ``channels`` (a release on any wakes it), subscribing
         first where needed.
 
         Returns once a quorum of masters confirmed every subscription, or after
         ``patience``.
         """
-        ticket = Ticket(channels)
+        ticket = Ticket(channels, everyone=everyone)
         for channel in ticket.channels:
             self.queues.setdefault(channel, collections.deque()).append(ticket)
         try:
@@ -245,11 +248,17 @@ class Waker:
         if last is not None and last[0] == value:
             # The same release, heard from another master: only the waiter it
             # woke may need it, if that waiter's attempt came too early.
-            chosen = last[1]
-            if chosen is not None and queue and chosen in queue:
-                chosen.event.set()
+            woken = last[1]
+            if woken is not None and queue and woken in queue:
+                woken.event.set()
             return
-        chosen = _wake_first(queue) if queue else None
+        chosen: Ticket | None = None
+        if queue and any(ticket.everyone for ticket in queue):
+            for ticket in queue:
+                ticket.event.set()
+            chosen = queue[0]
+        elif queue:
+            chosen = _wake_first(queue)
         self.last[channel] = (value, chosen)
         if chosen is not None:
             self.wakeups += 1

@@ -22,6 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "peers.py"
 MARKER = "<!-- PEERS-TABLE -->"
+SUMMARY_START = "<!-- PEERS-SUMMARY -->"
+SUMMARY_END = "<!-- /PEERS-SUMMARY -->"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # distribution -> the module it installs
 PEER_MODULES = {
@@ -66,14 +68,27 @@ OK_FIELDS = {
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """Run the quick benchmark once, publishing to a copy of the docs page; its output
-    directory (with ``docs/`` inside) and parsed JSON."""
+    """Run the quick benchmark once, publishing to copies of the docs page and the
+    README; its output directory (with ``docs/`` and ``README.md`` inside) and parsed
+    JSON."""
     out = tmp_path_factory.mktemp("peers")
     docs = out / "docs"
     docs.mkdir()
     shutil.copyfile(ROOT / "docs" / "peers.md", docs / "peers.md")
+    readme = out / "README.md"
+    shutil.copyfile(ROOT / "README.md", readme)
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out), "--docs", str(docs)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--out",
+            str(out),
+            "--docs",
+            str(docs),
+            "--readme",
+            str(readme),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -198,6 +213,45 @@ def test_markdown_plot_and_docs_are_written(quick_run: tuple[Path, dict[str, Any
     assert "### a. " in section
     assert "No results yet" not in section
     assert (out / "docs" / "img" / "peers.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_targets_are_checked_from_the_results(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    out, report = quick_run
+    rows = report["targets"]
+    assert {row["target"][0] for row in rows} == {"b", "c", "d", "e"}
+    for row in rows:
+        assert row["met"] in (True, False, None), row
+        assert row["measured"].strip(), row
+        if row["met"] is None:
+            assert row["value"] is None, row
+            assert row["measured"].startswith("not in the results"), row
+        else:
+            assert isinstance(row["value"], float), row
+            assert math.isfinite(row["value"]), row
+        if row["met"] is False:
+            assert row["result"].startswith("missed: "), row
+            assert row["shortfall"] > 0, row
+    for page in (out / "peers.md", out / "docs" / "peers.md"):
+        text = page.read_text()
+        assert "Targets" in text
+        assert "| Target | Case | Measured | Result |" in text
+
+
+def test_readme_summary_is_written_between_its_markers(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    out, report = quick_run
+    original = (ROOT / "README.md").read_text()
+    page = (out / "README.md").read_text()
+    head, _, rest = page.partition(SUMMARY_START + "\n")
+    summary, _, tail = rest.partition(SUMMARY_END + "\n")
+    assert head == original.partition(SUMMARY_START + "\n")[0]
+    assert tail == original.partition(SUMMARY_END + "\n")[2]
+    assert "| Scenario, metric | Case | asyncredlock | Best peer |" in summary
+    rows = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + sum(len(s["cases"]) for s in report["scenarios"])
+    assert "python benchmarks/peers.py --docs docs --readme README.md" in summary
+    assert "Quick run" in summary
 
 
 def test_only_rejects_an_unknown_library() -> None:

@@ -1,0 +1,22 @@
+-- Take a waiter out of a fair lock's queue on one master (it acquired, gave up or was
+-- cancelled), with the entries that lapsed. If the waiter was first in line,
+-- announce it: the next waiter may go now.
+-- KEYS[1] the queue, KEYS[2] the queue's expiries
+-- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on
+-- Returns 1 when its entry was removed, else 0.
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  redis.call('ZREM', KEYS[1], gone)
+  redis.call('ZREM', KEYS[2], gone)
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1] == ARGV[1]
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if first then
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+end
+return removed

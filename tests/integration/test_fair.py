@@ -1,0 +1,131 @@
+"""Fair locks: waiters served in arrival order through a queue on the masters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock, LockTimeoutError
+from asyncredlock._wakeup import Ticket
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+
+class Waiting:
+    """Counts the waits of fair acquisitions (each one is queued on the masters
+    by then: its attempts came before) over several redlocks."""
+
+    def __init__(self, redlocks: list[AsyncRedlock], monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = 0
+        self._changed = anyio.Event()
+        for redlock in redlocks:
+            waker = redlock._core.waker
+            original: Callable[[Ticket, float], Any] = waker.wait
+
+            async def wait(ticket: Ticket, delay: float, _original: Any = original) -> bool:
+                self.entered += 1
+                changed, self._changed = self._changed, anyio.Event()
+                changed.set()
+                woken: bool = await _original(ticket, delay)
+                return woken
+
+            monkeypatch.setattr(waker, "wait", wait)
+
+    async def reach(self, count: int) -> None:
+        while self.entered < count:
+            await self._changed.wait()
+
+
+async def test_waiters_of_two_processes_acquire_in_arrival_order(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[int] = []
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=0.05) as one,
+        AsyncRedlock(servers.urls, retry_delay=0.05) as two,
+    ):
+        held = await holder.lock("fair").acquire()
+        waiting = Waiting([one, two], monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+
+                    async def take(i: int = i) -> None:
+                        redlock = (one, two)[i % 2]
+                        async with redlock.lock("fair", timeout=HANG_GUARD, fair=True):
+                            order.append(i)
+                            await anyio.sleep(0.001)
+
+                    tg.start_soon(take)
+                    await waiting.reach(waiting.entered + 1)  # queued before the next comes
+                await held.release()
+        stats = [redlock.statistics() for redlock in (one, two)]
+        await one.settle()
+        await two.settle()
+    assert order == list(range(8))
+    assert sum(s.handoffs for s in stats) == 0  # fair locks are not passed on in-process
+    assert await masters.keys() == [[]] * 5  # no queue left
+
+
+async def test_a_dead_waiter_leaves_the_queue_within_its_entry_ttl(
+    servers: ServerGroup, masters: Masters
+) -> None:
+    """A waiter that died first in line (its entry written as acquire_fair.lua
+    writes it, lapsing in one second) holds the lock up until its entry lapses."""
+    for client in masters.clients:
+        seconds, micros = await client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        await client.zadd("{ghosted}:queue", {"ghost": 0})
+        await client.zadd("{ghosted}:queue:expiry", {"ghost": now_ms + 1000})
+    async with AsyncRedlock(servers.urls, retry_delay=0.05) as redlock:
+        lock = redlock.lock("ghosted", fair=True)
+        with pytest.raises(LockTimeoutError) as caught:
+            await redlock.lock("ghosted", timeout=0, fair=True).acquire()
+        details = [outcome.detail for outcome in caught.value.outcomes]
+        assert sum("earlier waiter is first in the queue" in d for d in details) >= 3
+        with anyio.fail_after(HANG_GUARD):
+            lease = await lock.acquire()
+        await lease.release()
+        await redlock.settle()
+    assert await masters.keys() == [[]] * 5  # the ghost lapsed, the rest was dequeued
+
+
+async def test_cancelled_and_timed_out_waiters_leave_no_queue_entry(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=0.05) as redlock,
+    ):
+        held = await holder.lock("crowd").acquire()
+        waiting = Waiting([redlock], monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                for _ in range(5):
+                    tg.start_soon(redlock.lock("crowd", timeout=HANG_GUARD, fair=True).acquire)
+                await waiting.reach(5)
+                assert [await c.zcard("{crowd}:queue") for c in masters.clients] == [5] * 5
+                tg.cancel_scope.cancel()
+            with pytest.raises(LockTimeoutError):
+                await redlock.lock("crowd", timeout=0.1, fair=True).acquire()
+        await redlock.settle()
+        assert await masters.keys() == [[b"crowd"]] * 5  # the holder's key, no queue
+        await held.release()
+
+
+async def test_fair_is_one_resource_and_a_bool(servers: ServerGroup) -> None:
+    async with AsyncRedlock(servers.urls) as redlock:
+        with pytest.raises(ValueError, match="one resource"):
+            redlock.lock(["a", "b"], fair=True)
+        with pytest.raises(TypeError, match="fair must be a bool"):
+            redlock.lock("a", fair=1)  # type: ignore[arg-type]
+        assert redlock.lock("a", fair=True).fair
