@@ -1,6 +1,6 @@
 """Sequential vs parallel Redlock: acquire + release latency of one uncontended lock.
 
-Three clients take and release a lock over N masters, each master a real server behind
+Four clients take and release a lock over N masters, each master a real server behind
 its own ``FaultProxy`` (hosted in a separate process) that adds a one-way delay:
 
 - **sequential**: the textbook Redlock loop. ``SET key value NX PX ttl`` on each
@@ -12,12 +12,21 @@ its own ``FaultProxy`` (hosted in a separate process) that adds a one-way delay:
   as a quorum answered (the release of the remaining masters goes on in the
   background).
 - **asyncredlock fenced**: the same on an ``AsyncRedlock`` with fencing on (the
-  default): a second round commits the lease's fencing token on the masters that
-  granted the first.
+  default), taking the same lock again and again. Its fence counters stay in step:
+  a quorum of masters returns the token itself in the first round, so the commit
+  round is skipped (the usual case).
+- **asyncredlock fenced, counters apart**: the same, but before each acquisition
+  (outside the timed region, over direct connections that bypass the proxies) the
+  key's fence counter on master ``i`` is set to ``top + 1 + i`` (``top``: the largest
+  of them), so no two masters count the same token and the commit round runs, as after
+  contention, on a master that missed rounds, or for a new resource. Not measured with
+  one master, whose count is always the token (a quorum of one).
 
-The three alternate in blocks within each case. Each case also records the fencing
-cost: fenced p50 minus unfenced p50, in ms and in round trips (the PING p50 measured
-through one proxy at that RTT). Expected: about one round trip, nothing else.
+The four alternate in blocks within each case. Each case also records the fencing
+cost of each fenced method: its p50 minus the unfenced p50, in ms and in round trips
+(the PING p50 measured through one proxy at that RTT). Expected: about none with the
+counters in step, about one round trip (the commit round) with them apart. The commit
+rounds each fenced method ran are counted and recorded.
 
 Run from the repository root::
 
@@ -65,6 +74,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from asyncredlock import AsyncRedlock
+from asyncredlock._keys import aux_key  # the fence counter's key, to set it apart
 
 HERE = Path(__file__).resolve().parent
 MARKER = "<!-- BENCH-TABLE -->"
@@ -76,14 +86,22 @@ NODE_TIMEOUT = 0.1  # seconds: per-master timeout of every client
 DRIFT_FACTOR = 0.01
 NS = (1, 3, 5, 7)
 RTTS_MS = (0.0, 2.0, 10.0)
-METHODS = ("sequential", "asyncredlock", "asyncredlock_fenced")
+METHODS = ("sequential", "asyncredlock", "asyncredlock_fenced", "asyncredlock_fenced_apart")
 LABELS = {
     "sequential": "sequential",
     "asyncredlock": "asyncredlock",
     "asyncredlock_fenced": "asyncredlock fenced",
+    "asyncredlock_fenced_apart": "asyncredlock fenced, counters apart",
 }
-# The fencing cost is expected to be one round trip (the commit round); a case outside
-# 1 ± FENCING_TOLERANCE round trips is reported, as are the cases of the headline.
+#: The fenced methods, and how many rounds each is expected to add to plain Redlock:
+#: none when the fence counters are in step (the commit round is skipped), one when
+#: they are apart (the commit round runs).
+EXTRA_ROUNDS = {"asyncredlock_fenced": 0, "asyncredlock_fenced_apart": 1}
+APART = "asyncredlock_fenced_apart"  # not measured with one master: see APART_NOTE
+NOT_MEASURED = "n/a"  # in a table cell
+COUNTERS = {"asyncredlock_fenced": "in step", "asyncredlock_fenced_apart": "apart"}
+# A fencing cost more than FENCING_TOLERANCE round trips off the expected number of
+# extra rounds is reported, as are the cases of the headline.
 FENCING_TOLERANCE = 0.5
 FENCING_HEADLINE_NS = (3, 5)
 FENCING_HEADLINE_RTTS_MS = (2.0, 10.0)
@@ -99,10 +117,23 @@ SEQUENTIAL_NOTE = (
 )
 FENCING_NOTE = (
     "asyncredlock runs with fencing=False (plain Redlock, one round over the masters), "
-    "like for like with the sequential loop; asyncredlock fenced is the same client "
-    "with fencing on, whose second round commits the fencing token. Fencing cost: "
-    "fenced p50 minus asyncredlock p50, in ms and in round trips (the PING p50 "
-    "measured through one proxy at that RTT)."
+    "like for like with the sequential loop. asyncredlock fenced is the same client with "
+    "fencing on, taking the same lock again and again: its fence counters stay in step, "
+    "a quorum of masters returns the token itself in the first round, and the commit "
+    "round is skipped. asyncredlock fenced, counters apart is the same, but before each "
+    "acquisition (outside the timed region, over direct connections that bypass the "
+    "proxies) the key's fence counter on master i is set to top + 1 + i (top: the "
+    "largest), so no two masters count the same token and the commit round runs, as "
+    "after contention, on a master that missed rounds, or for a new resource. Fencing "
+    "cost: a fenced p50 minus asyncredlock p50, in ms and in round trips (RTTs: the "
+    "PING p50 measured through one proxy at that RTT); expected about 0 RTT in step, "
+    "about 1 RTT (the commit round) apart. The benchmark counts the commit rounds each "
+    "fenced acquisition ran."
+)
+APART_NOTE = (
+    "With one master the counters cannot be apart (a quorum of one returns the token "
+    "itself every time, so the commit round never runs): the counters-apart method is "
+    "not measured at N=1."
 )
 
 RELEASE_SCRIPT = """
@@ -158,9 +189,11 @@ class Plan:
         return self.blackhole_iterations if case.blackholed else self.iterations[case.rtt_ms]
 
 
-# Sized so the full run takes about 4 minutes on 2 cores: one iteration of the three
-# methods over N = 1..7 costs ~55 ms at RTT 0, ~205 ms at RTT 2 and ~690 ms at
-# RTT 10 (the sequential loop dominates); the blackhole case ~265 ms.
+# Sized so the full run takes about 5 minutes on 2 cores: one iteration of the four
+# methods over N = 1..7 costs ~65 ms at RTT 0, ~245 ms at RTT 2 and ~800 ms at
+# RTT 10 (the sequential loop dominates); the blackhole case ~275 ms. (Estimated from
+# the three-method run, which took about 4 minutes: the in-step fenced method saves
+# a round, the counters-apart one adds about what the fenced method used to cost.)
 FULL = Plan({0.0: 1000, 2.0: 300, 10.0: 120}, 80, warmup=20, block=20, pings=100)
 QUICK = Plan({0.0: 6, 2.0: 6, 10.0: 4}, 4, warmup=2, block=3, pings=5)
 
@@ -239,34 +272,114 @@ class SequentialRedlock:
         await self.aclose()
 
 
-#: One measured iteration: (acquire seconds, release seconds).
-Runner = Callable[[], Awaitable[tuple[float, float]]]
+#: One measured iteration: (acquire seconds, release seconds, commit rounds it ran).
+Sample = tuple[float, float, int]
+Runner = Callable[[], Awaitable[Sample]]
 
 
 def sequential_runner(client: SequentialRedlock, key: str) -> Runner:
     """Acquire and release ``key`` with the textbook loop."""
 
-    async def once() -> tuple[float, float]:
+    async def once() -> Sample:
         t0 = time.perf_counter()
         value = await client.lock(key, TTL)
         t1 = time.perf_counter()
         if value is None:
             raise RuntimeError(f"sequential client failed to lock the uncontended {key!r}")
         await client.unlock(key, value)
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, time.perf_counter() - t1, 0
 
     return once
 
 
-def asyncredlock_runner(redlock: AsyncRedlock, key: str) -> Runner:
-    """Acquire and release ``key`` with asyncredlock, fenced or not as ``redlock`` is."""
+class CommitRounds:
+    """Counts the commit rounds (second rounds of fenced acquisitions) an
+    ``AsyncRedlock`` starts.
 
-    async def once() -> tuple[float, float]:
+    No public API tells whether an acquisition ran its commit round or skipped it, so
+    this wraps the client's internal ``commit_round`` on that one instance. The wrapper
+    runs only when a commit round starts: an acquisition that skips it pays nothing.
+
+    Args:
+        redlock: The client to count for.
+    """
+
+    def __init__(self, redlock: AsyncRedlock) -> None:
+        self.count = 0
+        core = redlock._core
+        start_round = core.commit_round
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return start_round(*args, **kwargs)
+
+        core.commit_round = counted  # type: ignore[method-assign]
+
+
+class FenceSkewer:
+    """Sets a key's fence counters apart on every master, over direct connections.
+
+    Master ``i``'s counter becomes ``top + 1 + i``, ``top`` being the largest counter
+    there (or the first server's clock in microseconds if there is none yet, as a new
+    counter starts). The counters only go up, so tokens still increase; and after the
+    next first round (which adds the same block to each) no two masters return the
+    same count, so no quorum returned the token itself and the commit round runs.
+
+    Args:
+        urls: The servers themselves, not the proxies in front of them.
+    """
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.clients = [make_client(url) for url in urls]
+
+    async def set_apart(self, key: str) -> None:
+        """Set the fence counters of the lock key ``key`` apart."""
+        fence = aux_key(key, "fence")
+        counts = await asyncio.gather(*(client.get(fence) for client in self.clients))
+        known = [int(count) for count in counts if count is not None]
+        if known:
+            top = max(known)
+        else:
+            seconds, micros = await self.clients[0].time()
+            top = seconds * 1_000_000 + micros
+        await asyncio.gather(
+            *(client.set(fence, top + 1 + i) for i, client in enumerate(self.clients))
+        )
+
+    async def aclose(self) -> None:
+        """Close every client."""
+        for client in self.clients:
+            await client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def asyncredlock_runner(
+    redlock: AsyncRedlock,
+    key: str,
+    commits: CommitRounds | None = None,
+    skewer: FenceSkewer | None = None,
+) -> Runner:
+    """Acquire and release ``key`` with asyncredlock, fenced or not as ``redlock`` is.
+
+    With ``commits``, each iteration reports the commit rounds its acquisition ran;
+    with ``skewer``, the fence counters are set apart before each (untimed).
+    """
+
+    async def once() -> Sample:
+        if skewer is not None:
+            await skewer.set_apart(key)
+        before = 0 if commits is None else commits.count
         t0 = time.perf_counter()
         lease = await redlock.lock(key, auto_extend=False).acquire()
         t1 = time.perf_counter()
+        ran = 0 if commits is None else commits.count - before
         await lease.release()
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, time.perf_counter() - t1, ran
 
     return once
 
@@ -276,15 +389,17 @@ def asyncredlock_runner(redlock: AsyncRedlock, key: str) -> Runner:
 
 @dataclass(slots=True)
 class Samples:
-    """Latencies of one method in one case, in seconds."""
+    """Latencies of one method in one case, in seconds, and the commit rounds run."""
 
     acquire: list[float] = field(default_factory=list)
     release: list[float] = field(default_factory=list)
+    commit_rounds: int = 0
 
-    def add(self, sample: tuple[float, float]) -> None:
+    def add(self, sample: Sample) -> None:
         """Record one iteration."""
         self.acquire.append(sample[0])
         self.release.append(sample[1])
+        self.commit_rounds += sample[2]
 
     def summary(self) -> dict[str, Any]:
         """Stats of acquire + release (``total``) and of each phase, in ms."""
@@ -310,10 +425,14 @@ async def measure(runners: dict[str, Runner], plan: Plan, iterations: int) -> di
     return samples
 
 
-async def run_case(case: Case, proxies: ProxyHost, plan: Plan, rtt_p50_ms: float) -> dict[str, Any]:
-    """Measure the three methods in ``case``; the proxies' delay is already set.
+async def run_case(
+    case: Case, servers: Sequence[str], proxies: ProxyHost, plan: Plan, rtt_p50_ms: float
+) -> dict[str, Any]:
+    """Measure the four methods in ``case``; the proxies' delay is already set.
 
-    ``rtt_p50_ms`` is the PING p50 measured at this RTT, the unit of the fencing cost.
+    ``servers`` are the servers' own URLs (for setting fence counters apart, outside
+    the measurement); the clients measured go through ``proxies``. ``rtt_p50_ms`` is
+    the PING p50 measured at this RTT, the unit of the fencing cost.
     """
     random.seed(SEED)
     gc.collect()
@@ -326,16 +445,27 @@ async def run_case(case: Case, proxies: ProxyHost, plan: Plan, rtt_p50_ms: float
             SequentialRedlock(urls) as seq,
             AsyncRedlock(urls, ttl=TTL, fencing=False) as plain,
             AsyncRedlock(urls, ttl=TTL, fencing=True) as fenced,
+            AsyncRedlock(urls, ttl=TTL, fencing=True) as apart,
+            FenceSkewer(servers[: case.n]) as skewer,
         ):
+            key = f"fanout:{case.name}"
             runners = {
-                "sequential": sequential_runner(seq, f"fanout:{case.name}:seq"),
-                "asyncredlock": asyncredlock_runner(plain, f"fanout:{case.name}:arl"),
-                "asyncredlock_fenced": asyncredlock_runner(fenced, f"fanout:{case.name}:arlf"),
+                "sequential": sequential_runner(seq, f"{key}:seq"),
+                "asyncredlock": asyncredlock_runner(plain, f"{key}:arl"),
+                "asyncredlock_fenced": asyncredlock_runner(
+                    fenced, f"{key}:arlf", CommitRounds(fenced)
+                ),
             }
+            if case.n > 1:  # one master's count is always the token: see APART_NOTE
+                runners[APART] = asyncredlock_runner(
+                    apart, f"{key}:arlf-apart", CommitRounds(apart), skewer
+                )
             samples = await measure(runners, plan, plan.iterations_for(case))
+            clients = {"asyncredlock": plain, "asyncredlock_fenced": fenced, APART: apart}
             stats = {
-                "asyncredlock": dataclasses.asdict(plain.statistics()),
-                "asyncredlock_fenced": dataclasses.asdict(fenced.statistics()),
+                name: dataclasses.asdict(client.statistics())
+                for name, client in clients.items()
+                if name in runners
             }
     finally:
         if case.blackholed:
@@ -352,8 +482,7 @@ def case_result(
 ) -> dict[str, Any]:
     """The JSON record of one case."""
     methods = {name: s.summary() for name, s in samples.items()}
-    seq, par, fenced = (methods[m]["total"]["p50_ms"] for m in METHODS)
-    cost = fenced - par
+    seq, par = (methods[m]["total"]["p50_ms"] for m in ("sequential", "asyncredlock"))
     return {
         "name": case.name,
         "n": case.n,
@@ -363,20 +492,39 @@ def case_result(
         "methods": methods,
         # counters include warm-up; gauges (in_flight, background_tasks) are taken
         # right after the last iteration, before the client is closed
-        "asyncredlock_statistics": stats["asyncredlock"],
-        "asyncredlock_fenced_statistics": stats["asyncredlock_fenced"],
+        **{f"{name}_statistics": stat for name, stat in stats.items()},
         "speedup_p50": round(seq / par, 2),
-        # fenced p50 - unfenced p50, and that in round trips of this RTT (PING p50)
-        "fencing_cost_p50_ms": round(cost, 4),
-        "fencing_cost_rtts": round(cost / rtt_p50_ms, 2),
         "measured_rtt_p50_ms": rtt_p50_ms,
-        # fenced acquire p50 / unfenced acquire p50: 2 is exactly one more round
-        "fencing_acquire_ratio": round(
-            methods["asyncredlock_fenced"]["acquire"]["p50_ms"]
-            / methods["asyncredlock"]["acquire"]["p50_ms"],
-            2,
-        ),
+        "fencing": {
+            method: fencing_record(methods, samples[method], method, rtt_p50_ms)
+            for method in EXTRA_ROUNDS
+            if method in samples
+        },
         "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def fencing_record(
+    methods: dict[str, dict[str, Any]], samples: Samples, method: str, rtt_p50_ms: float
+) -> dict[str, Any]:
+    """What fencing cost ``method`` over plain asyncredlock in one case, and the
+    commit rounds it ran in the measured iterations."""
+    fenced, plain = methods[method], methods["asyncredlock"]
+    cost = fenced["total"]["p50_ms"] - plain["total"]["p50_ms"]
+    return {
+        "counters": COUNTERS[method],
+        # rounds this method should add to plain Redlock: 0 (commit skipped) or 1
+        "extra_rounds_expected": EXTRA_ROUNDS[method],
+        # commit rounds run by the measured acquisitions (not the warm-up)
+        "commit_rounds": samples.commit_rounds,
+        "acquisitions": len(samples.acquire),
+        # fenced p50 - unfenced p50, and that in round trips of this RTT (PING p50)
+        "cost_p50_ms": round(cost, 4),
+        "cost_rtts": round(cost / rtt_p50_ms, 2),
+        # fenced acquire p50 / unfenced acquire p50: 1 is no more round, 2 one more
+        "acquire_ratio": round(fenced["acquire"]["p50_ms"] / plain["acquire"]["p50_ms"], 2),
+        # fenced release p50 - unfenced release p50 (fencing should add nothing)
+        "release_cost_p50_ms": round(fenced["release"]["p50_ms"] - plain["release"]["p50_ms"], 4),
     }
 
 
@@ -396,14 +544,17 @@ async def measure_rtt(proxies: ProxyHost, pings: int) -> dict[str, Any]:
     return summarize(times)
 
 
-async def run_all(proxies: ProxyHost, plan: Plan) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+async def run_all(
+    servers: Sequence[str], proxies: ProxyHost, plan: Plan
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every case, grouped by RTT; plus the measured PING round trip per RTT."""
     results, rtts = [], {}
     for rtt in RTTS_MS:
         proxies.set_delay(rtt / 2 / 1000)
         rtts[f"{rtt:g}"] = await measure_rtt(proxies, plan.pings)
         for case in (c for c in CASES if c.rtt_ms == rtt):
-            results.append(await run_case(case, proxies, plan, rtts[f"{rtt:g}"]["p50_ms"]))
+            rtt_p50 = rtts[f"{rtt:g}"]["p50_ms"]
+            results.append(await run_case(case, servers, proxies, plan, rtt_p50))
             print(progress(results[-1]), file=sys.stderr, flush=True)
     results.sort(key=lambda r: CASES.index(Case(r["n"], r["rtt_ms"], r["blackholed"])))
     return results, rtts
@@ -411,13 +562,16 @@ async def run_all(proxies: ProxyHost, plan: Plan) -> tuple[list[dict[str, Any]],
 
 def progress(result: dict[str, Any]) -> str:
     """One line per finished case for the terminal."""
-    seq, par, fenced = (result["methods"][m]["total"] for m in METHODS)
+    seq, par = (result["methods"][m]["total"] for m in ("sequential", "asyncredlock"))
+    fenced = "  ".join(
+        f"{COUNTERS[m].replace(' ', '-')} p50 {result['methods'][m]['total']['p50_ms']:7.2f} ms "
+        f"({f['cost_rtts']:+.2f} RTT, commits {f['commit_rounds']}/{f['acquisitions']})"
+        for m, f in result["fencing"].items()
+    )
     return (
         f"{result['name']:<28} sequential p50 {seq['p50_ms']:8.2f} ms  "
         f"asyncredlock p50 {par['p50_ms']:7.2f} ms  x{result['speedup_p50']:<6g} "
-        f"fenced p50 {fenced['p50_ms']:7.2f} ms "
-        f"({result['fencing_cost_p50_ms']:+.2f} ms, {result['fencing_cost_rtts']:+.2f} RTT)  "
-        f"({result['seconds']:g} s)"
+        f"fenced {fenced}  ({result['seconds']:g} s)"
     )
 
 
@@ -425,51 +579,70 @@ def progress(result: dict[str, Any]) -> str:
 
 
 def markdown_table(cases: Sequence[dict[str, Any]]) -> str:
-    """Rows = cases; acquire + release latency of the three methods, the p50 speed-up
-    (sequential / asyncredlock) and the fencing cost (fenced - asyncredlock p50)."""
+    """Rows = cases; acquire + release latency of the four methods, the p50 speed-up
+    (sequential / asyncredlock) and the fencing cost of each fenced method (its p50 -
+    asyncredlock p50, in round trips)."""
     head = (
         "| Case | N | RTT (ms) | sequential p50 (ms) | sequential p99 (ms) "
         "| asyncredlock p50 (ms) | asyncredlock p99 (ms) | speed-up (p50) "
         "| asyncredlock fenced p50 (ms) | asyncredlock fenced p99 (ms) "
-        "| fencing cost p50 (ms) | fencing cost (RTTs) |\n"
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+        "| fencing cost, in step (RTTs) "
+        "| fenced, counters apart p50 (ms) | fenced, counters apart p99 (ms) "
+        "| fencing cost, apart (RTTs) |\n"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
     )
     rows = []
     for c in cases:
-        seq, par, fenced = (c["methods"][m]["total"] for m in METHODS)
+        seq, par = (c["methods"][m]["total"] for m in ("sequential", "asyncredlock"))
+        fenced = " | ".join(
+            fenced_cells(c, m) if m in c["methods"] else " | ".join([NOT_MEASURED] * 3)
+            for m in EXTRA_ROUNDS
+        )
         rtt = f"{c['rtt_ms']:g}"
         case = "1 of 5 blackholed" if c["blackholed"] else "all up"
         rows.append(
             f"| {case} | {c['n']} | {rtt} | {seq['p50_ms']:.2f} | {seq['p99_ms']:.2f} "
             f"| {par['p50_ms']:.2f} | {par['p99_ms']:.2f} | {c['speedup_p50']:.2f}x "
-            f"| {fenced['p50_ms']:.2f} | {fenced['p99_ms']:.2f} "
-            f"| {c['fencing_cost_p50_ms']:+.2f} | {c['fencing_cost_rtts']:+.2f} |"
+            f"| {fenced} |"
         )
     return head + "\n".join(rows) + "\n"
 
 
+def fenced_cells(case: dict[str, Any], method: str) -> str:
+    """p50, p99 and fencing cost in RTTs of one fenced method in one case."""
+    total = case["methods"][method]["total"]
+    cost = case["fencing"][method]["cost_rtts"]
+    return f"{total['p50_ms']:.2f} | {total['p99_ms']:.2f} | {cost:+.2f}"
+
+
 def summary_table(report: dict[str, Any]) -> str:
-    """The README's excerpt: p50 of the three methods for N = 3 and 5 and the blackhole
+    """The README's excerpt: p50 of the four methods for N = 3 and 5 and the blackhole
     case, with where and when it was measured."""
     head = (
         "| Case | N | RTT (ms) | sequential p50 (ms) | asyncredlock p50 (ms) "
-        "| speed-up (p50) | asyncredlock fenced p50 (ms) |\n"
-        "|---|--:|--:|--:|--:|--:|--:|\n"
+        "| speed-up (p50) | asyncredlock fenced p50 (ms) | fenced, counters apart p50 (ms) |\n"
+        "|---|--:|--:|--:|--:|--:|--:|--:|\n"
     )
     rows = []
     for c in report["cases"]:
         if c["n"] not in (3, 5):
             continue
-        seq, par, fenced = (c["methods"][m]["total"]["p50_ms"] for m in METHODS)
+        seq, par, fenced, apart = (
+            f"{c['methods'][m]['total']['p50_ms']:.2f}" if m in c["methods"] else NOT_MEASURED
+            for m in METHODS
+        )
         case = "1 of 5 blackholed" if c["blackholed"] else "all up"
         rows.append(
-            f"| {case} | {c['n']} | {c['rtt_ms']:g} | {seq:.2f} | {par:.2f} "
-            f"| {c['speedup_p50']:.2f}x | {fenced:.2f} |"
+            f"| {case} | {c['n']} | {c['rtt_ms']:g} | {seq} | {par} "
+            f"| {c['speedup_p50']:.2f}x | {fenced} | {apart} |"
         )
     return (
         head
         + "\n".join(rows)
-        + "\n\nAcquire + release, p50 in milliseconds; every case, p99 and the notes: "
+        + "\n\nAcquire + release, p50 in milliseconds. asyncredlock fenced: fence counters "
+        + "in step, the usual case, so the commit round is skipped; counters apart (after "
+        + "contention, a master that missed rounds, a new resource): the commit round "
+        + "runs. Every case, p99 and the notes: "
         + "[docs/benchmarks.md](docs/benchmarks.md). "
         + machine_line(report["environment"])
         + "\n"
@@ -486,15 +659,15 @@ def notes(report: dict[str, Any]) -> str:
         f"(after {report['plan']['warmup']} warm-up iterations).\n\n"
         f"- {RELEASE_NOTE}\n"
         f"- {SEQUENTIAL_NOTE}\n"
-        f"- {FENCING_NOTE}\n"
+        f"- {FENCING_NOTE} {APART_NOTE}\n"
         f"- RTT is the delay the proxies add (nominal → PING p50 measured through one "
         f"proxy): {rtt}.\n" + "".join(f"- {line}\n" for line in findings(report["cases"]))
     )
 
 
 def findings(cases: Sequence[dict[str, Any]]) -> list[str]:
-    """Observations computed from the results: where the fan-out lost, what fencing
-    cost, what the blackhole left."""
+    """Observations computed from the results: where the fan-out lost, which commit
+    rounds ran, what fencing cost, what the blackhole left."""
     lines = []
     slower = [c for c in cases if c["speedup_p50"] < 1]
     if slower:
@@ -508,23 +681,71 @@ def findings(cases: Sequence[dict[str, Any]]) -> list[str]:
         )
         lines.append(f"asyncredlock's p50 was higher than the sequential loop's in: {where}.{why}")
     if cases:
-        lines.append(fencing_finding(cases))
+        lines.append(commits_finding(cases))
+        lines.extend(fencing_finding(cases, method) for method in EXTRA_ROUNDS)
     for c in (c for c in cases if c["blackholed"]):
-        plain, fenced = c["asyncredlock_statistics"], c["asyncredlock_fenced_statistics"]
+        plain = c["asyncredlock_statistics"]
+        fenced = "; ".join(
+            f"{LABELS[m]}: {g['in_flight']} and {g['background_tasks']}"
+            for m in EXTRA_ROUNDS
+            if (g := c.get(f"{m}_statistics")) is not None
+        )
         lines.append(
             f"At the end of the blackhole case asyncredlock had {plain['in_flight']} calls "
-            f"in flight and {plain['background_tasks']} background tasks (fenced: "
-            f"{fenced['in_flight']} and {fenced['background_tasks']}), mostly waiting on "
-            "the silent master (each ends at the socket timeout, 5 s by default)."
+            f"in flight and {plain['background_tasks']} background tasks ({fenced}), "
+            "mostly waiting on the silent master (each ends at the socket timeout, 5 s by "
+            "default)."
         )
     return lines
 
 
-def fencing_finding(cases: Sequence[dict[str, Any]]) -> str:
-    """What fencing cost in the headline cases, and every case off one round trip."""
+def commits_finding(cases: Sequence[dict[str, Any]]) -> str:
+    """How many commit rounds each fenced method ran, against none with the counters
+    in step and one per acquisition with them apart; every case that differs."""
+    parts, odd = [], []
+    for method, extra in EXTRA_ROUNDS.items():
+        records = [(c, c["fencing"][method]) for c in cases if method in c["fencing"]]
+        if not records:
+            continue
+        ran = sum(f["commit_rounds"] for _, f in records)
+        total = sum(f["acquisitions"] for _, f in records)
+        expected = "one per acquisition" if extra else "none"
+        parts.append(f"{LABELS[method]} {ran} of {total} (expected: {expected})")
+        odd += [
+            (method, f"{c['name']}: {LABELS[method]} {f['commit_rounds']} of {f['acquisitions']}")
+            for c, f in records
+            if f["commit_rounds"] != extra * f["acquisitions"]
+        ]
+    line = (
+        "Commit rounds run by the measured acquisitions (counted in the client), over all "
+        f"cases: {'; '.join(parts)}. "
+    )
+    if not odd:
+        return line + (
+            "So in every case the counters-in-step acquisitions skipped their commit "
+            "round and the counters-apart ones ran it."
+        )
+    why = (
+        " With the counters in step a commit round still runs when a master that "
+        "answered early had missed a round: one whose release of the previous lease was "
+        "still on its way when the next acquisition, sent right after the release "
+        "returned at quorum, reached it refuses that acquisition and does not count its "
+        "fence up."
+        if any(EXTRA_ROUNDS[method] == 0 for method, _ in odd)
+        else ""
+    )
+    return line + f"Cases that differ: {'; '.join(where for _, where in odd)}.{why}"
+
+
+def fencing_finding(cases: Sequence[dict[str, Any]], method: str) -> str:
+    """What fencing cost ``method`` in the headline cases, and every case more than
+    the tolerance off its expected number of extra rounds."""
+    extra = EXTRA_ROUNDS[method]
+    cases = [c for c in cases if method in c["fencing"]]
 
     def cost(c: dict[str, Any]) -> str:
-        return f"{c['fencing_cost_p50_ms']:+.2f} ms ({c['fencing_cost_rtts']:+.2f} RTT)"
+        f = c["fencing"][method]
+        return f"{f['cost_p50_ms']:+.2f} ms ({f['cost_rtts']:+.2f} RTT)"
 
     headline = []
     for n in FENCING_HEADLINE_NS:
@@ -535,68 +756,72 @@ def fencing_finding(cases: Sequence[dict[str, Any]]) -> str:
         ]
         if row:
             headline.append(f"N={n}: {', '.join(row)}")
-    lo, hi = 1 - FENCING_TOLERANCE, 1 + FENCING_TOLERANCE
-    off = [c for c in cases if not lo <= c["fencing_cost_rtts"] <= hi]
+    lo, hi = extra - FENCING_TOLERANCE, extra + FENCING_TOLERANCE
+    off = [c for c in cases if not lo <= c["fencing"][method]["cost_rtts"] <= hi]
     line = (
-        "Fencing cost (asyncredlock fenced p50 - asyncredlock p50; one RTT is the PING "
-        f"p50 at that RTT): {'; '.join(headline) or 'no headline case measured'}. "
+        f"Fencing cost, counters {COUNTERS[method]} ({LABELS[method]} p50 - asyncredlock "
+        f"p50; one RTT is the PING p50 at that RTT; expected about {extra} RTT): "
+        f"{'; '.join(headline) or 'no headline case measured'}. "
     )
     if not off:
-        return line + (
-            f"Every case is within {lo:g} to {hi:g} RTT: fencing costs about the one "
-            "round trip of its commit round, nothing else."
+        what = (
+            "costs about the one round trip of its commit round, nothing else"
+            if extra
+            else "costs no extra round trip: its commit round is skipped"
         )
-    where = "; ".join(
-        f"{c['name']}: {cost(c)}, {abs(c['fencing_cost_rtts'] - 1):.2f} RTT "
-        f"{'more' if c['fencing_cost_rtts'] > 1 else 'less'} than the one expected"
-        for c in off
-    )
-    return line + f"Outside {lo:g} to {hi:g} RTT: {where}. {rounds_finding(off)}"
+        return line + f"Every case is within {lo:g} to {hi:g} RTT: fencing {what}."
+
+    def gap(c: dict[str, Any]) -> str:
+        diff = c["fencing"][method]["cost_rtts"] - extra
+        return f"{abs(diff):.2f} RTT {'more' if diff > 0 else 'less'} than the {extra} expected"
+
+    where = "; ".join(f"{c['name']}: {cost(c)}, {gap(c)}" for c in off)
+    return line + f"Outside {lo:g} to {hi:g} RTT: {where}. {rounds_finding(off, method)}"
 
 
-def rounds_finding(cases: Sequence[dict[str, Any]]) -> str:
-    """Whether ``cases`` paid one more acquisition round for fencing, and nothing on
-    release, or more than that."""
-    ratios = [c["fencing_acquire_ratio"] for c in cases]
-    more = [c for c in cases if not abs(c["fencing_acquire_ratio"] - 2) <= FENCING_TOLERANCE]
+def rounds_finding(cases: Sequence[dict[str, Any]], method: str) -> str:
+    """How ``method``'s acquire p50 compares with the unfenced one in ``cases``
+    (``1 + extra`` times is exactly the expected extra rounds), and whether its
+    release p50 differs by more than the tolerance (fencing adds nothing there)."""
+    extra = EXTRA_ROUNDS[method]
+    records = [(c, c["fencing"][method]) for c in cases]
+    ratios = [f["acquire_ratio"] for _, f in records]
+    other = [(c, f) for c, f in records if abs(f["acquire_ratio"] - 1 - extra) > FENCING_TOLERANCE]
     slower = [
-        c for c in cases if abs(release_cost(c)) > FENCING_TOLERANCE * c["measured_rtt_p50_ms"]
+        (c, f)
+        for c, f in records
+        if abs(f["release_cost_p50_ms"]) > FENCING_TOLERANCE * c["measured_rtt_p50_ms"]
     ]
-    if not more and not slower:
-        top = max(abs(release_cost(c)) for c in cases)
-        return (
-            f"In each, the fenced acquire p50 was {min(ratios):.2f} to {max(ratios):.2f} "
-            f"times the unfenced one and the release p50 within {top:.2f} ms of it: one "
-            "more acquisition round, nothing else. A round over N masters waits for the "
-            "quorum-th answer (plus the client's and the servers' work), so it takes "
-            "longer than one PING through one proxy."
+    rounds = "one more acquisition round" if extra else "no more acquisition rounds"
+    line = (
+        f"In these, the {LABELS[method]} acquire p50 was {min(ratios):.2f} to "
+        f"{max(ratios):.2f} times the unfenced one"
+    )
+    if not other and not slower:
+        top = max(abs(f["release_cost_p50_ms"]) for _, f in records)
+        why = (
+            " A round over N masters waits for the quorum-th answer (plus the client's "
+            "and the servers' work), so it takes longer than one PING through one proxy."
+            if extra
+            else " The difference lies within the one round (or is noise), not in a round "
+            "of its own."
         )
-    parts = []
-    if more:
-        where = "; ".join(f"{c['name']} ({c['fencing_acquire_ratio']:.2f}x)" for c in more)
-        parts.append(
-            "Fenced acquire p50 over the unfenced one, where it is not about 2 (one more "
-            f"acquisition round): {where}."
-        )
+        return f"{line} and the release p50 within {top:.2f} ms of it: {rounds}, nothing else.{why}"
+    parts = [f"{line} (about {1 + extra} would be {rounds})."]
+    if other:
+        where = "; ".join(f"{c['name']} ({f['acquire_ratio']:.2f}x)" for c, f in other)
+        parts.append(f"Not about {1 + extra} in: {where}.")
     if slower:
         where = "; ".join(
-            f"{c['name']} ({release_cost(c):+.2f} ms, "
-            f"{release_cost(c) / c['measured_rtt_p50_ms']:+.2f} RTT)"
-            for c in slower
+            f"{c['name']} ({f['release_cost_p50_ms']:+.2f} ms, "
+            f"{f['release_cost_p50_ms'] / c['measured_rtt_p50_ms']:+.2f} RTT)"
+            for c, f in slower
         )
         parts.append(
-            f"Fenced release p50 minus the unfenced one, beyond {FENCING_TOLERANCE:g} RTT: {where}."
+            f"{LABELS[method]} release p50 minus the unfenced one, beyond "
+            f"{FENCING_TOLERANCE:g} RTT: {where}."
         )
     return " ".join(parts)
-
-
-def release_cost(case: dict[str, Any]) -> float:
-    """Fenced release p50 minus unfenced release p50, in ms (fencing should add none)."""
-    methods = case["methods"]
-    return float(
-        methods["asyncredlock_fenced"]["release"]["p50_ms"]
-        - methods["asyncredlock"]["release"]["p50_ms"]
-    )
 
 
 def machine_line(env: dict[str, Any]) -> str:
@@ -629,18 +854,24 @@ def docs_section(report: dict[str, Any]) -> str:
         + notes(report)
         + "\n![Sequential vs parallel acquisition](img/fanout.png)\n\n"
         + machine_line(report["environment"])
-        + "\n\nTo rerun (about 4 minutes; `--quick` for a smoke run of a few seconds):\n\n"
+        + "\n\nTo rerun (about 5 minutes; `--quick` for a smoke run of a few seconds):\n\n"
         + "```bash\npip install -e '.[bench]'\n"
         + "python benchmarks/fanout.py --out benchmarks/results \\\n"
         + "    --docs docs --readme README.md\n```\n"
     )
 
 
-COLORS = {"sequential": "tab:gray", "asyncredlock": "tab:blue", "asyncredlock_fenced": "tab:red"}
+COLORS = {
+    "sequential": "tab:gray",
+    "asyncredlock": "tab:blue",
+    "asyncredlock_fenced": "tab:red",
+    "asyncredlock_fenced_apart": "tab:purple",
+}
 STYLES: dict[str, dict[str, Any]] = {
     "sequential": {"linestyle": "--", "marker": "o", "markerfacecolor": "white"},
     "asyncredlock": {"linestyle": "-", "marker": "o"},
     "asyncredlock_fenced": {"linestyle": "-", "marker": "s", "markersize": 5},
+    "asyncredlock_fenced_apart": {"linestyle": ":", "marker": "^", "markersize": 6},
 }
 
 
@@ -675,7 +906,8 @@ def plot(cases: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def plot_line(ax: Any, row: Sequence[dict[str, Any]], method: str) -> None:
-    """One method at one RTT across N."""
+    """One method at one RTT across N (where it was measured)."""
+    row = [c for c in row if method in c["methods"]]
     if not row:
         return
     ax.plot(
@@ -692,7 +924,7 @@ def mark_blackhole(ax: Any, cases: Sequence[dict[str, Any]]) -> None:
     """Stars for the blackhole case (one master silent), labelled with their p50; the
     lowest label goes under its star, the others above theirs."""
     for c in cases:
-        ys = {method: c["methods"][method]["total"]["p50_ms"] for method in METHODS}
+        ys = {m: c["methods"][m]["total"]["p50_ms"] for m in METHODS if m in c["methods"]}
         lowest = min(ys, key=ys.__getitem__)
         for method, y in ys.items():
             face = "white" if method == "sequential" else COLORS[method]
@@ -755,14 +987,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(plan: Plan) -> dict[str, Any]:
     """Start servers and proxies, run every case, stop everything (also on error)."""
     started = time.perf_counter()
-    with servers_behind_proxies(max(NS)) as (_, proxies):
-        cases, rtts = asyncio.run(run_all(proxies, plan))
+    with servers_behind_proxies(max(NS)) as (servers, proxies):
+        cases, rtts = asyncio.run(run_all(servers.urls, proxies, plan))
     return {
         "benchmark": "fanout",
         "unit": "ms",
         "measures": "acquire + release latency of one uncontended lock",
         "methods": LABELS,
-        "notes": [RELEASE_NOTE, SEQUENTIAL_NOTE, FENCING_NOTE],
+        "notes": [RELEASE_NOTE, SEQUENTIAL_NOTE, FENCING_NOTE, APART_NOTE],
         "settings": {"ttl_s": TTL, "node_timeout_s": NODE_TIMEOUT, "seed": SEED},
         "plan": {
             "quick": plan is QUICK,

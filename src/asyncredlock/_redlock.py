@@ -168,9 +168,10 @@ class AsyncRedlock:
             background.
         auto_extend: Whether leases extend themselves by default (True).
         fencing: Whether leases carry fencing tokens by default (True). A fenced
-            acquisition takes two round trips instead of one: the first takes
-            the lock and counts the resource's fence counter up on each master,
-            the second commits the token on a majority. ``False`` gives plain
+            acquisition takes the lock and counts the resource's fence counter
+            up on each master, then commits the token on a majority in a second
+            round, unless a majority already counted exactly that token (the
+            usual case once the counters are in step). ``False`` gives plain
             Redlock, with ``lease.token`` ``None``.
         clock: The monotonic clock for validity (``time.monotonic``); replace it
             only in tests.
