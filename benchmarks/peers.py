@@ -2,9 +2,12 @@
 
 Libraries (each only if it imports; otherwise the output says why):
 
-- **asyncredlock**: ``AsyncRedlock(urls, ttl=10, timeout=10)`` with fencing on (the
-  default), ``await redlock.lock(name, ttl=10, timeout=10, auto_extend=False).acquire()``
-  then ``await lease.release()``; in the latency scenarios also with ``fencing=False``;
+- **asyncredlock**: ``AsyncRedlock(urls, ttl=10, timeout=10)`` with its defaults
+  (auto-extension on, fencing on), ``await redlock.lock(name, ttl=10,
+  timeout=10).acquire()`` then ``await lease.release()``; in the latency scenarios
+  (a, b, e) also with ``fencing=False``. Tasks of one ``AsyncRedlock`` that want the
+  same key queue locally, and a released lease goes straight to the next of them
+  (its lease auto-extends) without a call to the masters;
 - **aioredlock**: ``Aioredlock(urls)``, ``lock(name, lock_timeout=10)``, ``unlock(lock)``;
 - **pottery**: ``AIORedlock(key=name, masters=clients, auto_release_time=10)``,
   ``acquire(timeout=10)``, ``release()``;
@@ -37,13 +40,15 @@ Run from the repository root, after ``pip install -e '.[bench]'`` (see
 ``benchmarks/README.md`` for the one peer the extra cannot install)::
 
     python benchmarks/peers.py [--quick] [--out benchmarks/results] [--docs docs]
-                               [--only asyncredlock,pottery]
+                               [--readme README.md] [--only asyncredlock,pottery]
 
-It writes ``peers.json`` (every number, every setting, the environment), ``peers.md``
-(a table per scenario and the ratio of asyncredlock to the best peer) and ``peers.png``
-(a panel per scenario) to ``--out``; with ``--docs`` it also copies the plot to
-``DOCS/img/peers.png`` and rewrites ``DOCS/peers.md`` after its ``<!-- PEERS-TABLE -->``
-line. It installs nothing.
+It writes ``peers.json`` (every number, every setting, the environment, the targets),
+``peers.md`` (a table per scenario, the ratio of asyncredlock to the best peer, and
+whether each target was met) and ``peers.png`` (a panel per scenario) to ``--out``;
+with ``--docs`` it also copies the plot to ``DOCS/img/peers.png`` and rewrites
+``DOCS/peers.md`` after its ``<!-- PEERS-TABLE -->`` line; with ``--readme`` it writes
+a summary table between the ``<!-- PEERS-SUMMARY -->`` lines of that file. It
+installs nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import gc
 import importlib
@@ -73,6 +79,7 @@ from urllib.parse import urlsplit
 from _common import (
     ProxyHost,
     environment,
+    publish_between,
     publish_section,
     pyplot,
     servers_behind_proxies,
@@ -90,6 +97,8 @@ T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
 MARKER = "<!-- PEERS-TABLE -->"
+SUMMARY_START = "<!-- PEERS-SUMMARY -->"
+SUMMARY_END = "<!-- /PEERS-SUMMARY -->"
 SEED = 1729
 TTL = 10.0  # seconds: every library's lock TTL (asyncredlock's and pottery's default)
 WAIT = 10.0  # seconds a contended acquire may wait, where the library takes a bound
@@ -288,7 +297,7 @@ def redis_client_settings(client: Any) -> dict[str, Any]:
 
 
 class AsyncredlockSession:
-    """asyncredlock, fenced (the default) or not."""
+    """asyncredlock with its defaults (auto-extension on), fenced (the default) or not."""
 
     def __init__(self, urls: Sequence[str], mode: Mode, *, fencing: bool) -> None:
         self._redlock = AsyncRedlock(list(urls), ttl=TTL, timeout=WAIT, fencing=fencing)
@@ -300,24 +309,35 @@ class AsyncredlockSession:
     def settings(self) -> dict[str, Any]:
         constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, fencing=self._fencing)
         constructor.pop("clock", None)
+        lock = self._redlock.lock("peers:settings", ttl=TTL, timeout=WAIT)  # sends nothing
         return {
             "AsyncRedlock": constructor,
-            "lock": {"ttl": TTL, "timeout": WAIT, "auto_extend": False},
+            "lock": {
+                "ttl": lock.ttl,
+                "timeout": lock.timeout,
+                "auto_extend": lock.auto_extend,
+                "fencing": lock.fencing,
+            },
         }
+
+    def statistics(self) -> dict[str, Any]:
+        """``AsyncRedlock.statistics()``: its counters so far (hand-offs among them)."""
+        return dataclasses.asdict(self._redlock.statistics())
 
     async def aclose(self) -> None:
         await self._redlock.aclose()
 
 
 class AsyncredlockHandle:
-    """``redlock.lock(key, ...).acquire()`` then ``lease.release()``."""
+    """``redlock.lock(key, ttl=TTL, timeout=WAIT).acquire()`` (auto-extension and
+    fencing as the session's defaults) then ``lease.release()``."""
 
     def __init__(self, redlock: AsyncRedlock, key: str) -> None:
         self._redlock, self._key = redlock, key
         self._lease: Any = None
 
     async def acquire(self) -> None:
-        lock = self._redlock.lock(self._key, ttl=TTL, timeout=WAIT, auto_extend=False)
+        lock = self._redlock.lock(self._key, ttl=TTL, timeout=WAIT)
         self._lease = await lock.acquire()
 
     async def release(self) -> None:
@@ -585,7 +605,10 @@ PEERS = (
         ("asyncredlock",),
         False,
         functools.partial(AsyncredlockSession, fencing=True),
-        note="fencing on (the default): two rounds per acquisition",
+        note="its defaults: auto-extension on, fencing on (a second round commits the "
+        "token, skipped when a majority counted the same one); "
+        "a released lease passes to the next waiting task of the same AsyncRedlock "
+        "without a call to the masters",
     ),
     Peer(
         "asyncredlock-unfenced",
@@ -595,7 +618,7 @@ PEERS = (
         False,
         functools.partial(AsyncredlockSession, fencing=False),
         frozenset("abe"),
-        "plain Redlock, one round; measured in the latency scenarios",
+        "plain Redlock, one round, auto-extension on; measured in the latency scenarios",
     ),
     Peer(
         "aioredlock",
@@ -760,6 +783,13 @@ class Failures:
     def record(self) -> dict[str, Any]:
         """For the JSON."""
         return {"failures": self.count, "failure_examples": self.examples}
+
+
+def library_statistics(session: Session) -> dict[str, Any]:
+    """The library's own counters after a case, where it keeps any (asyncredlock:
+    acquisitions, hand-offs, wake-ups, extensions; warm-up included)."""
+    stats = getattr(session, "statistics", None)
+    return {"library_statistics": stats()} if callable(stats) else {}
 
 
 class Run:
@@ -1024,6 +1054,7 @@ async def throughput_case(
             warm = await bounded(warm_all(handles, WARMUP_GUARD), WARMUP_GUARD + 1, "warm-up")
             guard = plan.duration + 2 * plan.op_guard + 5
             result = await bounded(throughput(handles, plan.duration), guard, "throughput run")
+            result |= library_statistics(session)
     except Exception as exc:
         return failure(exc)
     result["warmup_failures"] = warm.count
@@ -1111,7 +1142,8 @@ async def contention_case(
             handles = [session.handle(key) for _ in range(CONTENTION_WORKERS)]
             await bounded(cycle(handles[0], plan.op_guard), 2 * plan.op_guard + 1, "warm-up")
             guard = plan.duration + WAIT + 2 * plan.op_guard + 5
-            return await bounded(contention(handles, plan.duration), guard, "contention run")
+            result = await bounded(contention(handles, plan.duration), guard, "contention run")
+            return result | library_statistics(session)
     except Exception as exc:
         return failure(exc)
 
@@ -1164,9 +1196,12 @@ async def wakeup_case(
     trials = plan.warmup + plan.wake_trials
     guard = trials * (plan.wake_hold[1] + 4 * plan.op_guard) + 5
     try:
-        async with Run(peer, info, urls, mode) as session:
-            holder, waiter = session.handle(key), session.handle(key)
-            return await bounded(wakeup(holder, waiter, plan), guard, "wake-up trials")
+        # Holder and waiter are separate clients, as two processes would be: a
+        # waiter in the holder's own client could be handed the lock in-process.
+        async with Run(peer, info, urls, mode) as owner, Run(peer, info, urls, mode) as other:
+            holder, waiter = owner.handle(key), other.handle(key)
+            result = await bounded(wakeup(holder, waiter, plan), guard, "wake-up trials")
+            return result | library_statistics(other)
     except Exception as exc:
         return failure(exc)
 
@@ -1367,6 +1402,7 @@ def run(peers: Sequence[Peer], plan: Plan) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - started, 1),
     }
     report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in scenarios}
+    report["targets"] = targets(report)
     return report
 
 
@@ -1570,6 +1606,15 @@ def notes(report: dict[str, Any]) -> str:
         f"- b: master {s['faulty_master'] + 1} of 5 is blackholed (its proxy swallows "
         "everything) or its server is stopped (its proxy then resets each connection), "
         "after a warm-up on healthy masters.\n"
+        "- asyncredlock runs with its defaults: leases auto-extend and carry fencing "
+        "tokens; the `fencing=False` row (a, b, e) differs in that only. In d every "
+        "worker of a library uses one client object (one `AsyncRedlock` for "
+        "asyncredlock), so asyncredlock's waiting tasks queue in the process and a "
+        "released lease is handed to the next of them without a call to the masters "
+        "(its `library_statistics` in the JSON count the hand-offs); the peers' "
+        "waiters go through the servers. In e the holder and the waiter are separate "
+        "clients, as two processes would be: every library's waiter learns of the "
+        "release through the servers.\n"
         "- c: each cycle is acquire + release; CPU is this process's "
         "(`time.process_time()`, threads included), not the servers'.\n"
         f"- d: each worker holds {s['contention_hold_s'] * 1000:g} ms; wait is from the "
@@ -1619,6 +1664,9 @@ def body(report: dict[str, Any], level: str) -> str:
         + library_table(report)
         + "\n"
         + "".join(scenario_section(s, infos, level) + "\n" for s in report["scenarios"])
+        + f"{level} Targets\n\n"
+        + targets_section(report)
+        + "\n"
         + f"{level} Notes\n\n"
         + notes(report)
         + "\n"
@@ -1638,13 +1686,414 @@ def docs_section(report: dict[str, Any]) -> str:
     return (
         body(report, "###")
         + "\n![asyncredlock and its peers](img/peers.png)\n\n"
-        + f"To rerun (about {FULL_MINUTES} minutes; `--quick` for a smoke run):\n\n"
-        + "```bash\npip install -e '.[bench]'\n"
-        + "python benchmarks/peers.py --docs docs\n```\n"
+        + f"To rerun (about {FULL_MINUTES} minutes on a quiet machine; `--quick` for a "
+        + "smoke run), from the repository root:\n\n"
+        + "```bash\n"
+        + RERUN_INSTALL
+        + RERUN
+        + "\n```\n"
     )
 
 
 FULL_MINUTES = 9
+RERUN = "python benchmarks/peers.py --docs docs --readme README.md"
+RERUN_INSTALL = (
+    "pip install -e '.[bench]'\n"
+    "pip install --no-deps 'redlock-ng>=2.0,<3'  # its pins would downgrade redis-py\n"
+)
+
+
+# --- targets and the README summary ----------------------------------------------------------
+
+# The issue's targets (benchmark only), for asyncredlock with its defaults.
+WAKE_SPEEDUP = 60.0  # e: best Redlock peer's wake-up p50 over asyncredlock's, at least
+WAKE_P50_MS = 1.0  # e: asyncredlock's wake-up p50 at N = 5, below
+CONTENTION_RATE = 1.8  # d: acquisitions/s over the best peer's, at least
+CONTENTION_BUSY = 0.8  # d: lock busy fraction, at least
+CONTENTION_P99_MS = 30.0  # d: wait p99, below
+BLACKHOLE_RATIO = 1.5  # b over a: N = 5 acquire p50, one master blackholed / healthy, at most
+THROUGHPUT_RATE = 1.5  # c: cycles/s over the best peer's, at least
+THROUGHPUT_CPU = 0.7  # c: CPU per cycle over that peer's, at most
+OURS = "asyncredlock"
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the issue checked against the results: the value, whether it was
+    met, and by how much it was missed; "not measured" (with why) where the results
+    lack a quantity."""
+    infos = report["libraries"]
+    by_id = {s["id"]: s for s in report["scenarios"]}
+    redlock_peers = [
+        lib for lib, info in infos.items() if not lib.startswith(OURS) and not info["single_server"]
+    ]
+    rows: list[dict[str, Any]] = []
+    for case in cases_of(by_id, "e"):
+        rows.append(wake_speedup_target(case, redlock_peers, infos))
+    rows.append(wake_p50_target([c for c in cases_of(by_id, "e") if c["n"] == SERVERS]))
+    for case in cases_of(by_id, "d"):
+        rows.extend(contention_targets(case, infos))
+    rows.append(blackhole_target(by_id))
+    for case in cases_of(by_id, "c"):
+        rows.extend(throughput_targets(case, infos))
+    return rows
+
+
+def cases_of(by_id: dict[str, dict[str, Any]], sid: str) -> list[dict[str, Any]]:
+    """The cases of scenario ``sid``, none if it did not run."""
+    return list(by_id[sid]["cases"]) if sid in by_id else []
+
+
+def check(
+    target: str,
+    case: str,
+    bound: str,
+    limit: float,
+    unit: str,
+    value: float | None,
+    measured: str,
+) -> dict[str, Any]:
+    """One row of the targets table; ``bound`` is ">=", "<=" or "<" (value vs limit)."""
+    row: dict[str, Any] = {
+        "target": target,
+        "case": case,
+        "bound": bound,
+        "limit": limit,
+        "unit": unit,
+        "value": None if value is None else round(value, 4),
+        "measured": measured,
+    }
+    if value is None:
+        return row | {"met": None, "shortfall": None, "result": "not measured"}
+    met = {">=": value >= limit, "<=": value <= limit, "<": value < limit}[bound]
+    if met:
+        return row | {"met": True, "shortfall": None, "result": "met"}
+    gap = abs(value - limit)
+    text = f"{gap * 100:.0f} points" if unit == "share" else amount(gap, unit)
+    if bound == ">=":
+        result = f"missed: {text} short ({value / limit:.0%} of the target)"
+    else:
+        result = f"missed: {text} over ({value / limit:.2f}x the limit)"
+    return row | {"met": False, "shortfall": round(gap, 4), "result": result}
+
+
+def amount(v: float, unit: str) -> str:
+    """``v`` in ``unit``: "x" (a ratio), "ms" or "share" (a fraction)."""
+    if unit == "share":
+        return f"{v:.0%}"
+    if unit == "ms":
+        return f"{number(v)} ms"
+    return times(v)
+
+
+def number(v: float) -> str:
+    """Two decimals, three below 0.1."""
+    return f"{v:,.2f}" if abs(v) >= 0.1 else f"{v:.3f}"
+
+
+def times(x: float) -> str:
+    """A ratio: ``1.52x``, ``12.3x``, ``1,650x``."""
+    if x >= 100:
+        return f"{x:,.0f}x"
+    return f"{x:.1f}x" if x >= 10 else f"{x:.2f}x"
+
+
+def ok_result(case: dict[str, Any], lib: str) -> dict[str, Any] | None:
+    """``lib``'s result in ``case`` if it has numbers."""
+    result = case["results"].get(lib)
+    return result if result is not None and result["status"] == "ok" else None
+
+
+def status_text(case: dict[str, Any], lib: str, infos: dict[str, Any]) -> str:
+    """``pottery AIORedlock: hung`` for a result without numbers."""
+    result = case["results"].get(lib)
+    label = infos[lib]["label"] if lib in infos else lib
+    if result is None:
+        return f"{label}: not run"
+    return f"{label}: {STATUS_TEXT.get(result['status'], result['status'])}"
+
+
+def best_of(
+    sid: str, case: dict[str, Any], libs: Sequence[str], lower: bool
+) -> tuple[str, float] | None:
+    """The library of ``libs`` with the best value of scenario ``sid`` in ``case``."""
+    found = {
+        lib: v
+        for lib in libs
+        if (r := ok_result(case, lib)) is not None and (v := value(sid, r)) is not None
+    }
+    if not found:
+        return None
+    best = (min if lower else max)(found, key=found.__getitem__)
+    return best, found[best]
+
+
+def missing(case: dict[str, Any], libs: Sequence[str], infos: dict[str, Any], who: str) -> str:
+    """Why a comparison has no numbers: ``not in the results: no peer completed (...)``."""
+    if not libs:
+        return f"not in the results: no {who} in this run"
+    states = "; ".join(status_text(case, lib, infos) for lib in libs)
+    return f"not in the results: no {who} completed ({states})"
+
+
+def peers_in(case: dict[str, Any]) -> list[str]:
+    """The other libraries of ``case`` (not asyncredlock, fenced or not)."""
+    return [lib for lib in case["results"] if not lib.startswith(OURS)]
+
+
+def wake_speedup_target(
+    case: dict[str, Any], redlock_peers: list[str], infos: dict[str, Any]
+) -> dict[str, Any]:
+    """e: the best Redlock peer's wake-up p50 over asyncredlock's."""
+    target = f"e. wake-up p50 ≥ {WAKE_SPEEDUP:g}x faster than the best Redlock peer"
+    args = (target, case["name"], ">=", WAKE_SPEEDUP, "x")
+    ours = ok_result(case, OURS)
+    best = best_of("e", case, redlock_peers, lower=True)
+    if ours is None:
+        return check(*args, None, "not in the results: " + status_text(case, OURS, infos))
+    if best is None:
+        return check(*args, None, missing(case, redlock_peers, infos, "Redlock peer"))
+    mine, (lib, theirs) = value("e", ours) or 0.0, best
+    text = f"{OURS} {number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
+    if mine <= 0:
+        return check(*args, None, text + ": no ratio (asyncredlock's p50 is not above 0)")
+    return check(*args, theirs / mine, f"{text}: {times(theirs / mine)}")
+
+
+def wake_p50_target(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """e: asyncredlock's wake-up p50 at N = 5."""
+    target = f"e. wake-up p50 < {WAKE_P50_MS:g} ms at N={SERVERS}"
+    if not cases:
+        return check(target, f"N={SERVERS}", "<", WAKE_P50_MS, "ms", None, "not in the results")
+    case = cases[0]
+    ours = ok_result(case, OURS)
+    if ours is None:
+        return check(
+            target,
+            case["name"],
+            "<",
+            WAKE_P50_MS,
+            "ms",
+            None,
+            "not in the results: " + status_text(case, OURS, {}),
+        )
+    p50 = float(ours["wake"]["p50_ms"])
+    return check(target, case["name"], "<", WAKE_P50_MS, "ms", p50, f"{number(p50)} ms")
+
+
+def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """d: acquisitions/s over the best peer's, lock busy, wait p99."""
+    name = case["name"]
+    rate = f"d. acquisitions/s ≥ {CONTENTION_RATE:g}x the best peer's"
+    busy = f"d. lock busy ≥ {CONTENTION_BUSY:.0%} of the time"
+    p99 = f"d. wait p99 < {CONTENTION_P99_MS:g} ms"
+    ours = ok_result(case, OURS)
+    if ours is None:
+        why = "not in the results: " + status_text(case, OURS, infos)
+        return [
+            check(rate, name, ">=", CONTENTION_RATE, "x", None, why),
+            check(busy, name, ">=", CONTENTION_BUSY, "share", None, why),
+            check(p99, name, "<", CONTENTION_P99_MS, "ms", None, why),
+        ]
+    mine = float(ours["acquisitions_per_s"])
+    peers = peers_in(case)
+    best = best_of("d", case, peers, lower=False)
+    if best is None:
+        rate_row = check(
+            rate, name, ">=", CONTENTION_RATE, "x", None, missing(case, peers, infos, "peer")
+        )
+    else:
+        lib, theirs = best
+        text = f"{OURS} {mine:,.0f}/s vs {infos[lib]['label']} {theirs:,.0f}/s"
+        ratio = mine / theirs if theirs > 0 else None
+        suffix = f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
+        rate_row = check(rate, name, ">=", CONTENTION_RATE, "x", ratio, text + suffix)
+    fraction, wait = float(ours["busy_fraction"]), float(ours["wait"]["p99_ms"])
+    return [
+        rate_row,
+        check(busy, name, ">=", CONTENTION_BUSY, "share", fraction, f"{fraction:.0%}"),
+        check(p99, name, "<", CONTENTION_P99_MS, "ms", wait, f"{number(wait)} ms"),
+    ]
+
+
+def blackhole_target(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """b over a: asyncredlock's N = 5 acquire p50 with one master blackholed, over the
+    healthy case at the same RTT."""
+    faulty = [c for c in cases_of(by_id, "b") if c["fault"] == "blackhole"]
+    rtt = faulty[0]["rtt_ms"] if faulty else 2.0
+    healthy = [c for c in cases_of(by_id, "a") if c["n"] == SERVERS and c["rtt_ms"] == rtt]
+    target = (
+        f"b. N={SERVERS} acquire p50 with one master blackholed ≤ {BLACKHOLE_RATIO:g}x "
+        f"the healthy one (a, N={SERVERS}, RTT {rtt:g} ms)"
+    )
+    case = f"N={SERVERS}, RTT {rtt:g} ms"
+    args = (target, case, "<=", BLACKHOLE_RATIO, "x")
+    if not faulty or not healthy:
+        return check(*args, None, "not in the results: scenario a or b did not run")
+    bad, good = ok_result(faulty[0], OURS), ok_result(healthy[0], OURS)
+    if bad is None or good is None:
+        why = [
+            f"{where} {status_text(c, OURS, {})}"
+            for where, c, r in (("b", faulty[0], bad), ("a", healthy[0], good))
+            if r is None
+        ]
+        return check(*args, None, "not in the results: " + "; ".join(why))
+    slow, fast = float(bad["acquire"]["p50_ms"]), float(good["acquire"]["p50_ms"])
+    text = f"{number(slow)} ms vs {number(fast)} ms healthy"
+    if fast <= 0:
+        return check(*args, None, text + ": no ratio")
+    return check(*args, slow / fast, f"{text}: {times(slow / fast)}")
+
+
+def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """c: cycles/s over the best peer's, and CPU per cycle over that peer's."""
+    name = case["name"]
+    rate = f"c. cycles/s ≥ {THROUGHPUT_RATE:g}x the best peer's"
+    cpu = f"c. CPU per cycle ≤ {THROUGHPUT_CPU:g}x that peer's"
+    ours = ok_result(case, OURS)
+    peers = peers_in(case)
+    best = best_of("c", case, peers, lower=False)
+    if ours is None or best is None:
+        why = (
+            "not in the results: " + status_text(case, OURS, infos)
+            if ours is None
+            else missing(case, peers, infos, "peer")
+        )
+        return [
+            check(rate, name, ">=", THROUGHPUT_RATE, "x", None, why),
+            check(cpu, name, "<=", THROUGHPUT_CPU, "x", None, why),
+        ]
+    lib, theirs = best
+    label = infos[lib]["label"]
+    mine = float(ours["cycles_per_s"])
+    rate_text = f"{OURS} {mine:,.0f}/s vs {label} {theirs:,.0f}/s"
+    rate_ratio = mine / theirs if theirs > 0 else None
+    rows = [
+        check(
+            rate,
+            name,
+            ">=",
+            THROUGHPUT_RATE,
+            "x",
+            rate_ratio,
+            rate_text + (f": {times(rate_ratio)}" if rate_ratio is not None else ""),
+        )
+    ]
+    my_cpu = ours.get("cpu_s_per_1000")
+    their_cpu = case["results"][lib].get("cpu_s_per_1000")
+    if my_cpu is None or not their_cpu:
+        rows.append(
+            check(
+                cpu, name, "<=", THROUGHPUT_CPU, "x", None, "not in the results: no CPU per cycle"
+            )
+        )
+    else:
+        text = (
+            f"{OURS} {my_cpu:.3f} vs {label} {their_cpu:.3f} CPU s per 1,000 cycles: "
+            f"{times(my_cpu / their_cpu)}"
+        )
+        rows.append(check(cpu, name, "<=", THROUGHPUT_CPU, "x", my_cpu / their_cpu, text))
+    return rows
+
+
+def targets_section(report: dict[str, Any]) -> str:
+    """The targets table, computed from the results, with a count."""
+    rows = report["targets"]
+    lines = [
+        f"| {r['target']} | {r['case']} | {r['measured']} | "
+        + ("met" if r["met"] else f"**{r['result']}**" if r["met"] is False else r["result"])
+        + " |"
+        for r in rows
+    ]
+    return (
+        "The targets set for this benchmark, checked against this run for asyncredlock "
+        'with its defaults (auto-extension and fencing on); "best peer" is the best of '
+        'the other libraries in that case, a "Redlock peer" one that runs on N > 1 '
+        "masters (aioredlock, pottery, redlock-ng). A missed target gives its shortfall "
+        "in the target's unit, and the measured value against the target.\n\n"
+        "| Target | Case | Measured | Result |\n|---|---|---|---|\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + target_count(rows)
+        + "\n"
+    )
+
+
+def target_count(rows: Sequence[dict[str, Any]]) -> str:
+    """``Met 7 of 13 targets; missed 4; not measured 2.``"""
+    met = sum(r["met"] is True for r in rows)
+    missed = sum(r["met"] is False for r in rows)
+    unknown = len(rows) - met - missed
+    text = f"Met {met} of {len(rows)} targets; missed {missed}"
+    return text + (f"; not measured {unknown}." if unknown else ".")
+
+
+SUMMARY_METRICS = {
+    "a": "a. uncontended acquire + release, p50 (ms)",
+    "b": "b. 1 of 5 masters failing, acquire p50 (ms)",
+    "c": f"c. throughput, {THROUGHPUT_WORKERS} workers: cycles/s",
+    "d": f"d. contention, {CONTENTION_WORKERS} workers on one key: acquisitions/s",
+    "e": "e. wake-up after release, p50 (ms)",
+}
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """The README summary: per scenario and case, asyncredlock's headline value, the
+    best peer's, and how they compare; the targets met; how to rerun."""
+    infos = report["libraries"]
+    rows = []
+    for scenario in report["scenarios"]:
+        sid, lower = scenario["id"], scenario["better"] == "lower"
+        for i, case in enumerate(scenario["cases"]):
+            title = SUMMARY_METRICS[sid] if i == 0 else ""
+            rows.append(
+                f"| {title} | {case['name']} | " + summary_cells(sid, case, infos, lower) + " |"
+            )
+    quick = (
+        " **Quick run: too few iterations to mean anything.**" if report["plan"]["quick"] else ""
+    )
+    return (
+        "| Scenario, metric | Case | asyncredlock | Best peer | asyncredlock vs best peer |\n"
+        "|---|---|--:|--:|--:|\n"
+        + "\n".join(rows)
+        + "\n\nasyncredlock with its defaults (auto-extension and fencing on) against the "
+        "best of the other libraries in each case (latency: lower is better; rates: "
+        "higher is better). The full tables (p99, CPU per cycle, contention fairness, "
+        "`fencing=False`), the targets and the notes: [docs/peers.md](docs/peers.md). "
+        + target_count(report["targets"])
+        + " "
+        + machine_line(report["environment"])
+        + quick
+        + f"\n\nRerun (about {FULL_MINUTES} minutes, on a quiet machine): `{RERUN}`.\n"
+    )
+
+
+def summary_cells(sid: str, case: dict[str, Any], infos: dict[str, Any], lower: bool) -> str:
+    """asyncredlock's value | the best peer's | the comparison, for one case."""
+    ours = ok_result(case, OURS)
+    mine = value(sid, ours) if ours is not None else None
+    best = best_of(sid, case, peers_in(case), lower)
+    left = status_text(case, OURS, infos).split(": ", 1)[1] if mine is None else show(sid, mine)
+    if best is None:
+        return f"{left} | no peer completed | -"
+    lib, theirs = best
+    right = f"{infos[lib]['label']} {show(sid, theirs)}"
+    if mine is None:
+        return f"{left} | {right} | -"
+    if not lower:
+        versus = f"{times(mine / theirs)} the peer's" if theirs > 0 else "-"
+    elif mine <= 0:
+        versus = "-"
+    elif mine <= theirs:
+        versus = f"{times(theirs / mine)} faster"
+    else:
+        versus = f"{times(mine / theirs)} slower"
+    return f"{left} | {right} | {versus}"
+
+
+def show(sid: str, v: float) -> str:
+    """A headline value: a rate without decimals, a latency in ms."""
+    return f"{v:,.0f}" if sid in "cd" else number(v)
+
 
 COLORS = {
     "asyncredlock": "tab:blue",
@@ -1759,6 +2208,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--docs", type=Path, help="also publish to this mkdocs dir (img/, peers.md)"
     )
+    parser.add_argument("--readme", type=Path, help="also write the summary table into this README")
     parser.add_argument(
         "--only",
         type=select,
@@ -1780,8 +2230,11 @@ def select(names: str) -> tuple[Peer, ...]:
     return tuple(p for p in PEERS if p.id in wanted)
 
 
-def write_outputs(report: dict[str, Any], out: Path, docs: Path | None) -> None:
-    """JSON, markdown and PNG into ``out``; plot and section into ``docs`` if given."""
+def write_outputs(
+    report: dict[str, Any], out: Path, docs: Path | None, readme: Path | None = None
+) -> None:
+    """JSON, markdown and PNG into ``out``; the plot and section into ``docs`` and the
+    summary into ``readme``, if given."""
     write_json(out / "peers.json", report)
     write_text(out / "peers.md", markdown(report))
     plot(report, out / "peers.png")
@@ -1789,6 +2242,8 @@ def write_outputs(report: dict[str, Any], out: Path, docs: Path | None) -> None:
         (docs / "img").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "peers.png", docs / "img" / "peers.png")
         publish_section(docs / "peers.md", MARKER, docs_section(report))
+    if readme is not None:
+        publish_between(readme, SUMMARY_START, SUMMARY_END, summary_table(report))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1799,9 +2254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; servers and proxies stopped", file=sys.stderr)
         return 130
-    write_outputs(report, args.out, args.docs)
+    write_outputs(report, args.out, args.docs, args.readme)
     for scenario in report["scenarios"]:
         print(scenario_section(scenario, report["libraries"], "##"))
+    print(targets_section(report))
     print(f"written to {args.out} in {report['seconds']:g} s", file=sys.stderr)
     return 0
 

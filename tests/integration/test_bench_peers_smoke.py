@@ -77,6 +77,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     shutil.copyfile(ROOT / "docs" / "peers.md", docs / "peers.md")
     readme = out / "README.md"
     shutil.copyfile(ROOT / "README.md", readme)
+    shutil.copyfile(readme, out / "README.before.md")  # README.md may change meanwhile
     proc = subprocess.run(
         [
             sys.executable,
@@ -241,7 +242,7 @@ def test_readme_summary_is_written_between_its_markers(
     quick_run: tuple[Path, dict[str, Any]],
 ) -> None:
     out, report = quick_run
-    original = (ROOT / "README.md").read_text()
+    original = (out / "README.before.md").read_text()
     page = (out / "README.md").read_text()
     head, _, rest = page.partition(SUMMARY_START + "\n")
     summary, _, tail = rest.partition(SUMMARY_END + "\n")
