@@ -103,12 +103,21 @@ class TestCancellation:
     async def test_cancellation_storm_leaves_nothing_behind(self, servers: ServerGroup) -> None:
         rng = random.Random(20261123)
         names = [f"storm:{i}" for i in range(64)]
-        async with AsyncRedlock(servers.urls, retry_delay=0.02) as redlock:
-            await _warm_up(redlock, 100)
+        # Two clients, as two processes would be: tasks of one client queue for a
+        # name locally, so only between clients do attempts meet a held lock on
+        # the masters and waiters subscribe.
+        async with (
+            AsyncRedlock(servers.urls, retry_delay=0.02) as first,
+            AsyncRedlock(servers.urls, retry_delay=0.02) as second,
+        ):
+            redlocks = (first, second)
+            for redlock in redlocks:
+                await _warm_up(redlock, 50)
 
             async def one(i: int) -> None:
                 # A third unfenced: one round per attempt, so that even on a loaded
                 # machine some acquisitions finish and their leases get cancelled.
+                redlock = redlocks[i % 2]
                 lock = redlock.lock(rng.choice(names), ttl=2.0, timeout=5.0, fencing=i % 3 != 0)
                 with anyio.move_on_after(rng.uniform(0, 0.3)):
                     if i % 3 == 0:
@@ -127,29 +136,33 @@ class TestCancellation:
                 async with anyio.create_task_group() as tg:
                     for i in range(100):
                         tg.start_soon(one, wave * 100 + i)
-            await redlock.settle()
-            stats = redlock.statistics()
+            for redlock in redlocks:
+                await redlock.settle()
+            stats = [redlock.statistics() for redlock in redlocks]
             in_use = [
-                len(node.client.connection_pool._in_use_connections) for node in _nodes(redlock)
+                [len(node.client.connection_pool._in_use_connections) for node in _nodes(r)]
+                for r in redlocks
             ]
             # the one standing subscription per master that waiters listen through
             listening = [
-                int(listener is not None and listener.pubsub is not None)
-                for listener in redlock._core.waker.listeners
+                [
+                    int(listener is not None and listener.pubsub is not None)
+                    for listener in r._core.waker.listeners
+                ]
+                for r in redlocks
             ]
+            gates = [r._core.gates._gates for r in redlocks]
             library_tasks = [
                 t for t in asyncio.all_tasks() if _from_library(t) and not _is_listener(t)
             ]
         assert [t for t in asyncio.all_tasks() if _from_library(t)] == []  # after aclose()
-        assert listening == [1] * 5  # contention happened: waiters subscribed
-        assert stats.attempts > 100  # the warm-up, and then first in line per name
-        assert stats.acquisitions + stats.handoffs > 100  # cancellations hit held leases
-        assert stats.failed_attempts > 0  # and contended attempts
-        assert stats.timeouts == 0  # every acquire() ended by its cancellation or a lease
-        assert redlock._core.gates._gates == {}  # no task left queued or holding a slot
-        assert stats.held == 0
-        assert stats.in_flight == 0
-        assert stats.background_tasks == 0
+        assert [1] * 5 in listening  # contention between the clients: waiters subscribed
+        assert sum(s.attempts for s in stats) > 100  # the warm-up, then first in line
+        assert sum(s.acquisitions + s.handoffs for s in stats) > 100  # leases cancelled
+        assert sum(s.failed_attempts for s in stats) > 0  # and contended attempts
+        assert [s.timeouts for s in stats] == [0, 0]  # each acquire() cancelled or leased
+        assert gates == [{}, {}]  # no task left queued or holding a slot
+        assert [(s.held, s.in_flight, s.background_tasks) for s in stats] == [(0, 0, 0)] * 2
         assert in_use == listening
         assert library_tasks == []
         assert await _keys_everywhere(servers) == [[], [], [], [], []]
