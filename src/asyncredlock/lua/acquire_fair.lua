@@ -7,7 +7,8 @@
 -- one acquire()), ARGV[5] its arrival score (the same on every master, so that they
 -- agree on the order), ARGV[6] its entry's time to live in ms
 -- Returns as acquire.lua, and {0, -3} when the lock is free but an earlier waiter is
--- queued: the waiter is queued (or its entry refreshed) unless it was granted.
+-- queued: the waiter is queued (or its entry refreshed) unless it was granted. Both
+-- queue keys expire with their latest entry.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -23,6 +24,11 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
 end
 redis.call('ZADD', KEYS[4], 'NX', ARGV[5], ARGV[4])
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[6]), ARGV[4])
+-- The queue lives as long as its latest entry: should nobody come back to prune
+-- the entries of dead waiters, the keys go by themselves.
+local latest = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2]
+redis.call('PEXPIREAT', KEYS[4], latest)
+redis.call('PEXPIREAT', KEYS[5], latest)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('PTTL', KEYS[1])}
 end
