@@ -27,6 +27,7 @@ PUBLIC = {
         "NodeLockState",
         "NodeOutcome",
         "QuorumUnavailableError",
+        "RWLock",
         "RedlockError",
         "RedlockStatistics",
         "StaleTokenError",

@@ -25,6 +25,7 @@ from ._redlock import AsyncRedlock as AsyncRedlock
 from ._redlock import LockState as LockState
 from ._redlock import NodeLockState as NodeLockState
 from ._redlock import RedlockStatistics as RedlockStatistics
+from ._rwlock import RWLock as RWLock
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "NodeLockState",
     "NodeOutcome",
     "QuorumUnavailableError",
+    "RWLock",
     "RedlockError",
     "RedlockStatistics",
     "StaleTokenError",

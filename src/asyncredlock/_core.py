@@ -28,14 +28,13 @@ from ._quorum import (
     Verdict,
 )
 from ._quorum import describe_error as _describe_error
-from ._scripts import ACQUIRE, ACQUIRE_FAIR, COMMIT, DEQUEUE, RELEASE
+from ._scripts import ACQUIRE, ACQUIRE_RW, COMMIT, DEQUEUE, RELEASE, RELEASE_READ
 from ._wakeup import Waker
 
 if TYPE_CHECKING:
     from ._lease import Lease
 
 __all__ = [
-    "QUEUED",
     "TOKEN_BLOCK",
     "Core",
     "Counters",
@@ -47,7 +46,9 @@ __all__ = [
     "classify_flag",
     "committed_already",
     "fence_tokens",
+    "may_be_queued",
     "ms",
+    "readers_key",
 ]
 
 
@@ -58,15 +59,15 @@ __all__ = [
 TOKEN_BLOCK = 64
 
 
-#: What ``acquire_fair.lua`` answers instead of a TTL when the lock is free but an
-#: earlier waiter is first in its queue.
-QUEUED = -3
+#: Why ``acquire.lua`` and ``acquire_rw.lua`` refused (the 4th element of a refusal).
+_WRITER, _READERS, _QUEUE = 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
 class QueueEntry:
-    """A waiter of a fair lock: its id, its arrival score (the same on every
-    master, so they agree on the order), and how long its entry lives unrefreshed."""
+    """A waiter that may queue on the masters (fair locks, read-write locks): its
+    id (``r:...`` for a reader), its arrival score (the same on every master, so
+    they agree on the order), and how long its entry lives unrefreshed."""
 
     waiter: str
     score: int
@@ -81,6 +82,16 @@ def ms(seconds: float) -> int:
 def channel(key: str) -> str:
     """The pub/sub channel on which a release of ``key`` is announced."""
     return aux_key(key, "released")
+
+
+def readers_key(key: str) -> str:
+    """The sorted set of a read-write lock's readers (value -> when it lapses)."""
+    return aux_key(key, "readers")
+
+
+def queue_keys(key: str) -> tuple[str, str]:
+    """The queue of a fair or read-write lock, and its entries' expiries."""
+    return aux_key(key, "queue"), aux_key(key, "queue:expiry")
 
 
 def undo_key(key: str, value: str) -> str:
@@ -121,17 +132,33 @@ def _counts(replies: Sequence[asyncio.Future[Reply]]) -> list[tuple[int, ...]]:
 
 
 def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
-    """Count an ``acquire.lua`` reply toward the quorum."""
+    """Count an ``acquire.lua`` or ``acquire_rw.lua`` reply toward the quorum."""
     if reply.error is not None:
         return Verdict.FAILED, _describe_error(reply)
     code = int(reply.value[0])
     if code == 1:
         return Verdict.YES, "granted"
     if code == 0:
-        if int(reply.value[1]) == QUEUED:
-            return Verdict.NO, "free, but an earlier waiter is first in the queue (fair)"
-        return Verdict.NO, f"held by another holder ({int(reply.value[1])} ms left)"
+        left = int(reply.value[1])
+        why = int(reply.value[3]) if len(reply.value) > 3 else _WRITER
+        if why == _QUEUE:
+            return Verdict.NO, "free, but an earlier waiter is first in the queue"
+        if why == _READERS:
+            return Verdict.NO, f"held by readers ({left} ms until the last one lapses)"
+        return Verdict.NO, f"held by another holder ({left} ms left)"
     return Verdict.NO, "attempt already undone here"
+
+
+def may_be_queued(future: asyncio.Future[Reply]) -> bool:
+    """Whether an ``acquire_rw.lua`` call may have left the waiter in the queue:
+    its reply says so, or is unknown (failed, or still out)."""
+    if not future.done():
+        return True
+    reply = future.result()
+    if reply.error is not None:
+        return not isinstance(reply.error, NodeSkippedError)
+    value = reply.value
+    return int(value[0]) == 0 and len(value) > 2 and int(value[2]) == 1
 
 
 def classify_commit(reply: Reply) -> tuple[Verdict, str]:
@@ -251,32 +278,81 @@ class Core:
         *,
         fencing: bool,
         entry: QueueEntry | None = None,
+        shared: bool = False,
+        queue: bool = False,
     ) -> Round:
-        """Start ``SET NX PX`` (through ``acquire.lua``) on every master.
+        """Start an acquisition attempt on every master.
 
-        With ``fencing``, each master that grants also counts the resource's
-        fence counter up by `TOKEN_BLOCK` and returns it (the first of two phases).
-        With ``entry`` (a fair lock, one resource), ``acquire_fair.lua`` queues the
-        waiter and grants only to the first in the queue.
+        Without ``entry``, ``acquire.lua``: ``SET NX PX`` on every key (refused
+        while a writer or readers hold one). With ``fencing``, each master that
+        grants also counts the resource's fence counter up by `TOKEN_BLOCK` and
+        returns it (the first of two phases). With ``entry`` (fair and read-write
+        locks, one resource), ``acquire_rw.lua`` takes it for a reader
+        (``shared``) or a writer, and queues the waiter when ``queue`` is set or
+        a queue exists.
         """
+        if entry is None:
+            script_keys = [
+                each
+                for key in keys
+                for each in (key, undo_key(key, value), aux_key(key, "fence"), readers_key(key))
+            ]
+            args: tuple[str | int, ...] = (value, ms(ttl), str(TOKEN_BLOCK) if fencing else "0")
+            return self.fan_out(
+                lambda _, node: node.call(ACQUIRE, script_keys, args), skip_silent=True
+            )
+        (key,) = keys
         script_keys = [
-            each for key in keys for each in (key, undo_key(key, value), aux_key(key, "fence"))
+            key,
+            undo_key(key, value),
+            aux_key(key, "fence"),
+            readers_key(key),
+            *queue_keys(key),
         ]
-        args: tuple[str | int, ...] = (value, ms(ttl), str(TOKEN_BLOCK) if fencing else "0")
-        script = ACQUIRE
-        if entry is not None:  # a fair lock: one resource, and its queue
-            (key,) = keys
-            script = ACQUIRE_FAIR
-            script_keys += [aux_key(key, "queue"), aux_key(key, "queue:expiry")]
-            args += (entry.waiter, entry.score, ms(entry.ttl))
-        return self.fan_out(lambda _, node: node.call(script, script_keys, args), skip_silent=True)
+        args = (
+            value,
+            ms(ttl),
+            str(TOKEN_BLOCK) if fencing and not shared else "0",
+            entry.waiter,
+            entry.score,
+            ms(entry.ttl),
+            "r" if shared else "w",
+            "1" if queue else "0",
+        )
+        return self.fan_out(
+            lambda _, node: node.call(ACQUIRE_RW, script_keys, args), skip_silent=True
+        )
 
-    def dequeue(self, key: str, entry: QueueEntry) -> None:
-        """Take a fair lock's waiter out of the queue on every master, in the background."""
-        keys = (aux_key(key, "queue"), aux_key(key, "queue:expiry"))
+    def dequeue(
+        self,
+        key: str,
+        entry: QueueEntry,
+        rounds: Sequence[Sequence[asyncio.Future[Reply]]],
+        *,
+        everywhere: bool,
+    ) -> None:
+        """Take a waiter whose ``acquire()`` ended out of the queue, in the background.
+
+        On each master, once the replies of its attempts there (``rounds``) are
+        in, so that a late attempt cannot queue the waiter again; ``everywhere``
+        (a fair lock) or only where an attempt queued it or its outcome is
+        unknown (a read-write lock, whose attempts queue only while a writer is
+        out of patience).
+        """
+        keys = queue_keys(key)
         args = (entry.waiter, channel(key))
-        for node in self.nodes:
-            self.tracker.call(node.call(DEQUEUE, keys, args))
+
+        async def dequeue_on(node: Node, attempts: list[asyncio.Future[Reply]]) -> Reply:
+            for attempt in attempts:
+                await wait_done(attempt)
+            if everywhere or any(may_be_queued(attempt) for attempt in attempts):
+                return await node.call(DEQUEUE, keys, args)
+            return Reply(0)
+
+        for i, node in enumerate(self.nodes):
+            attempts = [rnd[i] for rnd in rounds]
+            if everywhere or any(may_be_queued(attempt) for attempt in attempts):
+                self.tracker.call(dequeue_on(node, attempts))
 
     def commit_round(
         self,
@@ -319,12 +395,15 @@ class Core:
         acquired: asyncio.Future[Reply],
         previous: asyncio.Future[Reply],
         ttl: float,
+        *,
+        shared: bool = False,
     ) -> Reply:
         """Compare-and-delete on one master, after every earlier call of the lease there.
 
         Waiting first is what keeps a release from overtaking the ``SET`` it undoes.
         A master that refused the lock holds nothing of ours and gets no call; one
-        whose ``SET`` failed in an unknown way gets an undo marker too.
+        whose ``SET`` failed in an unknown way gets an undo marker too. A reader
+        (``shared``) removes its entry from the readers instead.
         """
         await wait_done(previous)
         reply = acquired.result()
@@ -332,6 +411,10 @@ class Core:
         if refused or isinstance(reply.error, NodeSkippedError):  # nothing of ours there
             return Reply(0)
         marker_ttl = 0 if reply.error is None else ms(ttl)
+        if shared:
+            (key,) = keys
+            read_keys = (readers_key(key), undo_key(key, value))
+            return await node.call(RELEASE_READ, read_keys, (value, marker_ttl, channel(key)))
         script_keys = [each for key in keys for each in (key, undo_key(key, value))]
         args = (value, marker_ttl, *(channel(key) for key in keys))
         return await node.call(RELEASE, script_keys, args)
@@ -342,10 +425,14 @@ class Core:
         value: str,
         acquired: Sequence[asyncio.Future[Reply]],
         ttl: float,
+        *,
+        shared: bool = False,
     ) -> list[asyncio.Task[Reply]]:
         """Release a failed or cancelled attempt on every master, in the background."""
         return [
-            self.tracker.call(self.release_on(node, keys, value, future, future, ttl))
+            self.tracker.call(
+                self.release_on(node, keys, value, future, future, ttl, shared=shared)
+            )
             for node, future in zip(self.nodes, acquired, strict=True)
         ]
 

@@ -13,13 +13,13 @@ from typing import Any
 import anyio
 
 from ._config import check_seconds
-from ._core import TOKEN_BLOCK, Core, classify_flag, granted, ms, wait_done
+from ._core import TOKEN_BLOCK, Core, classify_flag, granted, ms, readers_key, wait_done
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._gate import Gates
 from ._keys import Resources
 from ._node import Node, Reply
 from ._quorum import Decision, Round
-from ._scripts import EXTEND
+from ._scripts import EXTEND, EXTEND_READ
 
 __all__ = ["Lease"]
 
@@ -56,6 +56,9 @@ class Lease:
             resources (see ``tokens``).
         tokens: The fencing token of each resource, by name; ``None`` when the
             lock was taken with ``fencing=False``.
+        shared: Whether this is a reader's lease of a read-write lock (held
+            together with other readers, never with a writer); readers get no
+            fencing token.
     """
 
     def __init__(
@@ -71,8 +74,10 @@ class Lease:
         tokens: tuple[int, ...] | None = None,
         first_tokens: tuple[int, ...] | None = None,
         handoffs: int = 0,
+        shared: bool = False,
     ) -> None:
         self._core = core
+        self.shared = shared
         self._target = target
         self.resource = target.label
         self.resources = target.names
@@ -252,6 +257,8 @@ class Lease:
         reply = acquired.result()
         if reply.error is None and not granted(reply):
             return Reply(0)
+        if self.shared:
+            return await node.call(EXTEND_READ, (readers_key(self.key),), args)
         return await node.call(EXTEND, self.keys, args)
 
     async def _release_round(self) -> Decision:
@@ -280,7 +287,13 @@ class Lease:
         core = self._core
         rnd = core.fan_out(
             lambda i, node: core.release_on(
-                node, self.keys, self.value, self._acquired[i], self._last[i], self.ttl
+                node,
+                self.keys,
+                self.value,
+                self._acquired[i],
+                self._last[i],
+                self.ttl,
+                shared=self.shared,
             )
         )
         self._track(rnd.tasks)

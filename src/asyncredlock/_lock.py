@@ -57,6 +57,9 @@ class Lock:
             acquisition instead of one).
         fair: Whether waiters are served in arrival order, through a queue on
             the masters.
+        shared: Whether this is the read side of a read-write lock
+            (``rwlock(name).read()``): its leases are held by many readers at
+            once, never with a writer.
     """
 
     def __init__(
@@ -69,6 +72,9 @@ class Lock:
         auto_extend: bool,
         fencing: bool,
         fair: bool = False,
+        shared: bool = False,
+        rw: bool = False,
+        patience: float = math.inf,
     ) -> None:
         self._core = core
         self._target = target
@@ -82,6 +88,11 @@ class Lock:
         self.auto_extend = auto_extend
         self.fencing = fencing
         self.fair = fair
+        self.shared = shared
+        # a fair or read-write lock: attempts through acquire_rw.lua, with a queue
+        # entry; a writer of a read-write lock queues after ``patience`` seconds
+        self._rw = rw or fair
+        self._patience = patience
         self._entered: dict[asyncio.Task[Any] | None, list[Lease]] = {}
 
     def __repr__(self) -> str:
@@ -124,10 +135,12 @@ class Lock:
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
         core = self._core
-        deadline = core.clock() + self.timeout
-        if self.fair:
-            # Each task queues on the masters itself: that queue decides the order.
-            return await self._acquire_fair(deadline)
+        started = core.clock()
+        deadline = started + self.timeout
+        if self.fair or self.shared:
+            # Each task asks the masters itself: fair waiters queue there, and
+            # readers do not exclude one another.
+            return await self._acquire(started, deadline)
         gates = core.gates
         if gates.busy(self._slot):
             handed = await self._queue(deadline)
@@ -137,7 +150,7 @@ class Lock:
             gates.claim(self._slot)
         lease: Lease | None = None
         try:
-            lease = await self._acquire(deadline)
+            lease = await self._acquire(started, deadline)
             gates.hold(self._slot, lease)
             lease._gates = gates
             return lease
@@ -169,29 +182,25 @@ class Lock:
             outcomes=(),
         )
 
-    async def _acquire_fair(self, deadline: float) -> Lease:
-        """Queue on the masters, then attempt until first in line and granted."""
-        core = self._core
-        settings = core.settings
-        entry = QueueEntry(
-            waiter=secrets.token_hex(8),
-            score=time.time_ns() // 1000,  # arrival, by this client's clock
-            ttl=max(1.0, 3 * (settings.retry_delay + settings.node_timeout)),
-        )
-        try:
-            return await self._acquire(deadline, entry)
-        finally:
-            # granted: the other masters still list it; otherwise it leaves the queue
-            core.dequeue(self.key, entry)
-
-    async def _acquire(self, deadline: float, entry: QueueEntry | None = None) -> Lease:
+    async def _acquire(self, started: float, deadline: float) -> Lease:
         """Attempts on the masters until one takes the lock or ``deadline`` passes."""
         core = self._core
+        entry: QueueEntry | None = None
+        if self._rw:
+            settings = core.settings
+            entry = QueueEntry(
+                waiter=("r:" if self.shared else "w:") + secrets.token_hex(8),
+                score=time.time_ns() // 1000,  # arrival, by this client's clock
+                ttl=max(1.0, 3 * (settings.retry_delay + settings.node_timeout)),
+            )
+        rounds: list[Sequence[asyncio.Future[Reply]]] = []
         ticket: Ticket | None = None
         acquired = False
         try:
             while True:
-                outcome = await self._attempt(entry)
+                # A writer out of patience queues: readers that come later wait for it.
+                impatient = not self.shared and core.clock() - started >= self._patience
+                outcome = await self._attempt(entry, self.fair or impatient, rounds)
                 if isinstance(outcome, Lease):
                     acquired = True
                     return outcome
@@ -201,10 +210,13 @@ class Lock:
                 if ticket is None and not outcome.decision.unavailable(core.quorum):
                     # Listen for the release, then try again at once: a release
                     # before the subscription is seen by that attempt, one after
-                    # it is announced. No wake-up is lost in between.
+                    # it is announced. No wake-up is lost in between. Readers and
+                    # fair waiters are all woken (several may go at once, or the
+                    # one that may go need not be the first here).
                     with anyio.move_on_after(max(0.0, deadline - core.clock())):
                         channels = [channel(key) for key in self.keys]
-                        ticket = await core.waker.enroll(channels, everyone=self.fair)
+                        everyone = self.fair or self.shared
+                        ticket = await core.waker.enroll(channels, everyone=everyone)
                     continue
                 pause = min(core.retry_pause(), outcome.free_in, deadline - core.clock())
                 if ticket is None:
@@ -214,6 +226,9 @@ class Lock:
         finally:
             if ticket is not None:
                 core.waker.leave(ticket, acquired=acquired)
+            if entry is not None:
+                # a granted waiter may still be listed by the masters that refused
+                core.dequeue(self.key, entry, rounds, everywhere=self.fair)
 
     async def _await_undo(self, cleanup: list[asyncio.Task[Reply]], deadline: float) -> None:
         """Do not race our own undo: a late SET of the last attempt would look like
@@ -231,13 +246,27 @@ class Lock:
                 if not task.done() and not node.silent(now, patience)
             }
 
-    async def _attempt(self, entry: QueueEntry | None) -> Lease | _Failed:
+    async def _attempt(
+        self,
+        entry: QueueEntry | None,
+        queue: bool,
+        rounds: list[Sequence[asyncio.Future[Reply]]],
+    ) -> Lease | _Failed:
         core = self._core
         value = secrets.token_hex(16)
         start = core.clock()
         core.counters.attempts += 1
         expires_at = core.expiry(start, self.ttl)
-        rnd = core.acquire_round(self.keys, value, self.ttl, fencing=self.fencing, entry=entry)
+        rnd = core.acquire_round(
+            self.keys,
+            value,
+            self.ttl,
+            fencing=self.fencing,
+            entry=entry,
+            shared=self.shared,
+            queue=queue,
+        )
+        rounds.append(rnd.tasks)
         tokens: tuple[int, ...] | None = None
         commit: list[asyncio.Future[Reply]] = []
         try:
@@ -249,7 +278,7 @@ class Lock:
                     commit = second.tasks
                     decision = await core.decide(second, classify_commit)
         except BaseException:
-            core.undo(self.keys, value, rnd.tasks, self.ttl)
+            core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
             raise
         if decision.yes >= core.quorum and expires_at > core.clock():
             core.counters.acquisitions += 1
@@ -262,11 +291,12 @@ class Lock:
                 acquired=rnd.tasks,
                 auto_extend=self.auto_extend,
                 tokens=tokens,
+                shared=self.shared,
             )
             lease._track(commit)
             return lease
         core.counters.failed_attempts += 1
-        cleanup = core.undo(self.keys, value, rnd.tasks, self.ttl)
+        cleanup = core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
         free_in = _free_in(rnd.tasks)
         if decision.yes >= core.quorum:
             decision = _expired(decision, core.clock() - start, self.ttl)

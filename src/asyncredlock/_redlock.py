@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,11 +18,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ._config import Settings, check_name, check_seconds
-from ._core import Core, channel, classify_deleted
+from ._core import Core, channel, classify_deleted, queue_keys, readers_key
 from ._errors import QuorumUnavailableError
 from ._keys import Resources, aux_key, key_slot, lock_key
 from ._lock import Lock
 from ._node import Node, Reply
+from ._rwlock import RWLock
 from ._scripts import DELETE, INSPECT
 
 __all__ = ["AsyncRedlock", "LockState", "NodeLockState", "RedlockStatistics"]
@@ -93,6 +95,10 @@ class NodeLockState:
             it has no expiry.
         fence: The resource's fence counter there, or ``None`` when it has none.
         error: Why the master could not be read, or ``None``.
+        readers: The readers of the resource's read-write lock there: each
+            reader's value and the seconds until its entry lapses.
+        queue: The waiters queued there for a fair or read-write lock, in
+            arrival order: ``r:...`` for a reader, ``w:...`` for a writer.
     """
 
     node: str
@@ -100,6 +106,8 @@ class NodeLockState:
     ttl: float | None
     fence: int | None
     error: str | None = None
+    readers: tuple[tuple[str, float], ...] = ()
+    queue: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +247,9 @@ class AsyncRedlock:
     ) -> Lock:
         """A lock on the resource ``name``; nothing is sent until it is acquired.
 
+        The lock is exclusive: it is also the write side of ``rwlock(name)``, so
+        it waits while readers of that read-write lock hold it.
+
         Args:
             name: The resource name; the key is ``prefix + name``. A list or tuple
                 of names makes one lock on all of them: each master grants all or
@@ -267,13 +278,61 @@ class AsyncRedlock:
                 and finite, or ``timeout`` is negative or NaN.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
-        settings = self._settings
         self._check_open()
         names = _check_names(name)
         if not isinstance(fair, bool):
             raise TypeError("fair must be a bool")
         if fair and len(names) > 1:
             raise ValueError("fair=True takes one resource, not a list of them")
+        return self._make_lock(
+            names, ttl=ttl, timeout=timeout, auto_extend=auto_extend, fencing=fencing, fair=fair
+        )
+
+    def rwlock(self, name: str, *, fair: bool = False, patience: float = 1.0) -> RWLock:
+        """A read-write lock on the resource ``name``: many readers or one writer.
+
+        ``rw.read()`` and ``rw.write()`` make locks used like ``lock()``'s. The
+        write side is the exclusive lock on ``name`` (``lock(name)`` excludes
+        readers too). See `RWLock`.
+
+        Args:
+            name: The resource name; the key is ``prefix + name``.
+            fair: Serve readers and writers in arrival order, through a queue on
+                the masters: a writer that arrives after readers waits for them,
+                and readers that arrive after a waiting writer wait for it.
+            patience: Unfair mode: seconds a writer waits before it queues on the
+                masters, after which readers that arrive later wait behind it
+                (1.0; ``0``: at once, ``math.inf``: never, readers first).
+
+        Raises:
+            TypeError: ``name`` is not a str, or a setting has the wrong type.
+            ValueError: ``name`` is empty, or ``patience`` is negative or NaN.
+            RuntimeError: This ``AsyncRedlock`` is closed.
+        """
+        self._check_open()
+        name = check_name(name)
+        if not isinstance(fair, bool):
+            raise TypeError("fair must be a bool")
+        patience = check_seconds("patience", patience, allow_zero=True, allow_inf=True)
+        key = lock_key(self._settings.prefix, name)
+        return RWLock(self, name, key, fair=fair, patience=patience)
+
+    def _make_lock(
+        self,
+        names: tuple[str, ...],
+        *,
+        ttl: float | None,
+        timeout: float | None,
+        auto_extend: bool | None,
+        fencing: bool | None,
+        fair: bool,
+        shared: bool = False,
+        rw: bool = False,
+        patience: float = math.inf,
+    ) -> Lock:
+        """Check the settings, fill in the defaults, and make the lock."""
+        settings = self._settings
+        self._check_open()
         keys = tuple(lock_key(settings.prefix, each) for each in names)
         if len(keys) > 1 and any(isinstance(n.client, RedisCluster) for n in self._core.nodes):
             slots = {key_slot(key) for key in keys}
@@ -303,10 +362,14 @@ class AsyncRedlock:
             timeout=timeout,
             auto_extend=auto_extend,
             fencing=fencing,
+            shared=shared,
+            rw=rw,
+            patience=patience,
         )
 
     async def inspect(self, name: str) -> LockState:
-        """Read a lock's state on every master: holder, time left, fence counter.
+        """Read a lock's state on every master: holder (the writer), time left,
+        fence counter, readers and queue.
 
         Waits for every master, at most ``max(node_timeout, socket_timeout)``; one
         that did not answer by then is reported with its error.
@@ -317,7 +380,7 @@ class AsyncRedlock:
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         key = lock_key(self._settings.prefix, check_name(name))
-        keys = (key, aux_key(key, "fence"))
+        keys = (key, aux_key(key, "fence"), readers_key(key), *queue_keys(key))
         rnd = self._core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
         await asyncio.wait(rnd.tasks, timeout=self._core.timing.max_wait)
         nodes = tuple(
@@ -328,6 +391,8 @@ class AsyncRedlock:
 
     async def force_release(self, name: str) -> int:
         """Delete a lock's key on every master, whoever holds it: an operator's tool.
+
+        The readers of a read-write lock on ``name`` are removed too.
 
         A holder elsewhere is not told until its next extension finds the lock
         gone (then its lease is lost); leases of this ``AsyncRedlock`` on the
@@ -350,7 +415,8 @@ class AsyncRedlock:
         """
         key = lock_key(self._settings.prefix, check_name(name))
         args = (channel(key),)
-        rnd = self._core.fan_out(lambda _, node: node.call(DELETE, (key,), args))
+        keys = (key, readers_key(key))
+        rnd = self._core.fan_out(lambda _, node: node.call(DELETE, keys, args))
         wait = self._core.timing.max_wait
         deadline = time.monotonic() + wait
         decision = await self._core.decide(rnd, classify_deleted, wait=wait)
@@ -438,10 +504,25 @@ def _node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockS
         return NodeLockState(name, None, None, None, f"no reply within {wait:g} s")
     if reply.error is not None:
         return NodeLockState(name, None, None, None, f"{type(reply.error).__name__}: {reply.error}")
-    value, pttl, fence = [*reply.value, None, None, None][:3]
-    holder = value.decode() if isinstance(value, bytes) else value
+    value, pttl, fence, readers, queue = reply.value
+    holder = _text(value)
     ttl = None if holder is None or pttl is None or int(pttl) < 0 else int(pttl) / 1000
-    return NodeLockState(name, holder, ttl, None if fence is None else int(fence))
+    return NodeLockState(
+        name,
+        holder,
+        ttl,
+        None if fence is None else int(fence),
+        readers=tuple(
+            (str(_text(readers[i])), int(readers[i + 1]) / 1000) for i in range(0, len(readers), 2)
+        ),
+        queue=tuple(str(_text(queue[i])) for i in range(0, len(queue), 2)),
+    )
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _make_nodes(masters: object, settings: Settings) -> list[Node]:

@@ -12,14 +12,16 @@ from redis.exceptions import NoScriptError
 
 __all__ = [
     "ACQUIRE",
-    "ACQUIRE_FAIR",
+    "ACQUIRE_RW",
     "COMMIT",
     "DELETE",
     "DEQUEUE",
     "EXTEND",
+    "EXTEND_READ",
     "FENCED_WRITE",
     "INSPECT",
     "RELEASE",
+    "RELEASE_READ",
     "Script",
     "evalsha",
 ]
@@ -48,11 +50,13 @@ def _load(name: str, *, needs: tuple[str, ...] = ()) -> Script:
 
 
 ACQUIRE = _load("acquire")
-ACQUIRE_FAIR = _load("acquire_fair")
+ACQUIRE_RW = _load("acquire_rw")
 DEQUEUE = _load("dequeue")
 COMMIT = _load("commit", needs=("decimal",))
 RELEASE = _load("release")
+RELEASE_READ = _load("release_read")
 EXTEND = _load("extend")
+EXTEND_READ = _load("extend_read")
 INSPECT = _load("inspect")
 DELETE = _load("delete")
 FENCED_WRITE = _load("fenced_write", needs=("decimal",))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -10,6 +11,7 @@ from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
 from asyncredlock._gate import Waiter
+from asyncredlock._wakeup import Ticket
 from asyncredlock.testing import ServerGroup
 
 
@@ -83,4 +85,30 @@ class Queue:
     async def reach(self, count: int) -> None:
         """Return once ``count`` acquisitions have queued."""
         while self.queued < count:
+            await self._changed.wait()
+
+
+class Waiting:
+    """Counts the waits of acquisitions that failed an attempt and listen for a
+    release (a fair or read-write waiter is queued on the masters by then: its
+    attempts came before) over several redlocks, and lets a test wait for a count."""
+
+    def __init__(self, redlocks: list[AsyncRedlock], monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = 0
+        self._changed = anyio.Event()
+        for redlock in redlocks:
+            waker = redlock._core.waker
+            original: Callable[[Ticket, float], Any] = waker.wait
+
+            async def wait(ticket: Ticket, delay: float, _original: Any = original) -> bool:
+                self.entered += 1
+                changed, self._changed = self._changed, anyio.Event()
+                changed.set()
+                woken: bool = await _original(ticket, delay)
+                return woken
+
+            monkeypatch.setattr(waker, "wait", wait)
+
+    async def reach(self, count: int) -> None:
+        while self.entered < count:
             await self._changed.wait()

@@ -2,46 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import anyio
 import pytest
 
 from asyncredlock import AsyncRedlock, LockTimeoutError
-from asyncredlock._wakeup import Ticket
 from asyncredlock.testing import ServerGroup
 
-from .conftest import Masters
+from .conftest import Masters, Waiting
 
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
-
-
-class Waiting:
-    """Counts the waits of fair acquisitions (each one is queued on the masters
-    by then: its attempts came before) over several redlocks."""
-
-    def __init__(self, redlocks: list[AsyncRedlock], monkeypatch: pytest.MonkeyPatch) -> None:
-        self.entered = 0
-        self._changed = anyio.Event()
-        for redlock in redlocks:
-            waker = redlock._core.waker
-            original: Callable[[Ticket, float], Any] = waker.wait
-
-            async def wait(ticket: Ticket, delay: float, _original: Any = original) -> bool:
-                self.entered += 1
-                changed, self._changed = self._changed, anyio.Event()
-                changed.set()
-                woken: bool = await _original(ticket, delay)
-                return woken
-
-            monkeypatch.setattr(waker, "wait", wait)
-
-    async def reach(self, count: int) -> None:
-        while self.entered < count:
-            await self._changed.wait()
 
 
 async def test_waiters_of_two_processes_acquire_in_arrival_order(

@@ -243,7 +243,7 @@ class TestProtocolSteps:
             await node.client.set(self.FENCE, value)
 
     async def _first_phase(self, nodes: Sequence[Node], value: str) -> list[int]:
-        keys = (self.KEY, f"{{{self.KEY}}}:undo:{value}", self.FENCE)
+        keys = (self.KEY, f"{{{self.KEY}}}:undo:{value}", self.FENCE, f"{{{self.KEY}}}:readers")
         replies = [await node.call(ACQUIRE, keys, (value, 60_000, "1")) for node in nodes]
         assert all(r.error is None and r.value[0] == 1 for r in replies), replies
         return [int(r.value[1]) for r in replies]

@@ -1,14 +1,24 @@
--- Take a fair lock on one master: only the earliest waiter in its queue may take it.
--- KEYS[1] lock key, KEYS[2] this attempt's undo marker, KEYS[3] fence counter,
--- KEYS[4] the queue (waiter id -> arrival score), KEYS[5] the queue's expiries
--- (waiter id -> server time in ms when its entry lapses)
+-- Take a lock that keeps a queue on one master: a read-write lock (reader or writer)
+-- or a fair lock (a writer that always queues).
+-- KEYS[1] lock key (the writer's), KEYS[2] this attempt's undo marker, KEYS[3] fence
+-- counter, KEYS[4] readers (reader's value -> server time in ms when its entry
+-- lapses), KEYS[5] the queue (waiter id -> arrival score), KEYS[6] the queue's
+-- expiries (waiter id -> server time in ms when its entry lapses)
 -- ARGV[1] the attempt's random value, ARGV[2] ttl in ms, ARGV[3] how far to count the
--- fence up ('0': not at all), ARGV[4] the waiter's id (the same for all the attempts of
--- one acquire()), ARGV[5] its arrival score (the same on every master, so that they
--- agree on the order), ARGV[6] its entry's time to live in ms
--- Returns as acquire.lua, and {0, -3} when the lock is free but an earlier waiter is
--- queued: the waiter is queued (or its entry refreshed) unless it was granted. Both
--- queue keys expire with their latest entry.
+-- fence up ('0': not at all; always '0' for a reader), ARGV[4] the waiter's id, the
+-- same for all the attempts of one acquire() ('r:...' for a reader; any other id is a
+-- writer's), ARGV[5] its arrival score (the same on every master, so that they agree
+-- on the order), ARGV[6] its queue entry's time to live in ms, ARGV[7] 'r' reader or
+-- 'w' writer, ARGV[8] '1' to queue (fair, or a writer out of patience), '0' to queue
+-- only while a queue exists
+-- A writer is granted when no writer holds the key, no reader entry is left and, if
+-- queued, it is first in the queue; a reader when no writer holds the key and, if
+-- queued, no writer is queued before it. A granted waiter leaves the queue.
+-- Returns {1} when granted ({1, counter} with fencing), {0, ms left, queued, why}
+-- when refused (why: 1 a writer holds the key, 2 readers hold it (ms until the last
+-- entry lapses), 3 an earlier writer is queued (ms left -1)), {-1} when the attempt
+-- was already undone here (it arrived late). queued is 1 when the waiter's entry is
+-- in the queue. Both queue keys and the readers key expire with their latest entry.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -17,26 +27,53 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- Entries of waiters that stopped asking (dead, or gave up unheard) lapse.
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
-  redis.call('ZREM', KEYS[4], gone)
+local reader = ARGV[7] == 'r'
+-- Entries of readers whose lease ran out, and of waiters that stopped asking.
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)) do
   redis.call('ZREM', KEYS[5], gone)
+  redis.call('ZREM', KEYS[6], gone)
 end
-redis.call('ZADD', KEYS[4], 'NX', ARGV[5], ARGV[4])
-redis.call('ZADD', KEYS[5], now + tonumber(ARGV[6]), ARGV[4])
--- The queue lives as long as its latest entry: should nobody come back to prune
--- the entries of dead waiters, the keys go by themselves.
-local latest = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2]
-redis.call('PEXPIREAT', KEYS[4], latest)
-redis.call('PEXPIREAT', KEYS[5], latest)
+local queued = ARGV[8] == '1' or redis.call('EXISTS', KEYS[5]) == 1
+local q = 0
+if queued then
+  q = 1
+  redis.call('ZADD', KEYS[5], 'NX', ARGV[5], ARGV[4])
+  redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), ARGV[4])
+  local latest = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')[2]
+  redis.call('PEXPIREAT', KEYS[5], latest)
+  redis.call('PEXPIREAT', KEYS[6], latest)
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), q, 1}
 end
-if redis.call('ZRANGE', KEYS[4], 0, 0)[1] ~= ARGV[4] then
-  return {0, -3}
+if not reader then
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  if last then
+    return {0, tonumber(last) - now, q, 2}
+  end
 end
-redis.call('ZREM', KEYS[4], ARGV[4])
-redis.call('ZREM', KEYS[5], ARGV[4])
+if queued then
+  local rank = redis.call('ZRANK', KEYS[5], ARGV[4])
+  if rank > 0 then
+    if not reader then
+      return {0, -1, 1, 3}
+    end
+    for _, earlier in ipairs(redis.call('ZRANGE', KEYS[5], 0, rank - 1)) do
+      if string.sub(earlier, 1, 2) ~= 'r:' then
+        return {0, -1, 1, 3}
+      end
+    end
+  end
+  redis.call('ZREM', KEYS[5], ARGV[4])
+  redis.call('ZREM', KEYS[6], ARGV[4])
+end
+if reader then
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+  local latest = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  redis.call('PEXPIREAT', KEYS[4], latest)
+  return {1}
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if ARGV[3] == '0' then
   return {1}

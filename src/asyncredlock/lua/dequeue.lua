@@ -1,6 +1,7 @@
 -- Take a waiter out of a fair lock's queue on one master (it acquired, gave up or was
--- cancelled), with the entries that lapsed. If the waiter was first in line,
--- announce it: the next waiter may go now.
+-- cancelled), with the entries that lapsed. If the waiter was first in line, or a
+-- writer (readers queued behind it only waited for it), announce it: the next
+-- waiters may go now.
 -- KEYS[1] the queue, KEYS[2] the queue's expiries
 -- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on
 -- Returns 1 when its entry was removed, else 0.
@@ -16,7 +17,7 @@ end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1] == ARGV[1]
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if first then
+if first or (removed == 1 and string.sub(ARGV[1], 1, 2) ~= 'r:') then
   redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 return removed

@@ -1,4 +1,26 @@
 -- Read a lock's state on one master.
--- KEYS[1] lock key, KEYS[2] fence counter key
--- Returns {value or false, pttl, fence counter or false}.
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+-- KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] readers, KEYS[4] queue, KEYS[5] the
+-- queue's expiries
+-- Returns {value or false, pttl, fence counter or false, readers, queue}: readers as
+-- value, ms left, value, ms left, ...; the queue as waiter id, ms left, ... in arrival
+-- order. Entries that lapsed (not yet pruned) are left out.
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local readers = {}
+local entries = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES')
+for i = 1, #entries, 2 do
+  readers[#readers + 1] = entries[i]
+  readers[#readers + 1] = tonumber(entries[i + 1]) - now
+end
+local queue = {}
+for _, waiter in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  local lapses = redis.call('ZSCORE', KEYS[5], waiter)
+  if lapses and tonumber(lapses) > now then
+    queue[#queue + 1] = waiter
+    queue[#queue + 1] = tonumber(lapses) - now
+  end
+end
+return {
+  redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]),
+  readers, queue
+}

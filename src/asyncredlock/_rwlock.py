@@ -1,0 +1,127 @@
+"""``RWLock``: many readers or one writer over the quorum (``AsyncRedlock.rwlock()``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._lock import Lock
+    from ._redlock import AsyncRedlock
+
+__all__ = ["RWLock"]
+
+
+class RWLock:
+    """A read-write lock on one resource, made by ``AsyncRedlock.rwlock()``.
+
+    `read` and `write` make `Lock` objects, used like any lock (``async with``
+    or ``acquire()``) and giving leases like any lease: extended in the
+    background, lost with their block cancelled, released by compare on every
+    master, safe to cancel. Many read leases may be held at once; a write lease
+    is held alone, and is the same lock as ``redlock.lock(name)``: an exclusive
+    lock on the name excludes readers and writers, and writers get their fencing
+    tokens from the same counter.
+
+    On each master the writer holds the lock key (``SET NX PX``) and each reader
+    an entry in a sorted set ``{K}:readers``, scored by when the entry lapses on
+    the master's own clock. A writer is granted on a master only when no reader
+    entry is left there; a reader only when no writer holds the key. Both need
+    a majority, so a reader and a writer never hold at the same time.
+
+    Attributes:
+        name: The resource name.
+        key: The lock key.
+        fair: Whether readers and writers are served in arrival order.
+        patience: Unfair mode: how long a writer waits before readers that come
+            after it queue behind it (seconds; ``math.inf``: never).
+    """
+
+    def __init__(
+        self, redlock: AsyncRedlock, name: str, key: str, *, fair: bool, patience: float
+    ) -> None:
+        self._redlock = redlock
+        self.name = name
+        self.key = key
+        self.fair = fair
+        self.patience = patience
+
+    def __repr__(self) -> str:
+        mode = "fair" if self.fair else f"patience={self.patience:g}s"
+        return f"<RWLock {self.name!r} {mode}>"
+
+    def read(
+        self,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        auto_extend: bool | None = None,
+    ) -> Lock:
+        """The read side: leases held together with other readers, never with a writer.
+
+        Read leases carry no fencing token (``lease.token`` is ``None``). Tasks
+        of one ``AsyncRedlock`` read at once: each sends its own attempts, and
+        none waits for another reader.
+
+        Args:
+            ttl: Time to live of the reader's entry in seconds; the
+                ``AsyncRedlock``'s default if omitted.
+            timeout: Seconds to wait while a writer holds or is queued (``0``:
+                one attempt, ``math.inf``: no limit); the default if omitted.
+            auto_extend: Whether leases extend themselves; the default if omitted.
+
+        Raises:
+            TypeError: A setting has the wrong type.
+            ValueError: ``ttl`` is not positive and finite, or ``timeout`` is
+                negative or NaN.
+            RuntimeError: The ``AsyncRedlock`` is closed.
+        """
+        return self._redlock._make_lock(
+            (self.name,),
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            fencing=False,
+            fair=self.fair,
+            shared=True,
+            rw=True,
+        )
+
+    def write(
+        self,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        auto_extend: bool | None = None,
+        fencing: bool | None = None,
+    ) -> Lock:
+        """The write side: leases held alone, with a fencing token by default.
+
+        A writer is granted once the readers have left. Unfair (the default), a
+        writer that has waited ``patience`` seconds queues on the masters, and
+        readers that arrive after that wait for it. Tasks of one
+        ``AsyncRedlock`` that write queue for the key locally and pass the lease
+        on, as with ``lock()``.
+
+        Args:
+            ttl: Time to live in seconds; the ``AsyncRedlock``'s default if omitted.
+            timeout: Seconds to wait (``0``: one attempt, ``math.inf``: no
+                limit); the default if omitted.
+            auto_extend: Whether leases extend themselves; the default if omitted.
+            fencing: Whether leases carry a fencing token; the default if omitted.
+
+        Raises:
+            TypeError: A setting has the wrong type.
+            ValueError: ``ttl`` is not positive and finite, or ``timeout`` is
+                negative or NaN.
+            RuntimeError: The ``AsyncRedlock`` is closed.
+        """
+        return self._redlock._make_lock(
+            (self.name,),
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            fencing=fencing,
+            fair=self.fair,
+            rw=True,
+            patience=self.patience,
+        )

@@ -1,0 +1,31 @@
+-- Remove a reader's entry on one master; when it was the last reader, announce it
+-- (a writer may be waiting for the readers to leave).
+-- KEYS[1] the readers (value -> server time in ms when the entry lapses), KEYS[2] the
+-- attempt's undo marker
+-- ARGV[1] the reader's value, ARGV[2] marker ttl in ms (0: leave no marker), ARGV[3]
+-- the channel waiters listen on
+-- Returns 1 when the entry was there and had not lapsed, else 0. The marker is left
+-- when the outcome of the acquisition was unknown (its call failed): should it still
+-- arrive later, acquire_rw.lua sees the marker and refuses it.
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local lapses = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if lapses then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    redis.call('PUBLISH', ARGV[3], ARGV[1])
+  end
+  if tonumber(lapses) > now then
+    return 1
+  end
+  return 0
+end
+local marker_ttl = tonumber(ARGV[2])
+if marker_ttl > 0 then
+  redis.call('SET', KEYS[2], '1', 'PX', marker_ttl)
+end
+return 0

@@ -1,0 +1,391 @@
+"""Read-write locks: readers together, writers alone, and writers not starved."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncredlock import (
+    AsyncRedlock,
+    Lease,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    RWLock,
+)
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters, Waiting
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+
+def _details(caught: pytest.ExceptionInfo[LockTimeoutError]) -> list[str]:
+    return [outcome.detail for outcome in caught.value.outcomes]
+
+
+async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return as soon as one of ``waits`` returns."""
+    async with anyio.create_task_group() as tg:
+
+        async def run(wait: Callable[[], Awaitable[object]]) -> None:
+            await wait()
+            tg.cancel_scope.cancel()
+
+        for wait in waits:
+            tg.start_soon(run, wait)
+
+
+class TestExclusion:
+    async def test_readers_share_the_lock_and_keep_writers_out(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            rw = redlock.rwlock("doc")
+            first = await rw.read().acquire()
+            second = await rw.read(timeout=0).acquire()
+            assert first.shared
+            assert second.shared
+            assert (first.token, first.tokens) == (None, None)
+            with pytest.raises(LockTimeoutError) as caught:
+                await rw.write(timeout=0).acquire()
+            assert sum("held by readers" in d for d in _details(caught)) >= 3
+            # the write side is the exclusive lock on the name
+            with pytest.raises(LockTimeoutError) as caught:
+                await redlock.lock("doc", timeout=0).acquire()
+            assert sum("held by readers" in d for d in _details(caught)) >= 3
+            state = await redlock.inspect("doc")
+            for node in state.nodes:
+                assert sorted(value for value, _ in node.readers) == sorted(
+                    [first.value, second.value]
+                )
+                assert node.holder is None
+            await first.release()
+            await second.release()
+            async with rw.write(timeout=0) as writer:
+                assert not writer.shared
+                assert writer.token is not None
+                with pytest.raises(LockTimeoutError) as caught:
+                    await rw.read(timeout=0).acquire()
+                assert sum("held by another holder" in d for d in _details(caught)) >= 3
+                state = await redlock.inspect("doc")
+                assert state.holder == writer.value
+                assert [node.readers for node in state.nodes] == [()] * 5
+            await redlock.settle()
+        assert await masters.keys() == [[]] * 5
+
+    async def test_an_exclusive_holder_keeps_readers_out_and_tokens_are_shared(
+        self, servers: ServerGroup
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            rw = redlock.rwlock("ledger")
+            async with redlock.lock("ledger", timeout=0) as exclusive:
+                with pytest.raises(LockTimeoutError):
+                    await rw.read(timeout=0).acquire()
+            async with rw.write(timeout=0) as writer:
+                pass
+            async with redlock.lock("ledger", timeout=0) as after:
+                pass
+        assert exclusive.token is not None
+        assert writer.token is not None
+        assert after.token is not None
+        assert exclusive.token < writer.token < after.token
+
+    async def test_a_writer_waits_for_the_last_reader_and_is_woken_by_its_release(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as readers,
+            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as writers,
+        ):
+            leases = [await readers.rwlock("page").read(ttl=HANG_GUARD).acquire() for _ in range(3)]
+            waiting = Waiting([writers], monkeypatch)
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    got: list[Lease] = []
+
+                    async def write() -> None:
+                        got.append(await writers.rwlock("page").write().acquire())
+
+                    tg.start_soon(write)
+                    await waiting.reach(1)
+                    for lease in leases[:2]:
+                        await lease.release()
+                    assert got == []  # one reader is left
+                    await leases[2].release()
+            # without the announcement it would have slept out the reader's TTL
+            assert writers.statistics().wakeups >= 1
+            await got[0].release()
+
+    async def test_readers_waiting_for_a_writer_all_go_at_its_release(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as writers,
+            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as readers,
+        ):
+            writer = await writers.rwlock("page").write(ttl=HANG_GUARD).acquire()
+            waiting = Waiting([readers], monkeypatch)
+            got: list[Lease] = []
+
+            async def read() -> None:
+                got.append(await readers.rwlock("page").read().acquire())
+
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):
+                        tg.start_soon(read)
+                    await waiting.reach(3)
+                    await writer.release()
+            assert len(got) == 3
+            assert all(lease.held for lease in got)
+            assert readers.statistics().wakeups >= 1
+            for lease in got:
+                await lease.release()
+
+
+class TestReaderLeases:
+    async def test_a_reader_extends_its_own_entry(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.rwlock("doc").read(ttl=5, auto_extend=False).acquire()
+            await lease.extend(ttl=600)
+            state = await redlock.inspect("doc")
+            for node in state.nodes:
+                ((value, left),) = node.readers
+                assert value == lease.value
+                assert left > 5  # only the extension can have set it past the TTL
+            await lease.release()
+
+    async def test_a_reader_whose_entries_are_gone_cannot_extend_and_is_lost(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.rwlock("doc").read(auto_extend=False).acquire()
+            for client in masters.clients[:3]:
+                await client.zrem("{doc}:readers", lease.value)
+            with pytest.raises(LockNotOwnedError):
+                await lease.extend()
+            assert lease.lost
+            await redlock.settle()
+        assert await masters.keys() == [[]] * 5  # the rest was removed on loss
+
+    async def test_a_lost_reader_lease_cancels_its_block(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(LockLostError):
+                async with redlock.rwlock("doc").read(ttl=1.0) as lease:
+                    for client in masters.clients:
+                        await client.zrem("{doc}:readers", lease.value)
+                    await anyio.sleep_forever()  # cancelled when the extension fails
+            assert lease.lost
+
+    async def test_force_release_removes_readers_and_loses_their_leases(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            rw = redlock.rwlock("doc")
+            leases = [await rw.read().acquire() for _ in range(2)]
+            assert await redlock.force_release("doc") == 5
+            assert all(lease.lost for lease in leases)
+            await redlock.settle()
+            assert await masters.keys() == [[]] * 5
+            async with rw.write(timeout=0):
+                pass
+
+
+class TestFairness:
+    async def _scenario(
+        self, urls: Sequence[str], monkeypatch: pytest.MonkeyPatch, **options: Any
+    ) -> list[str]:
+        """Two readers hold; a writer arrives and waits; a third reader arrives and
+        waits or reads; then the first readers leave. The order of the last two."""
+        order: list[str] = []
+        async with (
+            AsyncRedlock(urls) as first,
+            AsyncRedlock(urls, retry_delay=0.05) as second,
+            AsyncRedlock(urls, retry_delay=0.05) as third,
+        ):
+            held = [await first.rwlock("doc", **options).read().acquire() for _ in range(2)]
+            writer_waits = Waiting([second], monkeypatch)
+            reader_waits = Waiting([third], monkeypatch)
+
+            async def write() -> None:
+                async with second.rwlock("doc", **options).write(timeout=HANG_GUARD):
+                    order.append("writer")
+
+            async def read(done: anyio.Event) -> None:
+                async with third.rwlock("doc", **options).read(timeout=HANG_GUARD):
+                    order.append("reader")
+                    done.set()
+
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(write)
+                    await writer_waits.reach(1)
+                    read_done = anyio.Event()
+                    tg.start_soon(read, read_done)
+                    # the late reader either waits, or reads with the first ones
+                    await _first(lambda: reader_waits.reach(1), read_done.wait)
+                    for lease in held:
+                        await lease.release()
+        return order
+
+    async def test_fair_a_writer_goes_before_readers_that_came_after_it(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert await self._scenario(servers.urls, monkeypatch, fair=True) == [
+            "writer",
+            "reader",
+        ]
+
+    async def test_unfair_a_writer_out_of_patience_goes_before_later_readers(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert await self._scenario(servers.urls, monkeypatch, patience=0) == [
+            "writer",
+            "reader",
+        ]
+
+    async def test_without_patience_readers_overtake_a_waiting_writer(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert await self._scenario(servers.urls, monkeypatch, patience=math.inf) == [
+            "reader",
+            "writer",
+        ]
+
+    async def _stream(
+        self,
+        urls: Sequence[str],
+        monkeypatch: pytest.MonkeyPatch,
+        options: dict[str, Any],
+        limit: float = math.inf,
+    ) -> list[tuple[str, int]]:
+        """Readers keep the lock read without a gap (each leaves only once the next
+        one reads or waits) until the writer, arriving while the lock is read, has
+        written, or ``limit`` readers came. What happened, in order: ("arrive", i)
+        before reader i's acquire(), ("read", i), the writer's first queued
+        attempt ("queued", -1) and its write ("write", -1)."""
+        events: list[tuple[str, int]] = []
+        async with (
+            AsyncRedlock(urls, retry_delay=0.05) as readers,
+            AsyncRedlock(urls, retry_delay=0.05) as writers,
+        ):
+            reader_waits = Waiting([readers], monkeypatch)
+            write_lock = writers.rwlock("doc", **options).write(timeout=HANG_GUARD)
+            attempt = write_lock._attempt
+
+            async def observed(entry: Any, queue: bool, rounds: Any) -> Any:
+                outcome = await attempt(entry, queue, rounds)
+                if queue and ("queued", -1) not in events:
+                    events.append(("queued", -1))
+                return outcome
+
+            monkeypatch.setattr(write_lock, "_attempt", observed)
+            read_once = anyio.Event()
+            written = anyio.Event()
+
+            async def write() -> None:
+                await read_once.wait()
+                async with write_lock:
+                    events.append(("write", -1))
+                written.set()
+
+            async def stream() -> None:
+                rw = readers.rwlock("doc", **options)
+                previous = await rw.read().acquire()
+                read_once.set()
+                i = 0
+                while not written.is_set() and i < limit:
+                    i += 1
+                    events.append(("arrive", i))
+                    waits = reader_waits.entered
+                    got: list[Lease] = []
+                    reading = anyio.Event()
+
+                    async def read(n: int, out: list[Lease] = got, done: Any = reading) -> None:
+                        out.append(await rw.read(timeout=HANG_GUARD).acquire())
+                        events.append(("read", n))
+                        done.set()
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(read, i)
+                        # leave once the next reader reads, or waits (for the writer)
+                        await _first(lambda n=waits: reader_waits.reach(n + 1), reading.wait)
+                        await previous.release()
+                    previous = got[0]
+                await previous.release()
+
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stream)
+                    tg.start_soon(write)
+        return events
+
+    @pytest.mark.parametrize("options", [{"fair": True}, {}], ids=["fair", "default patience"])
+    async def test_a_stream_of_overlapping_readers_does_not_starve_a_writer(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+    ) -> None:
+        """The writer gets in while readers keep coming, and no reader that arrived
+        after the writer queued reads before it (counted, not timed)."""
+        events = await self._stream(servers.urls, monkeypatch, options)
+        queued = events.index(("queued", -1))
+        wrote = events.index(("write", -1))
+        late = {n for kind, n in events[queued:] if kind == "arrive"}
+        assert not late & {n for kind, n in events[queued:wrote] if kind == "read"}
+        if not options:  # unfair: readers went first until the writer's patience ran out
+            assert any(kind == "read" for kind, _ in events[:queued])
+
+    async def test_without_patience_a_stream_of_readers_starves_the_writer(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The control: readers first (``patience=inf``), the writer gets in only
+        once the stream of 30 readers has ended."""
+        events = await self._stream(servers.urls, monkeypatch, {"patience": math.inf}, limit=30)
+        assert ("queued", -1) not in events
+        reads = [i for i, (kind, _) in enumerate(events) if kind == "read"]
+        assert len(reads) == 30
+        assert events.index(("write", -1)) > max(reads)
+
+
+class TestValidation:
+    async def test_bad_arguments_are_refused_at_the_boundary(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(ValueError, match="empty"):
+                redlock.rwlock("")
+            with pytest.raises(TypeError, match="str"):
+                redlock.rwlock(7)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="fair must be a bool"):
+                redlock.rwlock("doc", fair="yes")  # type: ignore[arg-type]
+            for bad in (-1, math.nan):
+                with pytest.raises(ValueError, match="patience"):
+                    redlock.rwlock("doc", patience=bad)
+            with pytest.raises(TypeError, match="patience"):
+                redlock.rwlock("doc", patience="1")  # type: ignore[arg-type]
+            rw = redlock.rwlock("doc")
+            assert isinstance(rw, RWLock)
+            assert rw.patience == 1.0
+            assert not rw.fair
+            with pytest.raises(ValueError, match="ttl"):
+                rw.read(ttl=0)
+            with pytest.raises(TypeError, match="auto_extend"):
+                rw.read(auto_extend=1)  # type: ignore[arg-type]
+            with pytest.raises(TypeError):
+                rw.read(fencing=True)  # type: ignore[call-arg]
+            with pytest.raises(ValueError, match="timeout"):
+                rw.write(timeout=-1)
+            with pytest.raises(TypeError, match="fencing"):
+                rw.write(fencing="no")  # type: ignore[arg-type]
+            assert rw.read().shared
+            assert not rw.write().shared
+        with pytest.raises(RuntimeError, match="closed"):
+            redlock.rwlock("doc")
+        with pytest.raises(RuntimeError, match="closed"):
+            rw.read()
