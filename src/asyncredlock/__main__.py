@@ -113,7 +113,8 @@ def _add_inspect(commands: argparse._SubParsersAction[_Parser], masters: _Parser
         parents=[masters],
         help="show who holds a lock on each master",
         description="Show, per master, the holder value, seconds left and fence "
-        "counter of a lock (or why the master could not be read), and the holder "
+        "counter of a lock, and how many readers (read-write locks) and queued "
+        "waiters it has (or why the master could not be read), and the holder "
         "found on a majority. Exit 1 when a majority of masters did not answer.",
     )
     inspect.add_argument("--json", action="store_true", help="print JSON")
@@ -224,10 +225,10 @@ def _state_json(state: LockState, quorum: int) -> str:
 def _state_text(state: LockState, quorum: int) -> str:
     count = _masters(len(state.nodes))
     header = f"lock {state.resource!r} (key {state.key!r}) on {count}, quorum {quorum}"
-    rows = [("MASTER", "HOLDER", "TTL", "FENCE"), *map(_node_row, state.nodes)]
-    readable = [row for row in rows if len(row) == 4]  # error rows do not size columns
+    rows = [("MASTER", "HOLDER", "TTL", "FENCE", "READERS", "QUEUED"), *map(_node_row, state.nodes)]
+    readable = [row for row in rows if len(row) == 6]  # error rows do not size columns
     widths = [max(len(row[0]) for row in rows)]
-    widths += [max(len(row[i]) for row in readable) for i in (1, 2, 3)]
+    widths += [max(len(row[i]) for row in readable) for i in range(1, 6)]
     table = ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
     return "\n".join([header, *table, _majority_line(state, quorum)])
 
@@ -239,7 +240,7 @@ def _node_row(node: NodeLockState) -> tuple[str, ...]:
     holder = node.holder if node.holder is not None else "(free)"
     ttl = "-" if node.ttl is None else f"{node.ttl:.3f} s"
     fence = "-" if node.fence is None else str(node.fence)
-    return (node.node, holder, ttl, fence)
+    return (node.node, holder, ttl, fence, str(len(node.readers)), str(len(node.queue)))
 
 
 def _masters(count: int) -> str:

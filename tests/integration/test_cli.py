@@ -43,6 +43,26 @@ class TestInspect:
         assert [row.split()[0] for row in rows] == servers.urls
         assert all(row.split()[1] == lease.value for row in rows)
 
+    async def test_shows_readers_of_a_read_write_lock(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            rw = redlock.rwlock("cli:rw")
+            async with rw.read() as first, rw.read() as second:
+                code = await cli("inspect", "cli:rw", *master_args(servers.urls))
+                json_code = await cli("inspect", "cli:rw", "--json", *master_args(servers.urls))
+        text, document = capsys.readouterr().out.split("\n{", 1)
+        assert (code, json_code) == (0, 0)
+        header = next(line for line in text.splitlines() if line.startswith("MASTER"))
+        assert header.split() == ["MASTER", "HOLDER", "TTL", "FENCE", "READERS", "QUEUED"]
+        rows = [line.split() for line in text.splitlines() if line.startswith("redis://")]
+        assert [row[1:2] + row[-2:] for row in rows] == [["(free)", "2", "0"]] * 5
+        masters = json.loads("{" + document)["masters"]
+        for master in masters:
+            assert sorted(value for value, _ in master["readers"]) == sorted(
+                [first.value, second.value]
+            )
+
     async def test_json_output_parses(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:
