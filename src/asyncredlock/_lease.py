@@ -360,7 +360,7 @@ class Lease:
     def _pass_on(self) -> None:
         """Hand the lease on, or release it in the background (its task gave up)."""
         if not self._hand_off():
-            self._core.tracker.loop(self._release_quietly())
+            self._core.tracker.job(self._release_quietly())
 
     def _leave_gate(self) -> None:
         """Give the key's slot to the next waiting task (the lease has ended)."""

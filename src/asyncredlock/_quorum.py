@@ -57,7 +57,8 @@ class TaskTracker:
     """Owns every background task of one ``AsyncRedlock``; none is left behind.
 
     ``calls`` are short per-master calls (they end when the master answers or the
-    socket times out); ``loops`` are lease extenders, which run until stopped.
+    socket times out) and finite jobs; ``loops`` are lease extenders, which run
+    until stopped.
     """
 
     def __init__(self) -> None:
@@ -66,6 +67,11 @@ class TaskTracker:
 
     def call(self, coro: Coroutine[Any, Any, Reply]) -> asyncio.Task[Reply]:
         """Start a per-master call in the background."""
+        return self._spawn(coro, self._calls)
+
+    def job(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Start a finite piece of background work (a release nobody awaits);
+        `settle` waits for it like for a call."""
         return self._spawn(coro, self._calls)
 
     def loop(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -87,7 +93,8 @@ class TaskTracker:
         return len(self._calls) + len(self._loops)
 
     async def settle(self) -> None:
-        """Wait until every per-master call, including those started meanwhile, ended."""
+        """Wait until every per-master call and job, including those started
+        meanwhile, ended."""
         while self._calls:
             await asyncio.wait(set(self._calls))
 
