@@ -6,9 +6,9 @@ Five valkey masters on loopback (no proxies). Two measurements:
    and release it, over and over, for a fixed time: read cycles per second and
    acquire latency. The same tasks on the exclusive ``lock()`` of the resource (which
    serialises them, with hand-offs inside the process) give the baseline.
-2. **writer wait**: readers of one ``AsyncRedlock`` keep the resource read without a
-   gap (each holds a few ms; a new read starts before the previous ends), while a
-   writer of another ``AsyncRedlock`` writes again and again. Per mode (readers first,
+2. **writer wait**: readers of one ``AsyncRedlock`` keep the resource read (each
+   holds a few ms; the holds overlap), while a writer of another ``AsyncRedlock``
+   writes again and again. Per mode (readers first,
    default patience, patience 0.1 s, fair): the writer's wait from ``acquire()`` to
    its lease, writes done, writes timed out, and reads per second meanwhile.
 
@@ -195,9 +195,10 @@ def table(results: dict[str, Any]) -> str:
         "",
         "### Writer wait under reader load",
         "",
-        "8 readers of one client keep the resource read without a gap (each holds 5 ms,"
-        " staggered); a writer of another client writes (1 ms) again and again, each"
-        " `acquire()` waiting at most until the end of the case.",
+        "8 readers of one client keep the resource read (each holds 5 ms, staggered so"
+        " that their holds overlap); a writer of another client writes (1 ms) again and"
+        " again, each `acquire()` waiting at most until the end of the case (so the last"
+        " one of each case times out).",
         "",
         "| Mode | writes | writer timeouts | writer wait p50 (ms) | p99 (ms) | reads/s |",
         "|---|--:|--:|--:|--:|--:|",
@@ -235,7 +236,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     modes = list(results["writer_wait"])
     waits = [(results["writer_wait"][m]["writer_wait"] or {}).get("p50_ms", 0.0) for m in modes]
     right.bar(modes, waits, color="#cc6677")
-    right.set_ylabel("writer wait p50 (ms)")
+    right.set_yscale("log")
+    right.set_ylabel("writer wait p50 (ms, log scale)")
     right.set_title("writer under a stream of readers")
     right.tick_params(axis="x", rotation=30)
     fig.tight_layout()
