@@ -39,6 +39,7 @@ __all__ = [
     "Core",
     "Counters",
     "QueueEntry",
+    "QueueTrace",
     "channel",
     "classify_acquire",
     "classify_commit",
@@ -201,6 +202,34 @@ async def wait_done(future: asyncio.Future[Reply]) -> None:
         await asyncio.wait([future])
 
 
+class QueueTrace:
+    """Per master, what the attempts of one queueing ``acquire()`` left: whether
+    one may have queued the waiter there, and the calls still out (whose reply
+    will tell). Finished calls are dropped, so a long wait keeps nothing."""
+
+    __slots__ = ("pending", "queued")
+
+    def __init__(self, masters: int) -> None:
+        self.pending: list[list[asyncio.Future[Reply]]] = [[] for _ in range(masters)]
+        self.queued = [False] * masters
+
+    def add(self, replies: Sequence[asyncio.Future[Reply]]) -> None:
+        """Record one attempt's calls (one per master)."""
+        for calls, reply in zip(self.pending, replies, strict=True):
+            calls.append(reply)
+        self.prune()
+
+    def prune(self) -> None:
+        for i, calls in enumerate(self.pending):
+            still_out = []
+            for call in calls:
+                if not call.done():
+                    still_out.append(call)
+                elif may_be_queued(call):
+                    self.queued[i] = True
+            self.pending[i] = still_out
+
+
 @dataclass(slots=True)
 class Counters:
     """Running totals behind ``AsyncRedlock.statistics()``."""
@@ -323,36 +352,35 @@ class Core:
             lambda _, node: node.call(ACQUIRE_RW, script_keys, args), skip_silent=True
         )
 
-    def dequeue(
-        self,
-        key: str,
-        entry: QueueEntry,
-        rounds: Sequence[Sequence[asyncio.Future[Reply]]],
-        *,
-        everywhere: bool,
-    ) -> None:
+    def dequeue(self, key: str, entry: QueueEntry, trace: QueueTrace, *, everywhere: bool) -> None:
         """Take a waiter whose ``acquire()`` ended out of the queue, in the background.
 
-        On each master, once the replies of its attempts there (``rounds``) are
-        in, so that a late attempt cannot queue the waiter again; ``everywhere``
-        (a fair lock) or only where an attempt queued it or its outcome is
-        unknown (a read-write lock, whose attempts queue only while a writer is
-        out of patience).
+        On each master, once the replies of its attempts there are in, so that a
+        late attempt cannot queue the waiter again; ``everywhere`` (a fair lock)
+        or only where an attempt queued it or its outcome is unknown (a
+        read-write lock, whose attempts queue only while a queue exists or a
+        writer is out of patience). Nothing is sent once this ``AsyncRedlock`` is
+        closed: the entries lapse by themselves.
         """
+        if self.closed:
+            return
         keys = queue_keys(key)
         args = (entry.waiter, channel(key))
 
-        async def dequeue_on(node: Node, attempts: list[asyncio.Future[Reply]]) -> Reply:
+        async def dequeue_on(
+            node: Node, attempts: list[asyncio.Future[Reply]], queued: bool
+        ) -> Reply:
             for attempt in attempts:
                 await wait_done(attempt)
-            if everywhere or any(may_be_queued(attempt) for attempt in attempts):
+            if queued or any(may_be_queued(attempt) for attempt in attempts):
                 return await node.call(DEQUEUE, keys, args)
             return Reply(0)
 
+        trace.prune()
         for i, node in enumerate(self.nodes):
-            attempts = [rnd[i] for rnd in rounds]
-            if everywhere or any(may_be_queued(attempt) for attempt in attempts):
-                self.tracker.call(dequeue_on(node, attempts))
+            queued = everywhere or trace.queued[i]
+            if queued or trace.pending[i]:
+                self.tracker.call(dequeue_on(node, trace.pending[i], queued))
 
     def commit_round(
         self,
@@ -428,7 +456,10 @@ class Core:
         *,
         shared: bool = False,
     ) -> list[asyncio.Task[Reply]]:
-        """Release a failed or cancelled attempt on every master, in the background."""
+        """Release a failed or cancelled attempt on every master, in the background
+        (not once this ``AsyncRedlock`` is closed: the keys expire with the TTL)."""
+        if self.closed:
+            return []
         return [
             self.tracker.call(
                 self.release_on(node, keys, value, future, future, ttl, shared=shared)

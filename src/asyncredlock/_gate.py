@@ -40,6 +40,9 @@ class Waiter:
     ttl: float
     auto_extend: bool
     fencing: bool
+    # False for a writer of a read-write lock: it takes the slot, never a lease
+    # passed on (readers elsewhere would wait behind a run of local writers)
+    handoff: bool = True
     future: asyncio.Future[Lease | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )

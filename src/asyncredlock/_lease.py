@@ -75,9 +75,11 @@ class Lease:
         first_tokens: tuple[int, ...] | None = None,
         handoffs: int = 0,
         shared: bool = False,
+        handoff: bool = True,
     ) -> None:
         self._core = core
         self.shared = shared
+        self._handoff = handoff  # whether it may be passed on (not a rw writer's)
         self._target = target
         self.resource = target.label
         self.resources = target.names
@@ -316,18 +318,18 @@ class Lease:
         Its token is the next of this acquisition's block (the masters counted
         `TOKEN_BLOCK` up for it; the next acquisition from the masters gets at
         least ``token + TOKEN_BLOCK``), so it is larger than this holder's and
-        smaller than any later holder's. The lease is passed on only if the
-        waiter extends its leases, half its TTL of validity is left, the block
-        has a token left (at most ``TOKEN_BLOCK - 1`` hand-offs in a row, fenced
-        or not, after which the lock goes back to the masters), and a fenced
-        waiter gets a token.
+        smaller than any later holder's. The lease is passed on only if neither
+        it nor the waiter is a read-write lock's writer, the waiter extends its
+        leases, half its TTL of validity is left, the block has a token left (at
+        most ``TOKEN_BLOCK - 1`` hand-offs in a row, fenced or not, after which
+        the lock goes back to the masters), and a fenced waiter gets a token.
         """
         gates = self._gates
         if gates is None or self._state is not _State.HELD or self.validity <= 0:
             return False
         slot = self._target.slot
         waiter = gates.successor(slot, self)
-        if waiter is None or not waiter.auto_extend:
+        if waiter is None or not waiter.auto_extend or not (self._handoff and waiter.handoff):
             return False
         handoffs = self._handoffs + 1
         if handoffs >= TOKEN_BLOCK or self.validity < waiter.ttl / 2:

@@ -16,6 +16,7 @@ import anyio
 from ._core import (
     Core,
     QueueEntry,
+    QueueTrace,
     channel,
     classify_acquire,
     classify_commit,
@@ -113,12 +114,15 @@ class Lock:
         sleeps past the holder's remaining TTL.
 
         Tasks of the same ``AsyncRedlock`` that want the same key queue in
-        arrival order, and only the first of them sends attempts to the masters.
+        arrival order, and only the first of them sends attempts to the masters
+        (fair locks and readers do not queue here: each task asks the masters).
         When a lease is released while another task of the same ``AsyncRedlock``
         waits for its key, it is passed straight to that task, without a call to
         the masters, if that task's lease extends itself (the default), at least
         half its TTL of validity is left, and fewer than 63 such hand-offs came in
-        a row; the new lease gets the next fencing token.
+        a row; the new lease gets the next fencing token. Writers of a read-write
+        lock are never passed a lease, nor pass theirs on: a released write lock
+        goes back to the masters, where readers may take it.
 
         Safe to cancel, also under ``asyncio.timeout()`` or
         ``anyio.fail_after()``: what the interrupted attempt took is released in
@@ -136,11 +140,12 @@ class Lock:
         """
         core = self._core
         started = core.clock()
+        arrival = time.time_ns() // 1000  # for the masters' queue, by this client's clock
         deadline = started + self.timeout
         if self.fair or self.shared:
             # Each task asks the masters itself: fair waiters queue there, and
             # readers do not exclude one another.
-            return await self._acquire(started, deadline)
+            return await self._acquire(started, deadline, arrival)
         gates = core.gates
         if gates.busy(self._slot):
             handed = await self._queue(deadline)
@@ -150,7 +155,7 @@ class Lock:
             gates.claim(self._slot)
         lease: Lease | None = None
         try:
-            lease = await self._acquire(started, deadline)
+            lease = await self._acquire(started, deadline, arrival)
             gates.hold(self._slot, lease)
             lease._gates = gates
             return lease
@@ -166,7 +171,9 @@ class Lock:
         if self.timeout == 0:
             counters.timeouts += 1
             raise self._busy_error()
-        waiter = Waiter(self._target, self.ttl, self.auto_extend, self.fencing)
+        waiter = Waiter(
+            self._target, self.ttl, self.auto_extend, self.fencing, handoff=not self._rw
+        )
         try:
             return await core.gates.wait(self._slot, waiter, max(0.0, deadline - core.clock()))
         except LocalTimeoutError:
@@ -182,7 +189,7 @@ class Lock:
             outcomes=(),
         )
 
-    async def _acquire(self, started: float, deadline: float) -> Lease:
+    async def _acquire(self, started: float, deadline: float, arrival: int) -> Lease:
         """Attempts on the masters until one takes the lock or ``deadline`` passes."""
         core = self._core
         entry: QueueEntry | None = None
@@ -190,17 +197,17 @@ class Lock:
             settings = core.settings
             entry = QueueEntry(
                 waiter=("r:" if self.shared else "w:") + secrets.token_hex(8),
-                score=time.time_ns() // 1000,  # arrival, by this client's clock
+                score=arrival,
                 ttl=max(1.0, 3 * (settings.retry_delay + settings.node_timeout)),
             )
-        rounds: list[Sequence[asyncio.Future[Reply]]] = []
+        trace = QueueTrace(len(core.nodes)) if entry is not None else None
         ticket: Ticket | None = None
         acquired = False
         try:
             while True:
                 # A writer out of patience queues: readers that come later wait for it.
                 impatient = not self.shared and core.clock() - started >= self._patience
-                outcome = await self._attempt(entry, self.fair or impatient, rounds)
+                outcome = await self._attempt(entry, self.fair or impatient, trace)
                 if isinstance(outcome, Lease):
                     acquired = True
                     return outcome
@@ -226,9 +233,9 @@ class Lock:
         finally:
             if ticket is not None:
                 core.waker.leave(ticket, acquired=acquired)
-            if entry is not None:
+            if entry is not None and trace is not None:
                 # a granted waiter may still be listed by the masters that refused
-                core.dequeue(self.key, entry, rounds, everywhere=self.fair)
+                core.dequeue(self.key, entry, trace, everywhere=self.fair)
 
     async def _await_undo(self, cleanup: list[asyncio.Task[Reply]], deadline: float) -> None:
         """Do not race our own undo: a late SET of the last attempt would look like
@@ -250,7 +257,7 @@ class Lock:
         self,
         entry: QueueEntry | None,
         queue: bool,
-        rounds: list[Sequence[asyncio.Future[Reply]]],
+        trace: QueueTrace | None,
     ) -> Lease | _Failed:
         core = self._core
         value = secrets.token_hex(16)
@@ -266,7 +273,8 @@ class Lock:
             shared=self.shared,
             queue=queue,
         )
-        rounds.append(rnd.tasks)
+        if trace is not None:
+            trace.add(rnd.tasks)
         tokens: tuple[int, ...] | None = None
         commit: list[asyncio.Future[Reply]] = []
         try:
@@ -292,6 +300,7 @@ class Lock:
                 auto_extend=self.auto_extend,
                 tokens=tokens,
                 shared=self.shared,
+                handoff=not self._rw,
             )
             lease._track(commit)
             return lease

@@ -302,7 +302,8 @@ class AsyncRedlock:
                 and readers that arrive after a waiting writer wait for it.
             patience: Unfair mode: seconds a writer waits before it queues on the
                 masters, after which readers that arrive later wait behind it
-                (1.0; ``0``: at once, ``math.inf``: never, readers first).
+                (1.0; ``0``: at once, ``math.inf``: never, readers first). Not
+                used with ``fair=True``, where every waiter queues at once.
 
         Raises:
             TypeError: ``name`` is not a str, or a setting has the wrong type.

@@ -31,9 +31,6 @@ class RWLock:
     Attributes:
         name: The resource name.
         key: The lock key.
-        fair: Whether readers and writers are served in arrival order.
-        patience: Unfair mode: how long a writer waits before readers that come
-            after it queue behind it (seconds; ``math.inf``: never).
     """
 
     def __init__(
@@ -42,8 +39,19 @@ class RWLock:
         self._redlock = redlock
         self.name = name
         self.key = key
-        self.fair = fair
-        self.patience = patience
+        self._fair = fair
+        self._patience = patience
+
+    @property
+    def fair(self) -> bool:
+        """Whether readers and writers are served in arrival order."""
+        return self._fair
+
+    @property
+    def patience(self) -> float:
+        """Unfair mode: seconds a writer waits before readers that come after it
+        queue behind it (``math.inf``: never); not used when `fair`."""
+        return self._patience
 
     def __repr__(self) -> str:
         mode = "fair" if self.fair else f"patience={self.patience:g}s"
@@ -98,9 +106,10 @@ class RWLock:
 
         A writer is granted once the readers have left. Unfair (the default), a
         writer that has waited ``patience`` seconds queues on the masters, and
-        readers that arrive after that wait for it. Tasks of one
-        ``AsyncRedlock`` that write queue for the key locally and pass the lease
-        on, as with ``lock()``.
+        readers that arrive after that wait for it. Unfair writers of one
+        ``AsyncRedlock`` queue for the key locally (one at a time asks the
+        masters), but never pass a write lease on without the masters, so
+        readers elsewhere get their turn.
 
         Args:
             ttl: Time to live in seconds; the ``AsyncRedlock``'s default if omitted.

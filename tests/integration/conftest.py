@@ -95,6 +95,7 @@ class Waiting:
 
     def __init__(self, redlocks: list[AsyncRedlock], monkeypatch: pytest.MonkeyPatch) -> None:
         self.entered = 0
+        self.woken = 0  # waits ended by a wake-up, not by their delay
         self._changed = anyio.Event()
         for redlock in redlocks:
             waker = redlock._core.waker
@@ -105,6 +106,7 @@ class Waiting:
                 changed, self._changed = self._changed, anyio.Event()
                 changed.set()
                 woken: bool = await _original(ticket, delay)
+                self.woken += woken
                 return woken
 
             monkeypatch.setattr(waker, "wait", wait)

@@ -19,7 +19,7 @@ from asyncredlock import (
 )
 from asyncredlock.testing import ServerGroup
 
-from .conftest import Masters, Waiting
+from .conftest import Masters, Queue, Waiting
 
 pytestmark = pytest.mark.anyio
 
@@ -60,6 +60,7 @@ class TestExclusion:
             with pytest.raises(LockTimeoutError) as caught:
                 await redlock.lock("doc", timeout=0).acquire()
             assert sum("held by readers" in d for d in _details(caught)) >= 3
+            await redlock.settle()  # the masters beyond the quorum have answered too
             state = await redlock.inspect("doc")
             for node in state.nodes:
                 assert sorted(value for value, _ in node.readers) == sorted(
@@ -74,6 +75,7 @@ class TestExclusion:
                 with pytest.raises(LockTimeoutError) as caught:
                     await rw.read(timeout=0).acquire()
                 assert sum("held by another holder" in d for d in _details(caught)) >= 3
+                await redlock.settle()  # the masters beyond the quorum have answered too
                 state = await redlock.inspect("doc")
                 assert state.holder == writer.value
                 assert [node.readers for node in state.nodes] == [()] * 5
@@ -105,13 +107,15 @@ class TestExclusion:
             AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as writers,
         ):
             leases = [await readers.rwlock("page").read(ttl=HANG_GUARD).acquire() for _ in range(3)]
+            # no retry before the hang guard: only the release's announcement wakes it
+            monkeypatch.setattr(writers._core, "retry_pause", lambda: HANG_GUARD)
             waiting = Waiting([writers], monkeypatch)
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     got: list[Lease] = []
 
                     async def write() -> None:
-                        got.append(await writers.rwlock("page").write().acquire())
+                        got.append(await writers.rwlock("page").write(timeout=HANG_GUARD).acquire())
 
                     tg.start_soon(write)
                     await waiting.reach(1)
@@ -131,11 +135,13 @@ class TestExclusion:
             AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as readers,
         ):
             writer = await writers.rwlock("page").write(ttl=HANG_GUARD).acquire()
+            # no retry before the hang guard: only the release's announcement wakes them
+            monkeypatch.setattr(readers._core, "retry_pause", lambda: HANG_GUARD)
             waiting = Waiting([readers], monkeypatch)
             got: list[Lease] = []
 
             async def read() -> None:
-                got.append(await readers.rwlock("page").read().acquire())
+                got.append(await readers.rwlock("page").read(timeout=HANG_GUARD).acquire())
 
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
@@ -145,9 +151,36 @@ class TestExclusion:
                     await writer.release()
             assert len(got) == 3
             assert all(lease.held for lease in got)
-            assert readers.statistics().wakeups >= 1
+            assert waiting.woken == 3  # all of them by the one release
             for lease in got:
                 await lease.release()
+
+    async def test_writers_of_one_process_never_pass_the_lease_on(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """They queue in the process, but each write goes back to the masters, where
+        readers elsewhere may take the lock (a run of hand-offs would starve them)."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            rw = redlock.rwlock("doc", patience=math.inf)
+            queue = Queue(redlock, monkeypatch)
+            first = await rw.write().acquire()
+            writes = 1
+
+            async def write() -> None:
+                nonlocal writes
+                async with rw.write(timeout=HANG_GUARD):
+                    writes += 1
+
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):
+                        tg.start_soon(write)
+                    await queue.reach(3)  # all three wait behind the first, in the process
+                    await first.release()
+            stats = redlock.statistics()
+        assert writes == 4
+        assert stats.handoffs == 0
+        assert stats.acquisitions == 4
 
 
 class TestReaderLeases:
@@ -155,6 +188,7 @@ class TestReaderLeases:
         async with AsyncRedlock(servers.urls) as redlock:
             lease = await redlock.rwlock("doc").read(ttl=5, auto_extend=False).acquire()
             await lease.extend(ttl=600)
+            await redlock.settle()  # the masters beyond the quorum have answered too
             state = await redlock.inspect("doc")
             for node in state.nodes:
                 ((value, left),) = node.readers
@@ -370,6 +404,8 @@ class TestValidation:
             with pytest.raises(TypeError, match="patience"):
                 redlock.rwlock("doc", patience="1")  # type: ignore[arg-type]
             rw = redlock.rwlock("doc")
+            with pytest.raises(AttributeError):
+                rw.patience = -5  # type: ignore[misc]
             assert isinstance(rw, RWLock)
             assert rw.patience == 1.0
             assert not rw.fair

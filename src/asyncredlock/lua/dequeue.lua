@@ -1,6 +1,6 @@
 -- Take a waiter out of a fair lock's queue on one master (it acquired, gave up or was
 -- cancelled), with the entries that lapsed. If the waiter was first in line, or a
--- writer (readers queued behind it only waited for it), announce it: the next
+-- writer whose leaving lets the readers right after it go, announce it: the next
 -- waiters may go now.
 -- KEYS[1] the queue, KEYS[2] the queue's expiries
 -- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on
@@ -14,10 +14,24 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
   redis.call('ZREM', KEYS[1], gone)
   redis.call('ZREM', KEYS[2], gone)
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1] == ARGV[1]
+local rank = redis.call('ZRANK', KEYS[1], ARGV[1])
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if first or (removed == 1 and string.sub(ARGV[1], 1, 2) ~= 'r:') then
+local announce = rank == 0
+if rank and rank > 0 and string.sub(ARGV[1], 1, 2) ~= 'r:' then
+  -- A writer left from behind the head: the readers right after it may go now,
+  -- unless another writer is queued before it.
+  local blocked = false
+  for _, earlier in ipairs(redis.call('ZRANGE', KEYS[1], 0, rank - 1)) do
+    if string.sub(earlier, 1, 2) ~= 'r:' then
+      blocked = true
+      break
+    end
+  end
+  local after = redis.call('ZRANGE', KEYS[1], rank, rank)[1]
+  announce = not blocked and after ~= nil and string.sub(after, 1, 2) == 'r:'
+end
+if announce then
   redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 return removed
