@@ -220,6 +220,25 @@ class TestReaderLeases:
                     await anyio.sleep_forever()  # cancelled when the extension fails
             assert lease.lost
 
+    async def test_a_reader_that_stops_extending_lapses_on_the_masters_clock(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Its entry lapses by the masters' time: a writer gets in (told how long to
+        wait by the readers' remaining time), and the reader cannot extend any more."""
+        async with (
+            AsyncRedlock(servers.urls) as readers,
+            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as writers,
+        ):
+            reader = await readers.rwlock("doc").read(ttl=0.3, auto_extend=False).acquire()
+            with anyio.fail_after(HANG_GUARD):
+                writer = await writers.rwlock("doc").write(timeout=HANG_GUARD).acquire()
+            with pytest.raises(LockNotOwnedError):
+                await reader.extend()
+            await writer.release()
+            await readers.settle()
+            await writers.settle()
+        assert await masters.keys() == [[]] * 5
+
     async def test_force_release_removes_readers_and_loses_their_leases(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
