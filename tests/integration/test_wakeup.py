@@ -177,9 +177,12 @@ async def test_local_waiters_queue_behind_the_one_that_listens(
 async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
     servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A loaded machine may take longer than the default node_timeout to confirm the
+    # subscriptions (enroll's patience); the patient waiter's wake-up would then be
+    # lost, and with retry_delay=NEVER it would sleep out the doomed attempt's TTL.
     async with (
         AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+        AsyncRedlock(servers.urls, retry_delay=NEVER, node_timeout=5.0) as waiter,
     ):
         lease = await holder.lock("cancelled", ttl=60.0).acquire()
         waker: Waker = waiter._core.waker
