@@ -320,37 +320,26 @@ class Core:
         (``shared``) or a writer, and queues the waiter when ``queue`` is set or
         a queue exists.
         """
-        if entry is None:
-            script_keys = [
-                each
-                for key in keys
-                for each in (key, undo_key(key, value), aux_key(key, "fence"), readers_key(key))
-            ]
-            args: tuple[str | int, ...] = (value, ms(ttl), str(TOKEN_BLOCK) if fencing else "0")
-            return self.fan_out(
-                lambda _, node: node.call(ACQUIRE, script_keys, args), skip_silent=True
-            )
-        (key,) = keys
+        # per resource: lock key, undo marker, fence counter, readers
         script_keys = [
-            key,
-            undo_key(key, value),
-            aux_key(key, "fence"),
-            readers_key(key),
-            *queue_keys(key),
+            each
+            for key in keys
+            for each in (key, undo_key(key, value), aux_key(key, "fence"), readers_key(key))
         ]
-        args = (
-            value,
-            ms(ttl),
-            str(TOKEN_BLOCK) if fencing and not shared else "0",
-            entry.waiter,
-            entry.score,
-            ms(entry.ttl),
-            "r" if shared else "w",
-            "1" if queue else "0",
-        )
-        return self.fan_out(
-            lambda _, node: node.call(ACQUIRE_RW, script_keys, args), skip_silent=True
-        )
+        block = str(TOKEN_BLOCK) if fencing and not shared else "0"
+        args: tuple[str | int, ...] = (value, ms(ttl), block)
+        script = ACQUIRE
+        if entry is not None:  # one resource, and its queue
+            script = ACQUIRE_RW
+            script_keys += queue_keys(keys[0])
+            args += (
+                entry.waiter,
+                entry.score,
+                ms(entry.ttl),
+                "r" if shared else "w",
+                "1" if queue else "0",
+            )
+        return self.fan_out(lambda _, node: node.call(script, script_keys, args), skip_silent=True)
 
     def dequeue(self, key: str, entry: QueueEntry, trace: QueueTrace, *, everywhere: bool) -> None:
         """Take a waiter whose ``acquire()`` ended out of the queue, in the background.

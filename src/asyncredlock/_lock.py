@@ -140,7 +140,8 @@ class Lock:
         """
         core = self._core
         started = core.clock()
-        arrival = time.time_ns() // 1000  # for the masters' queue, by this client's clock
+        # for the masters' queue, by this client's clock (only locks that queue there)
+        arrival = time.time_ns() // 1000 if self._rw else 0
         deadline = started + self.timeout
         if self.fair or self.shared:
             # Each task asks the masters itself: fair waiters queue there, and
