@@ -328,6 +328,16 @@ class Counter:
                 return real_aexecute(self, command, *args, **kwargs)
 
             out.append((connection, "execute", aexecute))
+        link = getattr(importlib.import_module("asyncredlock._transport"), "Link", None)
+        real_link_call = getattr(link, "call", None)
+        if link is not None and real_link_call is not None:
+            # asyncredlock's own connection per master: every command goes through here
+
+            def link_call(self: Any, args: tuple[Any, ...], *rest: Any, **kwargs: Any) -> Any:
+                counter.command(args[0])
+                return real_link_call(self, args, *rest, **kwargs)
+
+            out.append((link, "call", link_call))
         node = getattr(importlib.import_module("asyncredlock._node"), "Node", None)
         real_call = getattr(node, "call", None)
         if node is not None and real_call is not None:

@@ -62,7 +62,7 @@ class Settings:
     retry_delay: float = 0.2
     drift_factor: float = 0.01
     socket_timeout: float = 5.0
-    max_connections: int = 256
+    max_connections: int | None = None  # deprecated, ignored
     prefix: str = ""
     auto_extend: bool = True
     fencing: bool = True
@@ -78,7 +78,8 @@ class Settings:
         }
         for name, value in seconds.items():  # store floats, whatever number was given
             object.__setattr__(self, name, value)
-        _check_int("max_connections", self.max_connections, minimum=1)
+        if self.max_connections is not None:
+            _check_int("max_connections", self.max_connections, minimum=1)
         if isinstance(self.drift_factor, bool) or not isinstance(self.drift_factor, int | float):
             raise TypeError("drift_factor must be a number")
         if not 0 <= self.drift_factor < 0.5:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -196,12 +196,6 @@ def classify_deleted(reply: Reply) -> tuple[Verdict, str]:
     return Verdict.YES, "deleted" if int(reply.value) == 1 else "no key"
 
 
-async def wait_done(future: asyncio.Future[Reply]) -> None:
-    """Wait for a call to finish without ever cancelling it."""
-    if not future.done():
-        await asyncio.wait([future])
-
-
 class QueueTrace:
     """Per master, what the attempts of one queueing ``acquire()`` left: whether
     one may have queued the waiter there, and the calls still out (whose reply
@@ -258,7 +252,9 @@ class Core:
         self.held: set[Lease] = set()
         self.closed = False
         self.timing = Timing(
-            settings.node_timeout, max(settings.node_timeout, settings.socket_timeout)
+            give_up_silent=True,
+            max_wait=max(settings.node_timeout, settings.socket_timeout),
+            node_timeout=settings.node_timeout,
         )
         self.waker = Waker(self.nodes, settings.node_timeout, self.quorum)
         self.gates = Gates(self.clock)
@@ -278,25 +274,25 @@ class Core:
     def fan_out(self, make: MakeCall, *, skip_silent: bool = False) -> Round:
         """Send one operation to every master.
 
-        With ``skip_silent`` (acquisition only), a master that stayed silent with
-        too many calls given up on gets no new call.
+        With ``skip_silent`` (acquisition only), a master that is silent right now
+        (calls out, nothing heard back for ``node_timeout``) gets no new call.
         """
         if self.closed:
             raise RuntimeError("this AsyncRedlock is closed")
-        patience = self.settings.node_timeout if skip_silent else None
-        return Round(self.tracker, self.nodes, make, patience)
+        return Round(self.nodes, make, skip_silent=skip_silent)
 
     async def decide(
         self, rnd: Round, classify: Classify, *, wait: float | None = None
     ) -> Decision:
         """Wait for ``rnd`` until its outcome is decided.
 
-        With ``wait=None`` (acquisition), a master silent for ``node_timeout``
-        counts as failed; one that is slow but answering is waited for up to
-        ``socket_timeout``. With ``wait`` (release, extension: calls that must
-        not be given up lightly), every master is waited for up to ``wait``.
+        With ``wait=None`` (acquisition), a master reported silent (nothing heard
+        for ``node_timeout`` with calls out) counts as failed; one that is slow
+        but answering is waited for up to ``socket_timeout``. With ``wait``
+        (release, extension: calls that must not be given up lightly), every
+        master is waited for up to ``wait``.
         """
-        timing = self.timing if wait is None else Timing(wait, wait)
+        timing = self.timing if wait is None else Timing(give_up_silent=False, max_wait=wait)
         return await rnd.decide(self.quorum, classify, timing)
 
     def acquire_round(
@@ -344,32 +340,21 @@ class Core:
     def dequeue(self, key: str, entry: QueueEntry, trace: QueueTrace, *, everywhere: bool) -> None:
         """Take a waiter whose ``acquire()`` ended out of the queue, in the background.
 
-        On each master, once the replies of its attempts there are in, so that a
-        late attempt cannot queue the waiter again; ``everywhere`` (a fair lock)
-        or only where an attempt queued it or its outcome is unknown (a
-        read-write lock, whose attempts queue only while a queue exists or a
-        writer is out of patience). Nothing is sent once this ``AsyncRedlock`` is
-        closed: the entries lapse by themselves.
+        On each master, behind its attempts there (one connection keeps them in
+        order, so a late attempt cannot queue the waiter again): ``everywhere``
+        (a fair lock) or only where an attempt queued it or its outcome is not
+        known yet (a read-write lock, whose attempts queue only while a queue
+        exists or a writer is out of patience). Nothing is sent once this
+        ``AsyncRedlock`` is closed: the entries lapse by themselves.
         """
         if self.closed:
             return
         keys = queue_keys(key)
         args = (entry.waiter, channel(key))
-
-        async def dequeue_on(
-            node: Node, attempts: list[asyncio.Future[Reply]], queued: bool
-        ) -> Reply:
-            for attempt in attempts:
-                await wait_done(attempt)
-            if queued or any(may_be_queued(attempt) for attempt in attempts):
-                return await node.call(DEQUEUE, keys, args)
-            return Reply(0)
-
         trace.prune()
         for i, node in enumerate(self.nodes):
-            queued = everywhere or trace.queued[i]
-            if queued or trace.pending[i]:
-                self.tracker.call(dequeue_on(node, trace.pending[i], queued))
+            if everywhere or trace.queued[i] or trace.pending[i]:
+                node.call(DEQUEUE, keys, args)
 
     def commit_round(
         self,
@@ -381,60 +366,76 @@ class Core:
         """Commit ``tokens`` (one per key) on every master that granted the first phase.
 
         A master commits only while it still holds ``value`` in every key and each
-        counter is at most its token; it then raises the counters to the tokens. A master whose
-        first-phase reply is still on its way gets its commit once that reply
-        grants. Masters that refused get no call: their first-phase reply stands
-        in (see `classify_commit`).
+        counter is at most its token; it then raises the counters to the tokens. A
+        master whose first-phase reply is still on its way gets its commit at once,
+        behind it on the same connection (if the first phase was refused there,
+        the commit finds the lock not ours and changes nothing). Masters that
+        refused get no call: their first-phase reply stands in (see
+        `classify_commit`).
         """
         script_keys = [each for key in keys for each in (key, aux_key(key, "fence"))]
         args = (value, *(str(token) for token in tokens))
 
-        async def commit_on(node: Node, first: asyncio.Future[Reply]) -> Reply:
-            await wait_done(first)
-            reply = first.result()
-            if not granted(reply):
-                return reply
-            return await node.call(COMMIT, script_keys, args)
-
-        def make(i: int, node: Node) -> Coroutine[Any, Any, Reply] | Reply:
+        def make(i: int, node: Node) -> asyncio.Future[Reply] | Reply:
             first = acquired[i]
             if first.done() and not granted(first.result()):
                 return first.result()
-            return commit_on(node, first)
+            return node.call(COMMIT, script_keys, args)
 
         return self.fan_out(make)
 
-    async def release_on(
+    def release_on(
         self,
         node: Node,
         keys: Sequence[str],
         value: str,
         acquired: asyncio.Future[Reply],
-        previous: asyncio.Future[Reply],
         ttl: float,
         *,
         shared: bool = False,
-    ) -> Reply:
-        """Compare-and-delete on one master, after every earlier call of the lease there.
+    ) -> asyncio.Future[Reply] | Reply:
+        """Compare-and-delete on one master, ordered behind the ``SET`` it undoes.
 
-        Waiting first is what keeps a release from overtaking the ``SET`` it undoes.
-        A master that refused the lock holds nothing of ours and gets no call; one
-        whose ``SET`` failed in an unknown way gets an undo marker too. A reader
-        (``shared``) removes its entry from the readers instead.
+        Every call to a master goes out on one connection, in order, so the
+        release cannot overtake the attempt. A master that refused the lock holds
+        nothing of ours and gets no call; one whose ``SET`` failed in an unknown
+        way (its connection broke) gets an undo marker too, which refuses that
+        ``SET`` should it still arrive. While the ``SET``'s reply is out, the
+        release goes at once behind it; if both then fail, it is sent once more,
+        with the marker, on the next connection. A reader (``shared``) removes its
+        entry from the readers instead.
         """
-        await wait_done(previous)
-        reply = acquired.result()
-        refused = reply.error is None and not granted(reply)
-        if refused or isinstance(reply.error, NodeSkippedError):  # nothing of ours there
-            return Reply(0)
-        marker_ttl = 0 if reply.error is None else ms(ttl)
+        if acquired.done():
+            reply = acquired.result()
+            if reply.error is None and not granted(reply):
+                return Reply(0)
+            if isinstance(reply.error, NodeSkippedError):  # never sent there
+                return Reply(0)
+            return self._delete(node, keys, value, 0 if reply.error is None else ms(ttl), shared)
+        first = self._delete(node, keys, value, 0, shared)
+        result: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+
+        def settle(_: object) -> None:
+            reply = first.result()
+            unknown = not acquired.done() or acquired.result().error is not None
+            if reply.error is None or not unknown or self.closed:
+                result.set_result(reply)
+                return
+            again = self._delete(node, keys, value, ms(ttl), shared)
+            again.add_done_callback(lambda done: result.set_result(done.result()))
+
+        first.add_done_callback(settle)
+        return self.tracker.follow(result)
+
+    def _delete(
+        self, node: Node, keys: Sequence[str], value: str, marker_ttl: int, shared: bool
+    ) -> asyncio.Future[Reply]:
         if shared:
             (key,) = keys
             read_keys = (readers_key(key), undo_key(key, value))
-            return await node.call(RELEASE_READ, read_keys, (value, marker_ttl, channel(key)))
+            return node.call(RELEASE_READ, read_keys, (value, marker_ttl, channel(key)))
         script_keys = [each for key in keys for each in (key, undo_key(key, value))]
-        args = (value, marker_ttl, *(channel(key) for key in keys))
-        return await node.call(RELEASE, script_keys, args)
+        return node.call(RELEASE, script_keys, (value, marker_ttl, *(channel(key) for key in keys)))
 
     def undo(
         self,
@@ -444,17 +445,22 @@ class Core:
         ttl: float,
         *,
         shared: bool = False,
-    ) -> list[asyncio.Task[Reply]]:
+    ) -> None:
         """Release a failed or cancelled attempt on every master, in the background
         (not once this ``AsyncRedlock`` is closed: the keys expire with the TTL)."""
         if self.closed:
-            return []
-        return [
-            self.tracker.call(
-                self.release_on(node, keys, value, future, future, ttl, shared=shared)
-            )
-            for node, future in zip(self.nodes, acquired, strict=True)
-        ]
+            return
+        for node, future in zip(self.nodes, acquired, strict=True):
+            self.release_on(node, keys, value, future, ttl, shared=shared)
+
+    async def settle(self) -> None:
+        """Wait until no call to any master and no background job is still out."""
+        while True:
+            await self.tracker.settle()
+            for node in self.nodes:
+                await node.wait_idle()
+            if not self.tracker.busy and not any(node.in_flight for node in self.nodes):
+                return
 
     def describe(self) -> dict[str, Any]:
         """Current gauges for statistics."""

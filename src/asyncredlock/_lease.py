@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
 
 import anyio
 
 from ._config import check_seconds
-from ._core import TOKEN_BLOCK, Core, classify_flag, granted, ms, readers_key, wait_done
+from ._core import TOKEN_BLOCK, Core, classify_flag, granted, ms, readers_key
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._gate import Gates
 from ._keys import Resources
@@ -91,8 +89,8 @@ class Lease:
         self.token = tokens[0] if tokens is not None and len(tokens) == 1 else None
         self._tokens = tokens
         self._expires_at = expires_at
+        # each master's reply to the acquisition: which masters hold something of ours
         self._acquired = tuple(acquired)
-        self._last: list[asyncio.Future[Reply]] = list(acquired)
         self._state = _State.HELD
         self._loss: Decision | None = None
         self._scope: anyio.CancelScope | None = None
@@ -226,17 +224,14 @@ class Lease:
         start = core.clock()
         args = (self.value, ms(ttl))
 
-        patience = core.settings.node_timeout
-
-        def make(i: int, node: Node) -> Coroutine[Any, Any, Reply] | Reply:
-            previous = self._last[i]
-            if not previous.done() and node.silent(time.monotonic(), patience):
-                # do not queue behind a hung call; the next extension tries again
-                return Reply(error=TimeoutError("master silent; earlier call unanswered"))
-            return self._extend_on(node, previous, self._acquired[i], args)
+        def make(i: int, node: Node) -> asyncio.Future[Reply] | Reply:
+            if node.silent:
+                # do not queue behind calls the master is not answering; the next
+                # extension tries again
+                return Reply(error=TimeoutError("master silent: calls out, nothing heard back"))
+            return self._extend_on(node, self._acquired[i], args)
 
         rnd = core.fan_out(make)
-        self._track(rnd.tasks)
         # Waiting past the validity is pointless: by then the lease is lost anyway.
         wait = max(core.settings.node_timeout, self._expires_at - core.clock())
         decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
@@ -248,20 +243,18 @@ class Lease:
         core.counters.failed_extensions += 1
         return decision
 
-    async def _extend_on(
-        self,
-        node: Node,
-        previous: asyncio.Future[Reply],
-        acquired: asyncio.Future[Reply],
-        args: tuple[str, int],
-    ) -> Reply:
-        await wait_done(previous)
-        reply = acquired.result()
-        if reply.error is None and not granted(reply):
-            return Reply(0)
+    def _extend_on(
+        self, node: Node, acquired: asyncio.Future[Reply], args: tuple[str, int]
+    ) -> asyncio.Future[Reply] | Reply:
+        """Reset the TTL on one master (behind this lease's earlier calls there, on
+        the same connection); a master that refused the lock gets no call."""
+        if acquired.done():
+            reply = acquired.result()
+            if reply.error is None and not granted(reply):
+                return Reply(0)
         if self.shared:
-            return await node.call(EXTEND_READ, (readers_key(self.key),), args)
-        return await node.call(EXTEND, self.keys, args)
+            return node.call(EXTEND_READ, (readers_key(self.key),), args)
+        return node.call(EXTEND, self.keys, args)
 
     async def _release_round(self) -> Decision:
         """Release everywhere; a lease found gone on a majority ends lost, not released.
@@ -285,27 +278,13 @@ class Lease:
             self._leave_gate()
 
     def _send_release(self) -> Round:
-        """Compare-and-delete on every master, each after this lease's calls there."""
+        """Compare-and-delete on every master, each behind this lease's calls there."""
         core = self._core
-        rnd = core.fan_out(
+        return core.fan_out(
             lambda i, node: core.release_on(
-                node,
-                self.keys,
-                self.value,
-                self._acquired[i],
-                self._last[i],
-                self.ttl,
-                shared=self.shared,
+                node, self.keys, self.value, self._acquired[i], self.ttl, shared=self.shared
             )
         )
-        self._track(rnd.tasks)
-        return rnd
-
-    def _track(self, futures: Sequence[asyncio.Future[Reply]]) -> None:
-        """Remember each call actually sent, so the next call to that master waits for it."""
-        for i, future in enumerate(futures):
-            if isinstance(future, asyncio.Task):
-                self._last[i] = future
 
     # -- passing the lease on within the process -------------------------------
 
@@ -352,7 +331,6 @@ class Lease:
             first_tokens=self._first_tokens,
             handoffs=handoffs,
         )
-        successor._last = list(self._last)
         successor._gates, self._gates = gates, None
         self._finish(_State.RELEASED)
         core.counters.handoffs += 1
@@ -403,7 +381,8 @@ class Lease:
         self._finish(_State.LOST)
         if self._scope is not None:
             self._scope.cancel()
-        self._send_release()
+        if not self._core.closed:
+            self._send_release()
         self._leave_gate()
 
     def _finish(self, state: _State, *, announce: bool = True) -> None:

@@ -214,7 +214,8 @@ class Lock:
                     return outcome
                 if deadline - core.clock() <= 0:
                     raise self._failure(outcome)
-                await self._await_undo(outcome.cleanup, deadline)
+                if core.closed:
+                    raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
                 if ticket is None and not outcome.decision.unavailable(core.quorum):
                     # Listen for the release, then try again at once: a release
                     # before the subscription is seen by that attempt, one after
@@ -237,22 +238,6 @@ class Lock:
             if entry is not None and trace is not None:
                 # a granted waiter may still be listed by the masters that refused
                 core.dequeue(self.key, entry, trace, everywhere=self.fair)
-
-    async def _await_undo(self, cleanup: list[asyncio.Task[Reply]], deadline: float) -> None:
-        """Do not race our own undo: a late SET of the last attempt would look like
-        another holder to the next one. Masters that stay silent are not waited for
-        (a hung master answers neither attempt)."""
-        core = self._core
-        patience = core.settings.node_timeout
-        pending = dict(zip(cleanup, core.nodes, strict=True))
-        while pending and (remaining := deadline - core.clock()) > 0:
-            await asyncio.wait(pending, timeout=min(remaining, patience))
-            now = time.monotonic()
-            pending = {
-                task: node
-                for task, node in pending.items()
-                if not task.done() and not node.silent(now, patience)
-            }
 
     async def _attempt(
         self,
@@ -277,21 +262,19 @@ class Lock:
         if trace is not None:
             trace.add(rnd.tasks)
         tokens: tuple[int, ...] | None = None
-        commit: list[asyncio.Future[Reply]] = []
         try:
             decision = await core.decide(rnd, classify_acquire)
             if self.fencing and decision.yes >= core.quorum and expires_at > core.clock():
                 tokens = fence_tokens(rnd.tasks)
                 if not committed_already(rnd.tasks, tokens, core.quorum):
                     second = core.commit_round(self.keys, value, tokens, rnd.tasks)
-                    commit = second.tasks
                     decision = await core.decide(second, classify_commit)
         except BaseException:
             core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
             raise
         if decision.yes >= core.quorum and expires_at > core.clock():
             core.counters.acquisitions += 1
-            lease = Lease(
+            return Lease(
                 core,
                 target=self._target,
                 value=value,
@@ -303,15 +286,13 @@ class Lock:
                 shared=self.shared,
                 handoff=not self._rw,
             )
-            lease._track(commit)
-            return lease
         core.counters.failed_attempts += 1
-        cleanup = core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
+        core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
         free_in = _free_in(rnd.tasks)
         if decision.yes >= core.quorum:
             decision = _expired(decision, core.clock() - start, self.ttl)
-            return _Failed(decision, expired=True, cleanup=cleanup, free_in=free_in)
-        return _Failed(decision, expired=False, cleanup=cleanup, free_in=free_in)
+            return _Failed(decision, expired=True, free_in=free_in)
+        return _Failed(decision, expired=False, free_in=free_in)
 
     def _failure(self, failed: _Failed) -> RedlockError:
         decision = failed.decision
@@ -359,12 +340,12 @@ class Lock:
 @dataclass(frozen=True, slots=True)
 class _Failed:
     """An attempt that did not take the lock: the counted replies, whether a
-    quorum did grant it but too late (validity used up), its undo calls, and in
-    how many seconds the holder's keys expire (``inf`` when not known)."""
+    quorum did grant it but too late (validity used up), and in how many seconds
+    the holder's keys expire (``inf`` when not known). Its undo is on its way,
+    ahead of any later attempt on each master's connection."""
 
     decision: Decision
     expired: bool
-    cleanup: list[asyncio.Task[Reply]]
     free_in: float = math.inf
 
 

@@ -1,74 +1,131 @@
-"""One master: its client, how scripts run on it, and how many calls it has out."""
+"""One master: how scripts reach it, whether it answers, and how to subscribe to it."""
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import ResponseError
-
-from ._scripts import Script, evalsha
+from ._scripts import SCRIPTS, Script, evalsha
+from ._transport import ClosedError, Link, Opener, Reply
 
 __all__ = ["Node", "Reply"]
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """The result of one call to one master: a value, or the exception it raised."""
-
-    value: Any = None
-    error: Exception | None = None
-
-
 class Node:
-    """A master and the client that talks to it.
+    """A master and the way calls reach it.
+
+    Most masters are reached through a `Link`: one pipelined connection that
+    asyncredlock opens with redis-py's connection settings (from a URL, or copied
+    from a ``redis.asyncio.Redis`` client) and owns. A ``RedisCluster`` client
+    routes each key to its shard itself, so its calls go through the client, one
+    task per call.
 
     Args:
-        client: A ``redis.asyncio`` client (standalone or cluster).
         name: Display name used in errors and inspection.
-        owned: Whether asyncredlock built the client and must close it.
+        opener: Opens a connection to the master (``None`` for a cluster client).
+        client: The cluster client, when there is no opener.
+        owned: Whether asyncredlock made ``client`` and must close it.
+        node_timeout: Silence after which the master counts as silent.
+        socket_timeout: Silence after which a connection is dropped.
     """
 
-    def __init__(self, client: Any, name: str, *, owned: bool) -> None:
-        self.client = client
+    def __init__(
+        self,
+        name: str,
+        *,
+        opener: Opener | None = None,
+        client: Any = None,
+        owned: bool = False,
+        node_timeout: float = 0.1,
+        socket_timeout: float = 5.0,
+    ) -> None:
         self.name = name
+        self.opener = opener
+        self.client = client
         self.owned = owned
-        self.in_flight = 0
-        # Calls a round gave up on because the master stayed silent. While too many
-        # are out and it still says nothing, it is treated as down without sending.
-        self.overdue = 0
-        # When the master last answered anything, and since when it has had calls
-        # out without a break (time.monotonic()).
-        self.last_answer = -math.inf
-        self.busy_since = -math.inf
+        self.link: Link | None = None
+        if opener is not None:
+            preload = [("SCRIPT", "LOAD", script.source) for script in SCRIPTS]
+            self.link = Link(
+                name,
+                opener,
+                node_timeout=node_timeout,
+                socket_timeout=socket_timeout,
+                preload=preload,
+            )
+        self._tasks: set[asyncio.Task[Reply]] = set()
 
     def __repr__(self) -> str:
         return f"Node({self.name!r})"
 
-    async def call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:
-        """Run ``script`` here; never raises an ``Exception``, returns it in the reply."""
-        if self.in_flight == 0:
-            self.busy_since = time.monotonic()
-        self.in_flight += 1
-        try:
-            reply = Reply(await evalsha(self.client, script, keys, args))
-        except ResponseError as exc:
-            reply = Reply(error=exc)
-        except Exception as exc:
-            return Reply(error=exc)
-        finally:
-            self.in_flight -= 1
-        self.last_answer = time.monotonic()
-        return reply
+    @property
+    def cluster(self) -> bool:
+        """Whether this master is a Redis Cluster (reached through its client)."""
+        return self.link is None
 
-    def silent(self, now: float, patience: float) -> bool:
-        """Whether calls are out here and nothing was answered for ``patience`` seconds."""
-        return self.in_flight > 0 and now - max(self.last_answer, self.busy_since) > patience
+    @property
+    def in_flight(self) -> int:
+        """Calls sent (or waiting for the connection) and not answered yet."""
+        return self.link.outstanding if self.link is not None else len(self._tasks)
+
+    @property
+    def silent(self) -> bool:
+        """Whether calls have been out for ``node_timeout`` with nothing heard back."""
+        return self.link is not None and self.link.silent
+
+    def watch(self, watcher: Callable[[], None]) -> None:
+        """Call ``watcher`` when the master turns silent."""
+        if self.link is not None:
+            self.link.watchers.add(watcher)
+
+    def unwatch(self, watcher: Callable[[], None]) -> None:
+        """Stop calling ``watcher``."""
+        if self.link is not None:
+            self.link.watchers.discard(watcher)
+
+    def call(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> asyncio.Future[Reply]:
+        """Run ``script`` here; the future never raises, failures are in the reply.
+
+        Calls to one master run there in the order they were made.
+        """
+        if self.link is not None:
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            return self.link.call(command, script.source)
+        task = asyncio.get_running_loop().create_task(_through(self.client, script, keys, args))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def wait_idle(self) -> None:
+        """Wait until no call is out here."""
+        if self.link is not None:
+            await self.link.wait_idle()
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
 
     async def aclose(self) -> None:
-        """Close the client if asyncredlock created it."""
-        if self.owned:
+        """Fail the calls still out, close the connection (and the client if ours)."""
+        if self.link is not None:
+            await self.link.aclose()
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if self.owned and self.client is not None:
             await self.client.aclose()
+
+
+async def _through(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:
+    """Run ``script`` through a redis-py client by its SHA1, sending its source
+    once if not cached there."""
+    try:
+        value = await evalsha(client, script, keys, args)
+    except asyncio.CancelledError:  # only Node.aclose() cancels these
+        return Reply(error=ClosedError("this AsyncRedlock was closed while the call was out"))
+    except Exception as exc:
+        return Reply(error=exc)
+    return Reply(value)

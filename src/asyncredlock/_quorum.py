@@ -1,22 +1,21 @@
-"""Concurrent fan-out to every master, decided at quorum, with tracked background calls.
+"""Concurrent fan-out to every master, decided at quorum, with tracked background work.
 
 Each operation (acquire, extend, release, inspect) becomes a `Round`: one call per
-master, each in its own task. The caller waits only until the outcome is decided: a
-quorum said yes, or a quorum can no longer say yes (counting masters given up on).
-Acquisition gives up on a master that stayed silent for ``node_timeout``; release
-and extension wait for every master up to a bound of their own. Calls still running
-then go on in the background under the `TaskTracker`, and whoever needs their
-result (cleanup, release) awaits them later. A call is never cancelled to meet a
-deadline: a cancelled ``SET`` could still land after the undo meant to follow it.
+master, each a future that the master's connection resolves (no task per call). The
+caller waits only until the outcome is decided: a quorum said yes, or a quorum can
+no longer say yes (counting masters given up on). Acquisition gives up on a master
+once its connection reports it silent; release and extension wait for every master
+up to a bound of their own. Calls still out then go on in the background, and
+whoever needs their result (cleanup, release) finds them in the round. A call is
+never cancelled to meet a deadline: a cancelled ``SET`` could still land after the
+undo meant to follow it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import logging
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,15 +29,9 @@ logger = logging.getLogger("asyncredlock")
 
 _T = TypeVar("_T")
 
-#: A silent master with this many overdue calls (still out after ``node_timeout``
-#: while it answered nothing, or cut off by a round's maximum wait) gets no new
-#: acquisition calls until it answers again: a hung master costs one timeout, not
-#: one connection per attempt.
-MAX_OVERDUE = 8
-
 
 class NodeSkippedError(Exception):
-    """The call was not sent: the master has too many calls unanswered."""
+    """The call was not sent: the master is silent (calls out, nothing heard back)."""
 
 
 class Verdict(enum.Enum):
@@ -50,24 +43,28 @@ class Verdict(enum.Enum):
 
 
 Classify = Callable[[Reply], tuple[Verdict, str]]
-MakeCall = Callable[[int, Node], "Coroutine[Any, Any, Reply] | Reply"]
+MakeCall = Callable[[int, Node], "asyncio.Future[Reply] | Reply"]
 
 
 class TaskTracker:
-    """Owns every background task of one ``AsyncRedlock``; none is left behind.
+    """Owns the background work of one ``AsyncRedlock``; none is left behind.
 
-    ``calls`` are short per-master calls (they end when the master answers or the
-    socket times out) and finite jobs; ``loops`` are lease extenders, which run
-    until stopped.
+    ``calls`` are per-master operations made of several steps (whose last step
+    is sent only once an earlier reply is in) and finite jobs; ``loops`` are
+    lease extenders, which run until stopped. Plain calls are owned by the
+    masters' connections, not here.
     """
 
     def __init__(self) -> None:
-        self._calls: set[asyncio.Task[Any]] = set()
-        self._loops: set[asyncio.Task[Any]] = set()
+        self._calls: set[asyncio.Future[Any]] = set()
+        self._loops: set[asyncio.Future[Any]] = set()
 
-    def call(self, coro: Coroutine[Any, Any, Reply]) -> asyncio.Task[Reply]:
-        """Start a per-master call in the background."""
-        return self._spawn(coro, self._calls)
+    def follow(self, future: asyncio.Future[Reply]) -> asyncio.Future[Reply]:
+        """Count a multi-step call as background work until it resolves."""
+        if not future.done():
+            self._calls.add(future)
+            future.add_done_callback(self._calls.discard)
+        return future
 
     def job(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Start a finite piece of background work (a release nobody awaits);
@@ -79,13 +76,18 @@ class TaskTracker:
         return self._spawn(coro, self._loops)
 
     def _spawn(
-        self, coro: Coroutine[Any, Any, _T], into: set[asyncio.Task[Any]]
+        self, coro: Coroutine[Any, Any, _T], into: set[asyncio.Future[Any]]
     ) -> asyncio.Task[_T]:
         task = asyncio.get_running_loop().create_task(coro)
         into.add(task)
         task.add_done_callback(into.discard)
         task.add_done_callback(_log_crash)
         return task
+
+    @property
+    def busy(self) -> bool:
+        """Whether a multi-step call or a job is still running."""
+        return bool(self._calls)
 
     @property
     def pending(self) -> int:
@@ -102,7 +104,8 @@ class TaskTracker:
         """Cancel every background task and wait for them to finish."""
         tasks = self._calls | self._loops
         for task in tasks:
-            task.cancel()
+            if isinstance(task, asyncio.Task):
+                task.cancel()
         if tasks:
             await asyncio.wait(tasks)
 
@@ -140,31 +143,24 @@ class Round:
     """One operation sent to every master at once.
 
     Args:
-        tracker: Runs the per-master calls.
         nodes: The masters.
-        make: For master ``i``, the coroutine to run there, or an already known
-            `Reply` when no call is needed.
-        patience: If given (acquisition), a master with too many calls given up
-            on that has been silent this long gets no new call, and calls still
-            out after ``patience`` on a silent master are counted as given up
-            even when the round was decided without them.
+        make: For master ``i``, the call sent there (a future), or an already
+            known `Reply` when no call is needed.
+        skip_silent: Acquisition: a master that is silent right now (calls out
+            there, nothing heard back for ``node_timeout``) gets no new call; it
+            is readmitted the moment it answers anything.
     """
 
-    def __init__(
-        self,
-        tracker: TaskTracker,
-        nodes: Sequence[Node],
-        make: MakeCall,
-        patience: float | None = None,
-    ) -> None:
+    __slots__ = ("nodes", "tasks")
+
+    def __init__(self, nodes: Sequence[Node], make: MakeCall, *, skip_silent: bool = False) -> None:
         loop = asyncio.get_running_loop()
         self.nodes = nodes
         self.tasks: list[asyncio.Future[Reply]] = []
-        self._overdue: set[int] = set()
         for i, node in enumerate(nodes):
-            reply: Coroutine[Any, Any, Reply] | Reply
-            if patience is not None and _tripped(node, patience):
-                reply = Reply(error=NodeSkippedError(f"{node.overdue} calls unanswered"))
+            reply: asyncio.Future[Reply] | Reply
+            if skip_silent and node.silent:
+                reply = Reply(error=NodeSkippedError(f"master silent, {node.in_flight} calls out"))
             else:
                 reply = make(i, node)
             if isinstance(reply, Reply):
@@ -172,38 +168,16 @@ class Round:
                 done.set_result(reply)
                 self.tasks.append(done)
             else:
-                self.tasks.append(tracker.call(reply))
-        if patience is not None:
-            # Not cancelled when the round is decided: a round that reached its
-            # quorum without a hung master must still count that master's call.
-            due = time.monotonic() + patience
-            loop.call_later(patience, self._mark_silent, patience, due)
-
-    def _mark_silent(self, patience: float, due: float) -> None:
-        now = time.monotonic()
-        if now - due > patience / 2:
-            return  # our event loop is late: silence proves nothing about a master
-        for i, node in enumerate(self.nodes):
-            if not self.tasks[i].done() and node.silent(now, patience):
-                self.mark_overdue(i)
-
-    def mark_overdue(self, i: int) -> None:
-        """Count call ``i`` against its master until it completes (once per call)."""
-        if i in self._overdue or self.tasks[i].done():
-            return
-        self._overdue.add(i)
-        node = self.nodes[i]
-        node.overdue += 1
-        self.tasks[i].add_done_callback(functools.partial(_release_overdue, node))
+                self.tasks.append(reply)
 
     async def decide(self, quorum: int, classify: Classify, timing: Timing) -> Decision:
         """Wait until the outcome is decided.
 
-        A call counts as failed once its master has been silent (answered nothing
-        at all) for ``timing.node_timeout``. A master that keeps answering other
-        calls is waited for, up to ``timing.max_wait``: then a busy client (its own
-        event loop late) is not mistaken for a dead master. Cancelling this await
-        leaves the calls running; they stay in ``tasks``.
+        With ``timing.give_up_silent`` (acquisition), a call counts as failed once
+        its master is reported silent (its connection heard nothing for
+        ``node_timeout`` with calls out; a master that answers slowly is alive).
+        Every call counts as failed once ``timing.max_wait`` has passed.
+        Cancelling this await leaves the calls running; they stay in ``tasks``.
         """
         waiter = _Waiter(self, quorum, classify, timing)
         try:
@@ -239,10 +213,12 @@ class Round:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """How long a round waits: for a silent master, and at most."""
+    """How long a round waits: whether it gives up on a master reported silent
+    (``node_timeout`` of silence, acquisition), and at most."""
 
-    node_timeout: float
+    give_up_silent: bool
     max_wait: float
+    node_timeout: float = 0.1
 
 
 class _Waiter:
@@ -254,29 +230,30 @@ class _Waiter:
         self.classify = classify
         self.timing = timing
         self.given_up: dict[int, str] = {}
-        self.loop = asyncio.get_running_loop()
-        self.decided: asyncio.Future[None] = self.loop.create_future()
-        self.started = time.monotonic()
+        self.decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.timer: asyncio.TimerHandle | None = None
-        self.due = 0.0
 
     async def run(self) -> None:
         for task in self.rnd.tasks:
             task.add_done_callback(self.check)
+        if self.timing.give_up_silent:
+            for node in self.rnd.nodes:
+                node.watch(self.on_silent)
+            self.on_silent()
         self.check()
-        self.schedule()
-        await self.decided
-
-    def schedule(self) -> None:
         if not self.decided.done():
-            self.due = time.monotonic() + self.timing.node_timeout
-            self.timer = self.loop.call_later(self.timing.node_timeout, self.expire)
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_later(self.timing.max_wait, self.out_of_time)
+            await self.decided
 
     def stop(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
         for task in self.rnd.tasks:
             task.remove_done_callback(self.check)
+        if self.timing.give_up_silent:
+            for node in self.rnd.nodes:
+                node.unwatch(self.on_silent)
 
     def check(self, _: object = None) -> None:
         if self.decided.done():
@@ -294,33 +271,20 @@ class _Waiter:
         if yes >= self.quorum or no + failed > n - self.quorum or yes + no + failed == n:
             self.decided.set_result(None)
 
-    def expire(self) -> None:
-        """Give up on silent masters; keep waiting for the ones still answering."""
-        now = time.monotonic()
-        out_of_time = now - self.started >= self.timing.max_wait
-        # A timer that fires late means this process's event loop is overloaded:
-        # replies may be sitting unread, so silence proves nothing about a master.
-        overloaded = now - self.due > self.timing.node_timeout / 2
+    def on_silent(self) -> None:
+        """Give up on the calls to masters reported silent."""
         for i, (node, task) in enumerate(zip(self.rnd.nodes, self.rnd.tasks, strict=True)):
-            if task.done() or i in self.given_up:
-                continue
-            if out_of_time:
-                self.given_up[i] = f"no reply within {self.timing.max_wait:g} s"
-            elif not overloaded and node.silent(now, self.timing.node_timeout):
+            if node.silent and not task.done() and i not in self.given_up:
                 self.given_up[i] = f"master silent for over {self.timing.node_timeout:g} s"
-            else:
-                continue
-            self.rnd.mark_overdue(i)
         self.check()
-        self.schedule()
 
-
-def _tripped(node: Node, patience: float) -> bool:
-    return node.overdue >= MAX_OVERDUE and node.silent(time.monotonic(), patience)
-
-
-def _release_overdue(node: Node, _: object) -> None:
-    node.overdue -= 1
+    def out_of_time(self) -> None:
+        """Give up on every call still out."""
+        self.timer = None
+        for i, task in enumerate(self.rnd.tasks):
+            if not task.done() and i not in self.given_up:
+                self.given_up[i] = f"no reply within {self.timing.max_wait:g} s"
+        self.check()
 
 
 def describe_error(reply: Reply) -> str:

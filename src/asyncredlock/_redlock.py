@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -13,7 +14,7 @@ from typing import Any, Self
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import anyio
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -25,6 +26,7 @@ from ._lock import Lock
 from ._node import Node, Reply
 from ._rwlock import RWLock
 from ._scripts import DELETE, INSPECT
+from ._transport import RedisPyOpener
 
 __all__ = ["AsyncRedlock", "LockState", "NodeLockState", "RedlockStatistics"]
 
@@ -166,14 +168,13 @@ class AsyncRedlock:
             the Redlock description); 2 ms are always added. Must be in ``[0, 0.5)``.
         prefix: Prepended to every resource name to form its key (none by default,
             so the key is the name and other Redlock clients interoperate).
-        max_connections: Connections per master for URL-built clients (256). The
-            pool blocks rather than fails when all are busy, so 200+ concurrent
-            lockers on one ``AsyncRedlock`` wait their turn instead of erroring.
-        socket_timeout: For URL-built clients, the connect timeout and how long a
-            call already sent may wait for its reply before its connection is
-            dropped (5.0 s); for every client, the longest any round waits. It
-            bounds how long a hung master keeps a connection busy in the
-            background.
+        max_connections: Deprecated, and ignored: each master is reached through
+            one pipelined connection (plus one for wake-ups), whatever the
+            number of concurrent lockers. Passing it warns.
+        socket_timeout: The connect timeout (unless a client you pass sets its
+            own), how long a master may stay silent with calls out before its
+            connection is dropped and those calls fail (5.0 s), and the longest
+            any round waits.
         auto_extend: Whether leases extend themselves by default (True).
         fencing: Whether leases carry fencing tokens by default (True). A fenced
             acquisition takes the lock and counts the resource's fence counter
@@ -200,12 +201,19 @@ class AsyncRedlock:
         retry_delay: float = 0.2,
         drift_factor: float = 0.01,
         prefix: str = "",
-        max_connections: int = 256,
+        max_connections: int | None = None,
         socket_timeout: float = 5.0,
         auto_extend: bool = True,
         fencing: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if max_connections is not None:
+            warnings.warn(
+                "max_connections is deprecated and ignored: asyncredlock sends every call to"
+                " a master on one pipelined connection",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._settings = Settings(
             ttl=ttl,
             timeout=timeout,
@@ -335,7 +343,7 @@ class AsyncRedlock:
         settings = self._settings
         self._check_open()
         keys = tuple(lock_key(settings.prefix, each) for each in names)
-        if len(keys) > 1 and any(isinstance(n.client, RedisCluster) for n in self._core.nodes):
+        if len(keys) > 1 and any(node.cluster for node in self._core.nodes):
             slots = {key_slot(key) for key in keys}
             if len(slots) > 1:
                 raise ValueError(
@@ -457,30 +465,34 @@ class AsyncRedlock:
         this to know they are done (tests, graceful shutdown). Lease extenders
         keep running.
         """
-        await self._core.tracker.settle()
+        await self._core.settle()
 
     async def aclose(self) -> None:
         """Release held leases, finish background calls, close the connections.
 
-        Waits at most ``node_timeout`` for each held lease's release and another
-        ``node_timeout`` for outstanding calls, then cancels what is left (a lock
-        key whose undo was cut short expires with its TTL). Safe to call twice.
+        Waits at most ``node_timeout`` in all for the held leases' releases and
+        the calls still out, then fails every call still out (the calls waiting
+        on them end with an error: ``QuorumUnavailableError`` whose outcomes say
+        the ``AsyncRedlock`` was closed) and closes the connections. A lock key
+        whose undo was cut short expires with its TTL. Safe to call twice.
         """
         core = self._core
         if core.closed:
             return
         core.gates.close()
         with anyio.CancelScope(shield=True):
-            for lease in list(core.held):
-                with anyio.move_on_after(self._settings.node_timeout):
-                    await lease._release_quietly()
             with anyio.move_on_after(self._settings.node_timeout):
-                await core.tracker.settle()
+                async with anyio.create_task_group() as group:
+                    for lease in list(core.held):
+                        group.start_soon(lease._release_quietly)
+                await core.settle()
             core.closed = True
-            await core.waker.aclose()
-            await core.tracker.aclose()
+            # Fail every call still out: the rounds waiting on them decide, and
+            # their callers get an error instead of waiting for a hung master.
             for node in core.nodes:
                 await node.aclose()
+            await core.waker.aclose()
+            await core.tracker.aclose()
 
     def _check_open(self) -> None:
         if self._core.closed:
@@ -545,11 +557,38 @@ def _make_nodes(masters: object, settings: Settings) -> list[Node]:
 def _make_node(master: object, settings: Settings) -> tuple[Node, object]:
     if isinstance(master, str):
         return _node_from_url(master, settings)
-    if isinstance(master, Redis | RedisCluster):
-        return Node(master, _client_name(master), owned=False), id(master)
+    if isinstance(master, RedisCluster):
+        node = Node(_client_name(master), client=master, owned=False)
+        return node, id(master)
+    if isinstance(master, Redis):
+        pool = master.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        if kwargs.get("socket_connect_timeout") is None:
+            kwargs["socket_connect_timeout"] = settings.socket_timeout
+        opener = RedisPyOpener(pool.connection_class, {**kwargs, **_OWN_CONNECTION})
+        return _linked(_client_name(master), opener, settings), id(master)
     raise TypeError(
         "each master must be a URL string or a redis.asyncio Redis/RedisCluster client, "
         f"not {type(master).__name__}"
+    )
+
+
+#: What asyncredlock's own connections need, whatever the client they copy:
+#: no retries (the lock retries itself), RESP2 (the replies it parses), and no
+#: health checks (its connection watches itself).
+_OWN_CONNECTION: dict[str, Any] = {
+    "retry": Retry(NoBackoff(), 0),
+    "protocol": 2,
+    "health_check_interval": 0,
+}
+
+
+def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
+    return Node(
+        name,
+        opener=opener,
+        node_timeout=settings.node_timeout,
+        socket_timeout=settings.socket_timeout,
     )
 
 
@@ -569,24 +608,20 @@ def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
         raise ValueError(f"master URL {url!r} has port 0")
     if parts.scheme != "unix" and parts.path not in ("", "/") and not _is_db(parts.path):
         raise ValueError(f"master URL {url!r}: the path must be a database number")
-    pool = BlockingConnectionPool.from_url(
+    # The pool only parses the URL into connection settings; it opens nothing.
+    pool = ConnectionPool.from_url(
         url,
-        max_connections=settings.max_connections,
-        timeout=None,
         socket_timeout=settings.socket_timeout,
         socket_connect_timeout=settings.socket_timeout,
-        retry=Retry(NoBackoff(), 0),
-        health_check_interval=0,
-        # One round trip per new connection instead of four (HELLO 3 and two
-        # CLIENT SETINFO): cold starts of hundreds of lockers are 3x faster.
-        protocol=2,
+        # One round trip per new connection instead of three (two CLIENT SETINFO).
         **_NO_CLIENT_SETINFO,
     )
+    opener = RedisPyOpener(pool.connection_class, {**pool.connection_kwargs, **_OWN_CONNECTION})
     name = _display(parts)
     # Two databases of one server are one failure domain: one master, not two.
     host = (parts.hostname or "").lower()
     identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
-    return Node(Redis.from_pool(pool), name, owned=True), identity
+    return _linked(name, opener, settings), identity
 
 
 def _is_db(path: str) -> bool:

@@ -22,6 +22,7 @@ __all__ = [
     "INSPECT",
     "RELEASE",
     "RELEASE_READ",
+    "SCRIPTS",
     "Script",
     "evalsha",
 ]
@@ -60,6 +61,10 @@ EXTEND_READ = _load("extend_read")
 INSPECT = _load("inspect")
 DELETE = _load("delete")
 FENCED_WRITE = _load("fenced_write", needs=("decimal",))
+
+#: The scripts run on the masters, loaded on every new connection before any call.
+SCRIPTS: tuple[Script, ...] = (ACQUIRE, ACQUIRE_RW, DEQUEUE, COMMIT, RELEASE, RELEASE_READ)
+SCRIPTS += (EXTEND, EXTEND_READ, INSPECT, DELETE)
 
 
 async def evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:

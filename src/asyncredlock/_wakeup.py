@@ -8,6 +8,10 @@ before them is seen by that attempt and one that comes after is announced. Betwe
 later attempts it waits for a notification or its jittered retry delay, whichever
 comes first: a lost message costs at most one retry delay.
 
+The subscriptions have a connection of their own per master, opened like the
+command connection (redis-py's settings, then a hiredis protocol owns the socket),
+never one taken from the command path.
+
 Waiters of one key are woken one at a time, in the order they enrolled, once per
 release. A release publishes on every master, the copies carrying the same value:
 they wake nobody else, but they wake the chosen waiter again if it went back to
@@ -23,12 +27,13 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
-from redis.asyncio import RedisCluster
+import hiredis
 
 from ._node import Node
+from ._transport import Stream, pack
 
 __all__ = ["Ticket", "Waker"]
 
@@ -52,8 +57,38 @@ class Ticket:
         self.everyone = everyone
 
 
+class _Subscription(Stream):
+    """One subscriber connection: parses what the master pushes."""
+
+    def __init__(self, listener: _Listener) -> None:
+        self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio's: no isinstance check
+        self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, *command: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(pack(*command))
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            if isinstance(reply, list) and len(reply) == 3:
+                self.listener.handle(_text(reply[0]), _text(reply[1]), reply[2])
+            else:
+                logger.debug("subscription to %s: unexpected reply %r", self.listener.name, reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
 class _Listener:
-    """The shared subscription connection to one master."""
+    """The subscription connection to one master, reopened when lost."""
 
     def __init__(
         self,
@@ -61,15 +96,16 @@ class _Listener:
         on_message: Callable[[str, bytes], None],
         on_lost: Callable[[str | None], None],
     ) -> None:
-        self.node = node
+        assert node.opener is not None
+        self.name = node.name
+        self.opener = node.opener
         self.on_message = on_message
         self.on_lost = on_lost
         self.unconfirmed: set[str] = set()  # resubscribed after a loss, not confirmed
         self.channels: set[str] = set()
         self.confirmed: dict[str, asyncio.Future[None]] = {}
-        self.pubsub: Any = None
+        self.connection: _Subscription | None = None
         self.task: asyncio.Task[None] | None = None
-        self.sends: set[asyncio.Task[None]] = set()
 
     def subscribe(self, channel: str) -> asyncio.Future[None]:
         """Add ``channel``; the future completes when the master confirmed it."""
@@ -80,8 +116,8 @@ class _Listener:
             self.confirmed[channel] = future
             if self.task is None:
                 self.task = asyncio.get_running_loop().create_task(self._run())
-            elif self.pubsub is not None:
-                self._send(self.pubsub.subscribe, channel)
+            elif self.connection is not None:
+                self.connection.send("SUBSCRIBE", channel)
         return future
 
     def unsubscribe(self, channel: str) -> None:
@@ -90,40 +126,27 @@ class _Listener:
         future = self.confirmed.pop(channel, None)
         if future is not None and not future.done():
             future.cancel()
-        if self.pubsub is not None:
-            self._send(self.pubsub.unsubscribe, channel)
-
-    def _send(self, command: Callable[[str], Awaitable[Any]], channel: str) -> None:
-        """(Un)subscribe while the reader reads; a failure is the reader's to see."""
-
-        async def send() -> None:
-            with contextlib.suppress(Exception):
-                await command(channel)
-
-        task = asyncio.get_running_loop().create_task(send())
-        self.sends.add(task)
-        task.add_done_callback(self.sends.discard)
+        if self.connection is not None:
+            self.connection.send("UNSUBSCRIBE", channel)
 
     async def _run(self) -> None:
         while self.channels:
-            pubsub = self.node.client.pubsub()
+            connection = _Subscription(self)
             try:
-                self.pubsub = pubsub
-                await pubsub.subscribe(*self.channels)
-                while True:
-                    message = await pubsub.get_message(timeout=None)
-                    if message is not None:
-                        self._handle(message)
+                await self.opener(connection)
+                self.connection = connection
+                connection.send("SUBSCRIBE", *self.channels)
+                await connection.closed
             except Exception as exc:
-                logger.debug("subscription to %s lost: %r", self.node.name, exc)
+                logger.debug("subscription to %s lost: %r", self.name, exc)
             finally:
-                self.pubsub = None
+                self.connection = None
                 for future in self.confirmed.values():
                     if not future.done():
                         future.cancel()
                 self.confirmed = {}
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(pubsub.aclose(), RECONNECT_DELAY)
+                if connection.transport is not None:
+                    connection.transport.abort()
             self.on_lost(None)
             await asyncio.sleep(RECONNECT_DELAY)
             loop = asyncio.get_running_loop()
@@ -132,9 +155,8 @@ class _Listener:
             self.unconfirmed = set(self.channels)
         self.task = None
 
-    def _handle(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        channel = _text(message.get("channel"))
+    def handle(self, kind: str, channel: str, data: object) -> None:
+        """One message pushed by the master."""
         if kind == "subscribe":
             future = self.confirmed.get(channel)
             if future is not None and not future.done():
@@ -144,24 +166,21 @@ class _Listener:
                 self.unconfirmed.discard(channel)
                 self.on_lost(channel)
         elif kind == "message":
-            data = message.get("data")
             self.on_message(channel, data if isinstance(data, bytes) else str(data).encode())
 
     async def aclose(self) -> None:
         task, self.task = self.task, None
-        tasks = [*self.sends, *([task] if task is not None else [])]
-        for each in tasks:
-            each.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=RECONNECT_DELAY * 5)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=RECONNECT_DELAY * 5)
 
 
 class Waker:
     """Subscriptions, queues of waiting acquisitions, and wake-ups for one redlock.
 
     Args:
-        nodes: The masters; those whose client cannot subscribe (cluster
-            clients) get no listener, their waiters rely on the retry delay.
+        nodes: The masters; cluster masters get no listener (their waiters rely
+            on the retry delay).
         patience: How long `enroll` waits for masters to confirm a subscription.
         quorum: How many confirmations `enroll` waits for: a release deletes on
             a quorum of masters, so a quorum of subscriptions shares a master
@@ -172,7 +191,7 @@ class Waker:
         self.patience = patience
         self.quorum = quorum
         self.listeners = [
-            _Listener(node, self._on_message, self._on_lost) if _can_subscribe(node) else None
+            _Listener(node, self._on_message, self._on_lost) if node.opener is not None else None
             for node in nodes
         ]
         self.queues: dict[str, collections.deque[Ticket]] = {}
@@ -274,6 +293,7 @@ class Waker:
     async def aclose(self) -> None:
         """Close every subscription connection."""
         self.closed = True
+        self._on_lost(None)  # waiters go on, and find the AsyncRedlock closed
         for listener in self.listeners:
             if listener is not None:
                 await listener.aclose()
@@ -300,13 +320,6 @@ async def _wait_for_some(
         if not pending or remaining <= 0:
             return
         await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-
-
-def _can_subscribe(node: Node) -> bool:
-    """Whether the master's client offers pub/sub (cluster clients do not here)."""
-    return callable(getattr(node.client, "pubsub", None)) and not isinstance(
-        node.client, RedisCluster
-    )
 
 
 def _text(value: object) -> str:

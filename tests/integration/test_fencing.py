@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import math
@@ -16,8 +17,10 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
+from asyncredlock._config import DEFAULTS
 from asyncredlock._core import TOKEN_BLOCK
 from asyncredlock._node import Node, Reply
+from asyncredlock._redlock import _make_node
 from asyncredlock._scripts import ACQUIRE, COMMIT, Script
 from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
@@ -236,11 +239,17 @@ class TestProtocolSteps:
 
     async def _nodes(self, make_servers: MakeServers) -> list[Node]:
         group = make_servers(3)
-        return [Node(Redis.from_url(url), url, owned=True) for url in group.urls]
+        self._clients = {}
+        nodes = []
+        for url in group.urls:
+            node = _make_node(url, DEFAULTS)[0]
+            self._clients[node] = Redis.from_url(url)
+            nodes.append(node)
+        return nodes
 
     async def _set_counters(self, nodes: Sequence[Node], value: int) -> None:
         for node in nodes:
-            await node.client.set(self.FENCE, value)
+            await self._clients[node].set(self.FENCE, value)
 
     async def _first_phase(self, nodes: Sequence[Node], value: str) -> list[int]:
         keys = (self.KEY, f"{{{self.KEY}}}:undo:{value}", self.FENCE, f"{{{self.KEY}}}:readers")
@@ -255,11 +264,12 @@ class TestProtocolSteps:
 
     async def _delete_key(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
-            await node.client.delete(self.KEY)
+            await self._clients[node].delete(self.KEY)
 
     async def _close(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
             await node.aclose()
+            await self._clients[node].aclose()
 
 
 class TestWipedMaster:
@@ -340,15 +350,15 @@ def count_commits(nodes: Sequence[Node], monkeypatch: pytest.MonkeyPatch) -> lis
     for node in nodes:
         original = node.call
 
-        async def call(
+        def call(
             script: Script,
             keys: Sequence[str],
             args: Sequence[Any],
             _original: Any = original,
-        ) -> Reply:
+        ) -> asyncio.Future[Reply]:
             if script is COMMIT:
                 tokens.append(str(args[1]))
-            reply: Reply = await _original(script, keys, args)
+            reply: asyncio.Future[Reply] = _original(script, keys, args)
             return reply
 
         monkeypatch.setattr(node, "call", call)
@@ -438,16 +448,22 @@ def hold_back_commits(
     for node in nodes:
         original = node.call
 
-        async def call(
+        def call(
             script: Script,
             keys: Sequence[str],
             args: Sequence[Any],
             _original: Any = original,
-        ) -> Reply:
-            if script is COMMIT:
+        ) -> asyncio.Future[Reply]:
+            if script is not COMMIT:
+                reply: asyncio.Future[Reply] = _original(script, keys, args)
+                return reply
+
+            async def later() -> Reply:
                 reached.set()
                 await gate.wait()
-            reply: Reply = await _original(script, keys, args)
-            return reply
+                sent: Reply = await _original(script, keys, args)
+                return sent
+
+            return asyncio.ensure_future(later())
 
         monkeypatch.setattr(node, "call", call)

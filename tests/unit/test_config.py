@@ -89,7 +89,7 @@ class TestSettings:
         assert (DEFAULTS.ttl, DEFAULTS.timeout, DEFAULTS.node_timeout) == (10.0, 10.0, 0.1)
         assert (DEFAULTS.retry_delay, DEFAULTS.drift_factor) == (0.2, 0.01)
         assert (DEFAULTS.max_connections, DEFAULTS.prefix, DEFAULTS.auto_extend) == (
-            256,
+            None,  # deprecated: one pipelined connection per master
             "",
             True,
         )
@@ -203,8 +203,6 @@ class TestAsyncRedlockSettings:
             ({"drift_factor": 0.5}, ValueError, r"^drift_factor must be in"),
             ({"drift_factor": -0.1}, ValueError, r"^drift_factor must be in"),
             ({"drift_factor": "0.01"}, TypeError, r"^drift_factor must be a number"),
-            ({"max_connections": 0}, ValueError, r"^max_connections must be >= 1"),
-            ({"max_connections": True}, TypeError, r"^max_connections must be an int"),
             ({"prefix": b"app:"}, TypeError, r"^prefix must be a str"),
             ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
             ({"fencing": "no"}, TypeError, r"^fencing must be a bool"),
@@ -216,6 +214,27 @@ class TestAsyncRedlockSettings:
     ) -> None:
         with pytest.raises(error, match=pattern):
             AsyncRedlock(nowhere(), **kwargs)
+
+    def test_max_connections_is_deprecated_and_ignored(self) -> None:
+        with pytest.warns(DeprecationWarning, match=r"^max_connections is deprecated and ignored"):
+            redlock = AsyncRedlock(nowhere(), max_connections=64)
+        assert redlock.quorum == 2
+
+    @pytest.mark.parametrize(
+        ("value", "error", "pattern"),
+        [
+            (0, ValueError, r"^max_connections must be >= 1"),
+            (True, TypeError, r"^max_connections must be an int"),
+        ],
+    )
+    def test_a_bad_max_connections_is_still_refused(
+        self, value: object, error: type[Exception], pattern: str
+    ) -> None:
+        with (
+            pytest.warns(DeprecationWarning, match="max_connections"),
+            pytest.raises(error, match=pattern),
+        ):
+            AsyncRedlock(nowhere(), max_connections=value)  # type: ignore[arg-type]
 
     @pytest.mark.parametrize("timeout", [0, math.inf])
     def test_timeout_zero_and_infinity_accepted(self, timeout: float) -> None:

@@ -1,7 +1,8 @@
 """Fan-out and quorum decisions, with fake masters whose replies the test hands out.
 
-No server here: each fake client's call waits on a future that the test resolves, so
-the order in which masters answer is chosen by the test, not by timing. What Redis
+No server here: each fake master's call is a future that the test resolves, so the
+order in which masters answer, and when one turns silent, is chosen by the test, not
+by timing. What Redis
 does with the calls is covered by the integration tests.
 """
 
@@ -9,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -21,7 +21,6 @@ from asyncredlock import NodeOutcome
 from asyncredlock._core import classify_acquire, classify_flag
 from asyncredlock._node import Node, Reply
 from asyncredlock._quorum import (
-    MAX_OVERDUE,
     Classify,
     Decision,
     NodeSkippedError,
@@ -35,51 +34,73 @@ from asyncredlock._scripts import Script
 pytestmark = pytest.mark.anyio
 
 SCRIPT = Script("probe", "return 1")
-#: Rounds decided by replies alone: no master is ever given up on for silence.
-PATIENT = Timing(node_timeout=3600.0, max_wait=3600.0)
+#: Rounds decided by replies alone: no master is ever given up on.
+PATIENT = Timing(give_up_silent=False, max_wait=3600.0)
+#: Acquisition rounds: a master reported silent is given up on.
+ACQUIRING = Timing(give_up_silent=True, max_wait=3600.0, node_timeout=0.1)
 GRANTED = [1]
 PENDING = "not answered yet (the round was decided without it)"
 HELD = [0, 1500]
 HANG_GUARD = 10  # seconds: a bug fails the test instead of hanging it
 
 
-class FakeClient:
-    """Stands in for a redis client: the k-th call returns what ``reply(k)`` is given."""
+class FakeNode:
+    """Stands in for a master: the k-th call resolves with what ``reply(k)`` is given,
+    and the test says when the master turns silent."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.commands: list[tuple[Any, ...]] = []
-        self._replies: list[asyncio.Future[Any]] = []
+        self.silent = False
+        self.watchers: set[Callable[[], None]] = set()
+        self._replies: list[asyncio.Future[Reply]] = []
 
-    def reply(self, k: int = 0) -> asyncio.Future[Any]:
+    def reply(self, k: int = 0) -> asyncio.Future[Reply]:
         while len(self._replies) <= k:
             self._replies.append(asyncio.get_running_loop().create_future())
         return self._replies[k]
 
-    async def execute_command(self, *args: Any) -> Any:
-        self.commands.append(args)
-        return await self.reply(len(self.commands) - 1)
+    @property
+    def in_flight(self) -> int:
+        return sum(not future.done() for future in self._replies[: len(self.commands)])
+
+    def call(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> asyncio.Future[Reply]:
+        self.commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
+        return self.reply(len(self.commands) - 1)
+
+    def watch(self, watcher: Callable[[], None]) -> None:
+        self.watchers.add(watcher)
+
+    def unwatch(self, watcher: Callable[[], None]) -> None:
+        self.watchers.discard(watcher)
+
+    def turn_silent(self) -> None:
+        self.silent = True
+        for watcher in list(self.watchers):
+            watcher()
 
 
 class FakeMasters:
     def __init__(self, n: int) -> None:
-        self.clients = [FakeClient() for _ in range(n)]
-        self.nodes = [Node(c, name=f"m{i}", owned=False) for i, c in enumerate(self.clients)]
+        self.fakes = [FakeNode(f"m{i}") for i in range(n)]
+        self.nodes = cast(list[Node], self.fakes)
 
-    def round(self, tracker: TaskTracker, patience: float | None = None) -> Round:
+    def round(self, *, skip_silent: bool = False) -> Round:
         return Round(
-            tracker, self.nodes, lambda _, node: node.call(SCRIPT, ("k",), ("v", 1000)), patience
+            self.nodes,
+            lambda _, node: node.call(SCRIPT, ("k",), ("v", 1000)),
+            skip_silent=skip_silent,
         )
 
 
 async def answer(rnd: Round, masters: FakeMasters, i: int, value: Any) -> None:
-    """Master ``i`` answers its call with ``value`` (an exception is raised by the call)."""
-    future = masters.clients[i].reply()
-    if isinstance(value, Exception):
-        future.set_exception(value)
-    else:
-        future.set_result(value)
+    """Master ``i`` answers its first call with ``value`` (an exception is a failed call)."""
+    future = masters.fakes[i].reply()
+    future.set_result(Reply(error=value) if isinstance(value, Exception) else Reply(value))
     # Once this returns, the round's own done-callbacks for the call have run too.
-    await asyncio.wait([rnd.tasks[i]])
+    await asyncio.sleep(0)
 
 
 def start_decide(
@@ -100,11 +121,9 @@ async def tracker() -> AsyncIterator[TaskTracker]:
 
 
 class TestRound:
-    async def test_decided_at_quorum_while_other_calls_still_run(
-        self, tracker: TaskTracker
-    ) -> None:
+    async def test_decided_at_quorum_while_other_calls_still_run(self) -> None:
         masters = FakeMasters(5)
-        rnd = masters.round(tracker)
+        rnd = masters.round()
         decide = start_decide(rnd, quorum=3)
         with anyio.fail_after(HANG_GUARD):
             await answer(rnd, masters, 0, GRANTED)
@@ -116,31 +135,25 @@ class TestRound:
         assert [o.ok for o in decision.outcomes] == [True, True, True, False, False]
         assert details(decision.outcomes) == ["granted"] * 3 + [PENDING] * 2
         assert [o.node for o in decision.outcomes] == ["m0", "m1", "m2", "m3", "m4"]
-        # the two other calls go on in the background, owned by the tracker
+        # the two other calls go on, their futures kept in the round
         assert not rnd.tasks[3].done()
         assert not rnd.tasks[4].done()
-        assert tracker.pending == 2
-        assert [node.in_flight for node in masters.nodes] == [0, 0, 0, 1, 1]
+        assert [node.in_flight for node in masters.fakes] == [0, 0, 0, 1, 1]
         await answer(rnd, masters, 3, HELD)
         await answer(rnd, masters, 4, GRANTED)
-        with anyio.fail_after(HANG_GUARD):
-            await tracker.settle()
-        assert tracker.pending == 0
         assert rnd.tasks[3].result() == Reply(HELD)
 
-    async def test_every_master_gets_the_call(self, tracker: TaskTracker) -> None:
+    async def test_every_master_gets_the_call(self) -> None:
         masters = FakeMasters(3)
-        rnd = masters.round(tracker)
+        rnd = masters.round()
         for i in range(3):
             await answer(rnd, masters, i, GRANTED)
-        for client in masters.clients:
-            assert client.commands[0] == ("EVALSHA", SCRIPT.sha, 1, "k", "v", 1000)
+        for fake in masters.fakes:
+            assert fake.commands == [("EVALSHA", SCRIPT.sha, 1, "k", "v", 1000)]
 
-    async def test_decided_early_when_refusals_make_quorum_impossible(
-        self, tracker: TaskTracker
-    ) -> None:
+    async def test_decided_early_when_refusals_make_quorum_impossible(self) -> None:
         masters = FakeMasters(5)
-        rnd = masters.round(tracker)
+        rnd = masters.round()
         decide = start_decide(rnd, quorum=3)
         with anyio.fail_after(HANG_GUARD):
             await answer(rnd, masters, 4, HELD)
@@ -160,9 +173,9 @@ class TestRound:
         assert not decision.unavailable(3)
         assert not rnd.tasks[1].done()
 
-    async def test_failures_count_against_the_quorum(self, tracker: TaskTracker) -> None:
+    async def test_failures_count_against_the_quorum(self) -> None:
         masters = FakeMasters(3)
-        rnd = masters.round(tracker)
+        rnd = masters.round()
         decide = start_decide(rnd, quorum=2)
         with anyio.fail_after(HANG_GUARD):
             await answer(rnd, masters, 0, RedisConnectionError("Connection refused"))
@@ -177,9 +190,9 @@ class TestRound:
         ]
         assert decision.unavailable(2)
 
-    async def test_decided_when_every_master_answered(self, tracker: TaskTracker) -> None:
+    async def test_decided_when_every_master_answered(self) -> None:
         masters = FakeMasters(4)  # quorum 3: two yes and two no leave it undecided until the end
-        rnd = masters.round(tracker)
+        rnd = masters.round()
         decide = start_decide(rnd, quorum=3, classify=classify_flag)
         with anyio.fail_after(HANG_GUARD):
             await answer(rnd, masters, 0, 1)
@@ -189,13 +202,10 @@ class TestRound:
             await answer(rnd, masters, 3, 0)
             decision = await decide
         assert (decision.yes, decision.no, decision.failed, decision.pending) == (2, 2, 0, 0)
-        assert tracker.pending == 0
 
-    async def test_unanswered_calls_do_not_turn_contention_into_an_outage(
-        self, tracker: TaskTracker
-    ) -> None:
+    async def test_unanswered_calls_do_not_turn_contention_into_an_outage(self) -> None:
         masters = FakeMasters(5)
-        rnd = masters.round(tracker)
+        rnd = masters.round()
         decide = start_decide(rnd, quorum=3)
         with anyio.fail_after(HANG_GUARD):
             await answer(rnd, masters, 0, HELD)
@@ -207,76 +217,96 @@ class TestRound:
         assert (decision.yes, decision.no, decision.failed, decision.pending) == (0, 2, 1, 2)
         assert not decision.unavailable(3)
 
-    async def test_a_known_reply_needs_no_call(self, tracker: TaskTracker) -> None:
+    async def test_a_known_reply_needs_no_call(self) -> None:
         masters = FakeMasters(3)
 
         def make(i: int, node: Node) -> Any:
             return Reply(0) if i == 1 else node.call(SCRIPT, ("k",), ())
 
-        rnd = Round(tracker, masters.nodes, make)
+        rnd = Round(masters.nodes, make)
         assert rnd.tasks[1].done()
         assert rnd.tasks[1].result() == Reply(0)
-        assert tracker.pending == 2
-        await answer(rnd, masters, 0, 1)
-        await answer(rnd, masters, 2, 1)
-        assert masters.clients[1].commands == []
+        assert [len(fake.commands) for fake in masters.fakes] == [1, 0, 1]
 
-    async def test_cancelling_decide_leaves_the_calls_running(self, tracker: TaskTracker) -> None:
+    async def test_cancelling_decide_leaves_the_calls_running(self) -> None:
         masters = FakeMasters(5)
-        rnd = masters.round(tracker)
+        rnd = masters.round()
         decide = start_decide(rnd, quorum=3)
         await answer(rnd, masters, 0, GRANTED)
         decide.cancel()
         with pytest.raises(asyncio.CancelledError):
             await decide
         assert not any(task.done() for task in rnd.tasks[1:])
-        assert tracker.pending == 4
+        assert all(not fake.watchers for fake in masters.fakes)  # the waiter let go
         for i in range(1, 5):
             await answer(rnd, masters, i, GRANTED)
         assert [task.result() for task in rnd.tasks] == [Reply(GRANTED)] * 5
-        assert tracker.pending == 0
 
-    async def test_a_silent_master_is_given_up_after_node_timeout(
-        self, tracker: TaskTracker
-    ) -> None:
+    async def test_a_master_reported_silent_is_given_up_by_acquisition(self) -> None:
         masters = FakeMasters(3)
-        rnd = masters.round(tracker)
-        decide = start_decide(rnd, 2, timing=Timing(node_timeout=0.05, max_wait=3600.0))
+        rnd = masters.round()
+        decide = start_decide(rnd, 2, timing=ACQUIRING)
         with anyio.fail_after(HANG_GUARD):
             await answer(rnd, masters, 0, GRANTED)
-            decision = await decide  # m1 and m2 never answer in time
+            await asyncio.sleep(0)
+            assert not decide.done()  # m1 and m2 are slow, not silent: waited for
+            masters.fakes[1].turn_silent()
+            masters.fakes[2].turn_silent()
+            decision = await decide
         assert (decision.yes, decision.no, decision.failed, decision.pending) == (1, 0, 2, 0)
-        assert details(decision.outcomes)[1:] == ["master silent for over 0.05 s"] * 2
-        assert [node.overdue for node in masters.nodes] == [0, 1, 1]
-        await answer(rnd, masters, 1, GRANTED)
-        await answer(rnd, masters, 2, GRANTED)
-        assert [node.overdue for node in masters.nodes] == [0, 0, 0]
+        assert details(decision.outcomes)[1:] == ["master silent for over 0.1 s"] * 2
+        assert all(not fake.watchers for fake in masters.fakes)
 
-    async def test_a_master_with_too_many_calls_unanswered_is_skipped(
-        self, tracker: TaskTracker
-    ) -> None:
+    async def test_release_and_extension_wait_for_a_silent_master(self) -> None:
         masters = FakeMasters(3)
-        hung = masters.nodes[2]
-        earlier = masters.round(tracker)  # one call out on each master
+        rnd = masters.round()
+        decide = start_decide(rnd, 2, classify=classify_flag, timing=PATIENT)
+        await answer(rnd, masters, 0, 1)
+        masters.fakes[1].turn_silent()
+        await asyncio.sleep(0)
+        assert not decide.done()
+        await answer(rnd, masters, 1, 1)  # a silent master that answers in the end counts
+        with anyio.fail_after(HANG_GUARD):
+            decision = await decide
+        assert (decision.yes, decision.failed) == (2, 0)
+
+    async def test_every_call_still_out_at_max_wait_is_given_up(self) -> None:
+        masters = FakeMasters(3)
+        rnd = masters.round()
+        decide = start_decide(
+            rnd, 2, classify=classify_flag, timing=Timing(give_up_silent=False, max_wait=0.05)
+        )
+        await answer(rnd, masters, 0, 1)
+        with anyio.fail_after(HANG_GUARD):
+            decision = await decide
+        assert (decision.yes, decision.failed) == (1, 2)
+        assert details(decision.outcomes)[1:] == ["no reply within 0.05 s"] * 2
+
+    async def test_a_silent_master_gets_no_acquisition_call_until_it_answers(self) -> None:
+        masters = FakeMasters(3)
+        hung = masters.fakes[2]
+        earlier = masters.round()  # one call out on each master
         await answer(earlier, masters, 0, GRANTED)
         await answer(earlier, masters, 1, GRANTED)
-        hung.overdue = MAX_OVERDUE
-        hung.busy_since -= 3600  # silent for an hour
+        hung.turn_silent()
 
-        skipping = masters.round(tracker, patience=0.1)
+        skipping = masters.round(skip_silent=True)
         reply = skipping.tasks[2].result()
         assert isinstance(reply.error, NodeSkippedError)
         assert classify_acquire(reply) == (
             Verdict.FAILED,
-            f"NodeSkippedError: {MAX_OVERDUE} calls unanswered",
+            "NodeSkippedError: master silent, 1 calls out",
         )
-        assert len(masters.clients[2].commands) == 1  # no second call was sent
+        assert len(hung.commands) == 1  # no second call was sent
 
-        sent = masters.round(tracker)  # without patience (release, extension): never skipped
-        masters.clients[2].reply(1).set_result(GRANTED)
-        await asyncio.wait([sent.tasks[2]])
+        sent = masters.round()  # release, extension: never skipped
+        assert len(hung.commands) == 2
+        hung.reply(1).set_result(Reply(GRANTED))
+        hung.silent = False  # it answered: readmitted
         assert sent.tasks[2].result() == Reply(GRANTED)
-        assert len(masters.clients[2].commands) == 2
+        readmitted = masters.round(skip_silent=True)
+        assert not readmitted.tasks[2].done()
+        assert len(hung.commands) == 3
 
 
 class TestDecision:
@@ -305,29 +335,25 @@ class TestDecision:
 
 
 class TestTaskTracker:
-    async def test_settle_waits_for_calls_started_meanwhile(self, tracker: TaskTracker) -> None:
-        first_reply: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        second_reply: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        spawned: list[asyncio.Task[Reply]] = []
+    async def test_settle_waits_for_followed_calls_and_jobs_started_meanwhile(
+        self, tracker: TaskTracker
+    ) -> None:
+        first: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        second: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
 
-        async def second() -> Reply:
-            return await second_reply
+        async def job() -> None:
+            await first
+            tracker.follow(second)  # e.g. an undo sent once an earlier reply is in
 
-        async def first() -> Reply:
-            reply = await first_reply
-            spawned.append(tracker.call(second()))  # e.g. the cleanup of a failed attempt
-            return reply
-
-        task = tracker.call(first())
+        tracker.job(job())
         settle = asyncio.get_running_loop().create_task(tracker.settle())
-        first_reply.set_result(Reply(1))
-        await asyncio.wait([task])
-        assert len(spawned) == 1
+        first.set_result(Reply(1))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
         assert not settle.done()
-        second_reply.set_result(Reply(1))
+        second.set_result(Reply(1))
         with anyio.fail_after(HANG_GUARD):
             await settle
-        assert spawned[0].done()
         assert tracker.pending == 0
 
     async def test_settle_returns_at_once_without_calls(self, tracker: TaskTracker) -> None:
@@ -342,28 +368,23 @@ class TestTaskTracker:
         assert not loop.done()
         assert tracker.pending == 1
 
-    async def test_aclose_cancels_calls_and_loops(self, tracker: TaskTracker) -> None:
-        never: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-
-        async def call() -> Reply:
-            return await never
-
-        calls = [tracker.call(call()) for _ in range(3)]
+    async def test_aclose_cancels_jobs_and_loops(self, tracker: TaskTracker) -> None:
+        jobs = [tracker.job(anyio.sleep_forever()) for _ in range(3)]
         loop = tracker.loop(anyio.sleep_forever())
         assert tracker.pending == 4
         with anyio.fail_after(HANG_GUARD):
             await tracker.aclose()
-        assert all(task.cancelled() for task in [*calls, loop])
+        assert all(task.cancelled() for task in [*jobs, loop])
         assert tracker.pending == 0
 
     async def test_a_crashed_task_is_logged(
         self, tracker: TaskTracker, caplog: pytest.LogCaptureFixture
     ) -> None:
-        async def crash() -> Reply:
+        async def crash() -> None:
             raise RuntimeError("boom")
 
         with caplog.at_level(logging.ERROR, logger="asyncredlock"):
-            task = tracker.call(crash())
+            task = tracker.job(crash())
             await asyncio.wait([task])
         assert [r.getMessage() for r in caplog.records] == ["asyncredlock background task failed"]
         assert caplog.records[0].exc_info is not None
@@ -386,9 +407,9 @@ class TestClassify:
             ),
             (Reply(error=TimeoutError()), Verdict.FAILED, "TimeoutError: no message"),
             (
-                Reply(error=NodeSkippedError("8 calls unanswered")),
+                Reply(error=NodeSkippedError("master silent, 8 calls out")),
                 Verdict.FAILED,
-                "NodeSkippedError: 8 calls unanswered",
+                "NodeSkippedError: master silent, 8 calls out",
             ),
         ],
     )
@@ -409,22 +430,3 @@ class TestClassify:
     )
     def test_classify_flag(self, reply: Reply, verdict: Verdict, detail: str) -> None:
         assert classify_flag(reply) == (verdict, detail)
-
-
-class TestNodeCall:
-    async def test_a_call_never_raises_and_tracks_in_flight(self, tracker: TaskTracker) -> None:
-        masters = FakeMasters(1)
-        node = masters.nodes[0]
-        assert node.last_answer == -math.inf
-        rnd = masters.round(tracker)
-        await answer(rnd, masters, 0, OSError("unreachable"))
-        reply = rnd.tasks[0].result()
-        assert isinstance(reply.error, OSError)
-        assert node.in_flight == 0
-        assert node.last_answer == -math.inf  # a failed call is no sign of life
-
-        rnd = masters.round(tracker)
-        masters.clients[0].reply(1).set_result(1)
-        await asyncio.wait(rnd.tasks)
-        assert rnd.tasks[0].result() == Reply(1)
-        assert node.last_answer > -math.inf

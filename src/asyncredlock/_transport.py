@@ -1,0 +1,411 @@
+"""The I/O engine: one multiplexed, pipelined connection per master.
+
+redis-py opens and authenticates each connection (URL parsing, TLS, AUTH and ACL
+users, ``SELECT``, unix sockets, Sentinel address resolution: every form a user can
+configure), then hands the socket over: a `Link` owns it from there through an
+``asyncio.Protocol`` that parses replies with hiredis. Every command for the master
+goes out on that one connection, in order:
+
+- commands issued in the same event-loop iteration leave in one write;
+- replies come back in order and resolve the callers' futures: no task per call;
+- a command sent after another runs after it on the master, which is what orders
+  an undo behind the ``SET`` it undoes.
+
+Liveness is judged from the connection, not from the callers: a master is
+*silent* when requests have been outstanding for ``node_timeout`` with not one
+byte received (bytes arriving mean it is alive, however slowly it answers). The
+judgement is made by a timer, and only by one that fired on time: a late timer
+means this process's own event loop was busy, with replies perhaps unread in the
+socket, which says nothing about the master. Any byte received readmits a silent
+master. After ``socket_timeout`` of silence the connection is dropped and its
+calls fail; the next call opens a new one. Concurrent callers share one
+connection attempt, so a cold burst opens one connection per master, not one per
+caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+__all__ = ["ClosedError", "Link", "Opener", "RedisPyOpener", "Reply", "Stream", "pack"]
+
+logger = logging.getLogger("asyncredlock")
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The result of one call to one master: a value, or the exception it raised."""
+
+    value: Any = None
+    error: Exception | None = None
+
+
+class ClosedError(RedisConnectionError):
+    """The ``AsyncRedlock`` was closed while the call was out (its outcome is unknown)."""
+
+
+class Stream(asyncio.Protocol):
+    """A protocol an `Opener` can attach to a connection it opened."""
+
+    #: What opened the socket and must live as long as it does (an asyncio
+    #: ``StreamWriter`` closes its transport when it is garbage-collected).
+    opened_by: object = None
+
+
+#: Opens a connection to the master and attaches ``protocol`` to it: once it
+#: returns, ``protocol.connection_made`` has been called.
+Opener = Callable[[Stream], Awaitable[None]]
+
+
+class RedisPyOpener:
+    """Opens connections with a redis-py connection class and its settings.
+
+    redis-py connects and runs the handshake (AUTH, SELECT, CLIENT SETNAME...);
+    then the socket is detached from its stream reader and writer and given to
+    ``protocol``: redis-py keeps no reference to it.
+
+    Args:
+        connection_class: A ``redis.asyncio`` connection class (TCP, TLS, unix
+            socket, Sentinel-managed).
+        kwargs: Its constructor arguments.
+    """
+
+    def __init__(self, connection_class: Any, kwargs: dict[str, Any]) -> None:
+        self.connection_class = connection_class
+        self.kwargs = kwargs
+
+    async def __call__(self, protocol: Stream) -> None:
+        connection = self.connection_class(**self.kwargs)
+        try:
+            await connection.connect()
+            reader: asyncio.StreamReader = connection._reader
+            writer: asyncio.StreamWriter = connection._writer
+        except BaseException:
+            _forget(connection, close=True)
+            raise
+        leftover = bytes(getattr(reader, "_buffer", b""))
+        _forget(connection, close=False)
+        transport = cast(asyncio.Transport, writer.transport)
+        protocol.opened_by = writer
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if leftover:
+            protocol.data_received(leftover)
+        if not transport.is_reading():  # a full stream buffer may have paused it
+            transport.resume_reading()
+
+
+def _forget(connection: Any, *, close: bool) -> None:
+    """Make redis-py let go of its socket (closing it, or leaving it to us)."""
+    if close and getattr(connection, "_writer", None) is not None:
+        connection._writer.close()
+    parser = getattr(connection, "_parser", None)
+    if parser is not None:
+        with contextlib.suppress(Exception):
+            parser.on_disconnect()
+    connection._reader = connection._writer = None
+
+
+#: A request on the wire: the future its reply resolves (``None`` for a request
+#: of the link's own, whose reply nobody reads) and, for an ``EVALSHA``, its
+#: arguments and the script's source, to send it as ``EVAL`` if the master
+#: answers ``NOSCRIPT``.
+_Request = tuple["asyncio.Future[Reply] | None", "tuple[Any, ...]", "str | None"]
+
+
+class _Connection(Stream):
+    """One socket to the master: the requests in flight, and the writes to join."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader()
+        self.pending: collections.deque[_Request] = collections.deque()
+        self.out: list[bytes] = []
+        self.lost = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio's: no isinstance check
+        self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, packed: bytes, request: _Request) -> None:
+        """Queue ``packed`` for this iteration's write; its reply resolves ``request``."""
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.out.append(packed)
+        self.pending.append(request)
+
+    def flush(self) -> None:
+        out, self.out = self.out, []
+        if out and self.transport is not None and not self.lost:
+            self.transport.write(b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        link = self.link
+        link.heard()
+        reader = self.reader
+        reader.feed(data)
+        pending = self.pending
+        while (reply := reader.gets()) is not False:
+            future, args, source = pending.popleft()
+            if isinstance(reply, hiredis.ReplyError):
+                if source is not None and str(reply).startswith("NOSCRIPT"):
+                    # EVAL also caches the script: later EVALSHAs find it.
+                    self.send(pack("EVAL", source, *args[2:]), (future, args, None))
+                    continue
+                if future is not None:
+                    link.resolve(future, Reply(error=ResponseError(str(reply))))
+            elif future is not None:
+                link.resolve(future, Reply(reply))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.link.dropped(self, exc)
+
+    def fail(self, error: Exception) -> None:
+        """Fail every request still in flight and drop the socket."""
+        self.lost = True
+        pending, self.pending = self.pending, collections.deque()
+        for future, _, _ in pending:
+            if future is not None:
+                self.link.resolve(future, Reply(error=error))
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Link:
+    """Every call to one master, on one connection, in order.
+
+    Args:
+        name: The master's display name, for errors.
+        opener: Opens a connection and attaches the protocol to it.
+        node_timeout: Silence, with requests out, after which the master is
+            `silent`.
+        socket_timeout: Silence after which the connection is dropped and its
+            calls fail.
+        preload: Commands sent first on every new connection, whose replies are
+            not read (``SCRIPT LOAD`` of the scripts, so that ``EVALSHA`` finds
+            them and no ``NOSCRIPT`` reorders the calls behind it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        opener: Opener,
+        *,
+        node_timeout: float,
+        socket_timeout: float,
+        preload: Sequence[tuple[Any, ...]] = (),
+    ) -> None:
+        self.name = name
+        self.opener = opener
+        self.node_timeout = node_timeout
+        self.socket_timeout = socket_timeout
+        self.preload = tuple(_pack(command) for command in preload)
+        #: Requests sent or waiting for the connection, not answered yet.
+        self.outstanding = 0
+        #: Whether requests have been out for ``node_timeout`` with no byte back.
+        self.silent = False
+        #: Called when the master turns silent (rounds waiting on it decide).
+        self.watchers: set[Callable[[], None]] = set()
+        self.connections = 0  # connections opened so far
+        self.closed = False
+        self._conn: _Connection | None = None
+        self._queued: list[tuple[bytes, _Request]] = []
+        self._connecting: asyncio.Task[None] | None = None
+        self._quiet_since = math.inf  # since when nothing was heard with calls out
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_due = 0.0
+        self._idle: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Link {self.name} outstanding={self.outstanding} silent={self.silent}>"
+
+    # -- calls -------------------------------------------------------------------
+
+    def call(self, args: tuple[Any, ...], source: str | None = None) -> asyncio.Future[Reply]:
+        """Send a command; the future resolves with its `Reply`, and never raises.
+
+        Args:
+            args: The command and its arguments.
+            source: For an ``EVALSHA``: the script, sent by ``EVAL`` instead if
+                the master answers ``NOSCRIPT``.
+        """
+        packed = _pack(args)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        if self.closed:
+            future.set_result(Reply(error=ClosedError("this AsyncRedlock is closed")))
+            return future
+        if self.outstanding == 0:
+            self._quiet_since = time.monotonic()
+            self._arm(self.node_timeout)
+        self.outstanding += 1
+        conn = self._conn
+        if conn is not None and not conn.lost:
+            conn.send(packed, (future, args, source))
+        else:
+            self._queued.append((packed, (future, args, source)))
+            if self._connecting is None:
+                self._connecting = loop.create_task(self._connect())
+        return future
+
+    def resolve(self, future: asyncio.Future[Reply], reply: Reply) -> None:
+        """Deliver a reply (or a failure) to one caller."""
+        self.outstanding -= 1
+        if not future.done():  # a caller never cancels it; closing may have failed it
+            future.set_result(reply)
+        if self.outstanding == 0:
+            self._quiet_since = math.inf
+            idle, self._idle = self._idle, None
+            if idle is not None and not idle.done():
+                idle.set_result(None)
+
+    async def wait_idle(self) -> None:
+        """Wait until no call is outstanding."""
+        if self.outstanding:
+            if self._idle is None:
+                self._idle = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._idle)
+
+    # -- liveness ----------------------------------------------------------------
+
+    def heard(self) -> None:
+        """Bytes arrived: the master is alive."""
+        if self.outstanding:
+            self._quiet_since = time.monotonic()
+        if self.silent:
+            self.silent = False
+
+    def _arm(self, delay: float) -> None:
+        if self._watchdog is None:
+            self._watchdog_due = time.monotonic() + delay
+            self._watchdog = asyncio.get_running_loop().call_later(delay, self._check)
+
+    def _check(self) -> None:
+        self._watchdog = None
+        if self.outstanding == 0 or self.closed:
+            return
+        now = time.monotonic()
+        if now - self._watchdog_due > self.node_timeout / 2:
+            # Our loop is late: replies may be sitting unread. Judge after the
+            # loop has polled the sockets again.
+            self._arm(self.node_timeout / 4)
+            return
+        quiet = now - self._quiet_since
+        if quiet >= self.socket_timeout:
+            self._drop(RedisTimeoutError(f"no reply within {self.socket_timeout:g} s"))
+            return
+        if quiet >= self.node_timeout:
+            if not self.silent:
+                self.silent = True
+                for watcher in list(self.watchers):
+                    watcher()
+            self._arm(min(self.node_timeout, self._quiet_since + self.socket_timeout - now))
+        else:
+            self._arm(self._quiet_since + self.node_timeout - now)
+
+    # -- connections -------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        conn = _Connection(self)
+        try:
+            await self.opener(conn)
+        except Exception as exc:
+            self._connecting = None
+            error = exc if isinstance(exc, RedisConnectionError) else _connection_error(exc)
+            self._fail_queued(error)
+            return
+        finally:
+            if self.closed and conn.transport is not None:
+                conn.transport.abort()
+        self._connecting = None
+        if self.closed:
+            return
+        self.connections += 1
+        self._conn = conn
+        for packed in self.preload:
+            conn.send(packed, (None, (), None))
+        queued, self._queued = self._queued, []
+        for packed, request in queued:
+            conn.send(packed, request)
+
+    def dropped(self, conn: _Connection, exc: Exception | None) -> None:
+        """The connection was closed (by the master, the network, or us)."""
+        if self._conn is conn:
+            self._conn = None
+        reason = f"connection to {self.name} lost" + (f": {exc}" if exc else "")
+        conn.fail(RedisConnectionError(reason))
+
+    def _drop(self, error: Exception) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.fail(error)
+        self._fail_queued(error)
+
+    def _fail_queued(self, error: Exception) -> None:
+        queued, self._queued = self._queued, []
+        for _, (future, _, _) in queued:
+            if future is not None:
+                self.resolve(future, Reply(error=error))
+
+    async def aclose(self) -> None:
+        """Fail every call still out, then close the connection."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait([connecting])
+        error = ClosedError("this AsyncRedlock was closed while the call was out")
+        self._fail_queued(error)
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        pending, conn.pending = conn.pending, collections.deque()
+        for future, _, _ in pending:
+            if future is not None:
+                self.resolve(future, Reply(error=error))
+        if conn.transport is not None and not conn.lost:
+            conn.flush()
+            conn.transport.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(conn.closed), 1.0)
+            if not conn.closed.done():
+                conn.transport.abort()
+
+
+def _connection_error(exc: Exception) -> RedisConnectionError:
+    error = RedisConnectionError(f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def pack(*args: Any) -> bytes:
+    """One command in RESP."""
+    return _pack(args)
+
+
+# hiredis's stub types the argument as a 1-tuple; it takes any length.
+_pack = cast(Callable[[tuple[Any, ...]], bytes], hiredis.pack_command)
