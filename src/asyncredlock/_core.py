@@ -45,7 +45,6 @@ __all__ = [
     "classify_commit",
     "classify_deleted",
     "classify_flag",
-    "committed_already",
     "fence_tokens",
     "may_be_queued",
     "ms",
@@ -105,31 +104,24 @@ def granted(reply: Reply) -> bool:
     return reply.error is None and int(reply.value[0]) == 1
 
 
-def fence_tokens(replies: Sequence[asyncio.Future[Reply]]) -> tuple[int, ...]:
-    """The tokens of a fenced first phase, one per resource: the largest counter a
-    master returned for it."""
-    counts = _counts(replies)
-    return tuple(max(column) for column in zip(*counts, strict=True))
+def fence_tokens(
+    replies: Sequence[asyncio.Future[Reply]], quorum: int
+) -> tuple[tuple[int, ...], bool]:
+    """The tokens of a fenced first phase, one per resource (the largest counter a
+    master returned for it), and whether a quorum of masters returned exactly
+    these tokens.
 
-
-def committed_already(
-    replies: Sequence[asyncio.Future[Reply]], tokens: tuple[int, ...], quorum: int
-) -> bool:
-    """Whether a quorum of masters returned ``tokens`` themselves in the first phase.
-
-    Their commit would change nothing: each holds the keys for this value (they
-    were just set) and its counters are exactly the tokens. The first phase is
-    then the commit, and the second round is skipped.
+    When they did, their commit would change nothing: each holds the keys for this
+    value (they were just set) and its counters are exactly the tokens. The first
+    phase is then the commit, and the second round is skipped.
     """
-    return sum(1 for counts in _counts(replies) if counts == tokens) >= quorum
-
-
-def _counts(replies: Sequence[asyncio.Future[Reply]]) -> list[tuple[int, ...]]:
-    return [
+    counts = [
         tuple(int(count) for count in future.result().value[1:])
         for future in replies
         if future.done() and granted(future.result())
     ]
+    tokens = tuple(max(column) for column in zip(*counts, strict=True))
+    return tokens, sum(1 for each in counts if each == tokens) >= quorum
 
 
 def classify_acquire(reply: Reply) -> tuple[Verdict, str]:

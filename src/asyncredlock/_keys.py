@@ -53,11 +53,17 @@ def aux_key(key: str, suffix: str) -> str:
     tag that holds a ``}`` cannot be wrapped (its own ``}`` would end the tag
     early); it gets a short tag chosen to hash to its slot.
     """
+    return _aux_prefix(key) + suffix
+
+
+@functools.lru_cache(maxsize=4096)
+def _aux_prefix(key: str) -> str:
+    """``aux_key(key, suffix)`` is this plus ``suffix`` (worked out once per key)."""
     if has_hash_tag(key):
-        return f"{key}:{suffix}"
+        return f"{key}:"
     if "}" in key:
-        return "{" + _tag_for_slot(key_slot(key)) + "}:" + key + ":" + suffix
-    return "{" + key + "}:" + suffix
+        return "{" + _tag_for_slot(key_slot(key)) + "}:" + key + ":"
+    return "{" + key + "}:"
 
 
 def key_slot(key: str) -> int:

@@ -94,6 +94,8 @@ class Lease:
         self._state = _State.HELD
         self._loss: Decision | None = None
         self._scope: anyio.CancelScope | None = None
+        # automatic extension: a timer until one is due, a task only while it runs
+        self._timer: asyncio.TimerHandle | None = None
         self._extender: asyncio.Task[None] | None = None
         self._ended = asyncio.Event()
         # the tokens of the acquisition this lease descends from, and how many times
@@ -103,7 +105,9 @@ class Lease:
         self._gates: Gates | None = None  # set while this lease holds its key's slot
         core.held.add(self)
         if auto_extend:
-            self._extender = core.tracker.loop(self._keep_alive())
+            # Extend once a third of the TTL is used up (at once for a lease passed
+            # on with less validity than that).
+            self._extend_at(expires_at - 2 * ttl / 3)
 
     def __repr__(self) -> str:
         return f"<Lease {self.resource!r} {self._state.value} validity={self.validity:.3f}s>"
@@ -350,26 +354,32 @@ class Lease:
 
     # -- automatic extension and loss --------------------------------------------
 
-    async def _keep_alive(self) -> None:
+    def _extend_at(self, when: float) -> None:
+        """Schedule the next automatic extension (by the lease's clock)."""
+        delay = max(0.0, min(when, self._expires_at) - self._core.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._extension_due)
+
+    def _extension_due(self) -> None:
+        self._timer = None
+        if self._state is _State.HELD:
+            self._extender = self._core.tracker.loop(self._extend_once())
+
+    async def _extend_once(self) -> None:
+        """One automatic extension; schedules the next, or ends the lease lost."""
         core = self._core
-        # Extend once a third of the TTL is used up (at once for a lease passed on
-        # with less validity than that).
-        next_at = self._expires_at - 2 * self.ttl / 3
-        while True:
-            await anyio.sleep(max(0.0, min(next_at, self._expires_at) - core.clock()))
-            if core.clock() >= self._expires_at:
-                self._lose(self._loss)
-                return
-            start = core.clock()
-            decision = await self._extend_round(self.ttl)
-            if decision is None:
-                next_at = start + self.ttl / 3
-            elif not decision.unavailable(core.quorum):
-                self._lose(decision)
-                return
-            else:
-                next_at = core.clock() + min(self.ttl / 12, core.settings.retry_delay)
-                self._loss = decision
+        if core.clock() >= self._expires_at:
+            self._lose(self._loss)
+            return
+        start = core.clock()
+        decision = await self._extend_round(self.ttl)
+        self._extender = None
+        if decision is None:
+            self._extend_at(start + self.ttl / 3)
+        elif not decision.unavailable(core.quorum):
+            self._lose(decision)
+        else:
+            self._loss = decision
+            self._extend_at(core.clock() + min(self.ttl / 12, core.settings.retry_delay))
 
     def _lose(self, decision: Decision | None) -> None:
         """Mark the lease lost, cancel its block, and remove what it still holds."""
@@ -390,6 +400,9 @@ class Lease:
         if announce:
             self._ended.set()
         self._core.held.discard(self)
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
         extender, self._extender = self._extender, None
         if extender is not None and extender is not asyncio.current_task():
             extender.cancel()

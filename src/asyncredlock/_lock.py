@@ -20,7 +20,6 @@ from ._core import (
     channel,
     classify_acquire,
     classify_commit,
-    committed_already,
     fence_tokens,
 )
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
@@ -265,8 +264,8 @@ class Lock:
         try:
             decision = await core.decide(rnd, classify_acquire)
             if self.fencing and decision.yes >= core.quorum and expires_at > core.clock():
-                tokens = fence_tokens(rnd.tasks)
-                if not committed_already(rnd.tasks, tokens, core.quorum):
+                tokens, committed = fence_tokens(rnd.tasks, core.quorum)
+                if not committed:
                     second = core.commit_round(self.keys, value, tokens, rnd.tasks)
                     decision = await core.decide(second, classify_commit)
         except BaseException:

@@ -115,7 +115,6 @@ def _log_crash(task: asyncio.Task[Any]) -> None:
         logger.error("asyncredlock background task failed", exc_info=task.exception())
 
 
-@dataclass(frozen=True, slots=True)
 class Decision:
     """The counted replies of one round when its caller stopped waiting.
 
@@ -123,20 +122,53 @@ class Decision:
         yes: Masters where the operation took effect.
         no: Masters that answered that it could not take effect.
         failed: Masters that failed, were skipped, or were given up on.
-        outcomes: Per-master accounts, in the order of the masters.
+        outcomes: Per-master accounts, in the order of the masters (worked out
+            when first read: only errors and failures need them).
         pending: Masters whose reply was still on its way when the round was
             decided without it (counted neither as yes, no nor failed).
     """
 
-    yes: int
-    no: int
-    failed: int
-    outcomes: tuple[NodeOutcome, ...]
-    pending: int = 0
+    __slots__ = ("_describe", "_outcomes", "failed", "masters", "no", "pending", "yes")
+
+    def __init__(
+        self,
+        yes: int,
+        no: int,
+        failed: int,
+        outcomes: tuple[NodeOutcome, ...] | Callable[[], tuple[NodeOutcome, ...]],
+        pending: int = 0,
+        *,
+        masters: int | None = None,
+    ) -> None:
+        self.yes = yes
+        self.no = no
+        self.failed = failed
+        self.pending = pending
+        self._outcomes: tuple[NodeOutcome, ...] | None = None
+        self._describe: Callable[[], tuple[NodeOutcome, ...]] | None = None
+        if callable(outcomes):
+            self._describe = outcomes
+            self.masters = yes + no + failed + pending if masters is None else masters
+        else:
+            self._outcomes = outcomes
+            self.masters = len(outcomes)
+
+    @property
+    def outcomes(self) -> tuple[NodeOutcome, ...]:
+        """Per-master accounts, in the order of the masters."""
+        if self._outcomes is None:
+            assert self._describe is not None
+            self._outcomes, self._describe = self._describe(), None
+        return self._outcomes
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision(yes={self.yes}, no={self.no}, failed={self.failed}, pending={self.pending})"
+        )
 
     def unavailable(self, quorum: int) -> bool:
         """Whether failures alone made the quorum unreachable (an outage)."""
-        return self.failed > len(self.outcomes) - quorum
+        return self.failed > self.masters - quorum
 
 
 class Round:
@@ -184,31 +216,7 @@ class Round:
             await waiter.run()
         finally:
             waiter.stop()
-        return self._snapshot(classify, waiter.given_up)
-
-    def _snapshot(self, classify: Classify, given_up: dict[int, str]) -> Decision:
-        counts = dict.fromkeys(Verdict, 0)
-        pending = 0
-        outcomes = []
-        for i, (node, task) in enumerate(zip(self.nodes, self.tasks, strict=True)):
-            verdict: Verdict | None = None
-            if task.done():
-                verdict, detail = classify(task.result())
-                counts[verdict] += 1
-            elif i in given_up:
-                detail = given_up[i]
-                counts[Verdict.FAILED] += 1
-            else:
-                detail = "not answered yet (the round was decided without it)"
-                pending += 1
-            outcomes.append(NodeOutcome(node.name, verdict is Verdict.YES, detail))
-        return Decision(
-            counts[Verdict.YES],
-            counts[Verdict.NO],
-            counts[Verdict.FAILED],
-            tuple(outcomes),
-            pending,
-        )
+        return waiter.decision()
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +238,17 @@ class _Waiter:
         self.classify = classify
         self.timing = timing
         self.given_up: dict[int, str] = {}
+        self.replies: list[Reply | None] = [None] * len(rnd.tasks)
+        self.yes = self.no = self.failed = 0
         self.decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         for task in self.rnd.tasks:
-            task.add_done_callback(self.check)
+            if task.done():
+                self.arrived(task)
+            else:
+                task.add_done_callback(self.arrived)
         if self.timing.give_up_silent:
             for node in self.rnd.nodes:
                 node.watch(self.on_silent)
@@ -250,41 +263,75 @@ class _Waiter:
         if self.timer is not None:
             self.timer.cancel()
         for task in self.rnd.tasks:
-            task.remove_done_callback(self.check)
+            task.remove_done_callback(self.arrived)
         if self.timing.give_up_silent:
             for node in self.rnd.nodes:
                 node.unwatch(self.on_silent)
 
-    def check(self, _: object = None) -> None:
+    def arrived(self, task: asyncio.Future[Reply]) -> None:
+        """Count one reply (once; a call given up on counts by its reply now)."""
+        i = self.rnd.tasks.index(task)
+        if self.replies[i] is not None:
+            return
+        reply = self.replies[i] = task.result()
+        if self.given_up.pop(i, None) is not None:
+            self.failed -= 1
+        verdict = self.classify(reply)[0]
+        if verdict is Verdict.YES:
+            self.yes += 1
+        elif verdict is Verdict.NO:
+            self.no += 1
+        else:
+            self.failed += 1
+        self.check()
+
+    def give_up(self, i: int, why: str) -> None:
+        if self.replies[i] is None and i not in self.given_up:
+            self.given_up[i] = why
+            self.failed += 1
+
+    def check(self) -> None:
         if self.decided.done():
             return
-        yes = no = failed = 0
-        for i, task in enumerate(self.rnd.tasks):
-            if task.done():
-                verdict = self.classify(task.result())[0]
-                yes += verdict is Verdict.YES
-                no += verdict is Verdict.NO
-                failed += verdict is Verdict.FAILED
-            elif i in self.given_up:
-                failed += 1
-        n = len(self.rnd.tasks)
-        if yes >= self.quorum or no + failed > n - self.quorum or yes + no + failed == n:
+        yes, no, failed, quorum = self.yes, self.no, self.failed, self.quorum
+        n = len(self.replies)
+        if yes >= quorum or no + failed > n - quorum or yes + no + failed == n:
             self.decided.set_result(None)
 
     def on_silent(self) -> None:
         """Give up on the calls to masters reported silent."""
-        for i, (node, task) in enumerate(zip(self.rnd.nodes, self.rnd.tasks, strict=True)):
-            if node.silent and not task.done() and i not in self.given_up:
-                self.given_up[i] = f"master silent for over {self.timing.node_timeout:g} s"
+        why = f"master silent for over {self.timing.node_timeout:g} s"
+        for i, node in enumerate(self.rnd.nodes):
+            if node.silent:
+                self.give_up(i, why)
         self.check()
 
     def out_of_time(self) -> None:
         """Give up on every call still out."""
         self.timer = None
-        for i, task in enumerate(self.rnd.tasks):
-            if not task.done() and i not in self.given_up:
-                self.given_up[i] = f"no reply within {self.timing.max_wait:g} s"
+        for i in range(len(self.replies)):
+            self.give_up(i, f"no reply within {self.timing.max_wait:g} s")
         self.check()
+
+    def decision(self) -> Decision:
+        """The counts now; the per-master accounts are worked out when read."""
+        yes, no, failed = self.yes, self.no, self.failed
+        names = [node.name for node in self.rnd.nodes]
+        replies, given_up, classify = list(self.replies), dict(self.given_up), self.classify
+
+        def describe() -> tuple[NodeOutcome, ...]:
+            outcomes = []
+            for i, (name, reply) in enumerate(zip(names, replies, strict=True)):
+                if reply is not None:
+                    verdict, detail = classify(reply)
+                    outcomes.append(NodeOutcome(name, verdict is Verdict.YES, detail))
+                else:
+                    detail = given_up.get(i, "not answered yet (the round was decided without it)")
+                    outcomes.append(NodeOutcome(name, False, detail))
+            return tuple(outcomes)
+
+        pending = len(replies) - yes - no - failed
+        return Decision(yes, no, failed, describe, pending, masters=len(replies))
 
 
 def describe_error(reply: Reply) -> str:
