@@ -1,0 +1,251 @@
+"""Load, shutdown and cancellation against the I/O engine: counts, never timings.
+
+- A cold burst of callers on fresh clients over healthy masters is never an outage.
+- ``aclose()`` while calls wait on a hung majority ends every one of them with an
+  error, long before the masters' ``socket_timeout`` would have.
+- A storm of cancelled acquisitions across clients leaves no key, task or
+  connection behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncredlock import (
+    AsyncRedlock,
+    Lease,
+    LockState,
+    LockTimeoutError,
+    QuorumUnavailableError,
+)
+from asyncredlock.testing import ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 60  # seconds; only stops a hung test, never decides an outcome
+
+
+class TestColdBurst:
+    async def test_a_burst_on_fresh_clients_is_never_an_outage(self, servers: ServerGroup) -> None:
+        """The burst that once tipped a fresh client into a false outage of five
+        healthy masters: 200 tasks, each looping acquire(timeout=0) + release on
+        its own key, on a new AsyncRedlock, 20 times over."""
+        workers, cycles, clients = 200, 5, 20
+        unavailable = timeouts = done = 0
+        opened: list[list[int]] = []
+
+        async def worker(redlock: AsyncRedlock, i: int) -> None:
+            nonlocal unavailable, timeouts, done
+            lock = redlock.lock(f"burst:{i}", timeout=0)
+            for _ in range(cycles):
+                try:
+                    lease = await lock.acquire()
+                except QuorumUnavailableError:
+                    unavailable += 1
+                    continue
+                except LockTimeoutError:
+                    timeouts += 1
+                    continue
+                await lease.release()
+                done += 1
+
+        with anyio.fail_after(HANG_GUARD):
+            for _ in range(clients):
+                async with AsyncRedlock(servers.urls) as redlock:
+                    async with anyio.create_task_group() as tg:
+                        for i in range(workers):
+                            tg.start_soon(worker, redlock, i)
+                    opened.append(
+                        [node.link.connections for node in redlock._core.nodes if node.link]
+                    )
+        assert (unavailable, timeouts) == (0, 0)
+        assert done == workers * cycles * clients
+        assert opened == [[1] * 5] * clients  # one connection per master, not per caller
+        masters = Masters(servers.urls)
+        try:
+            assert await masters.keys() == [[]] * 5
+        finally:
+            await masters.aclose()
+
+    async def test_max_connections_one_no_longer_bricks_the_instance(
+        self, servers: ServerGroup
+    ) -> None:
+        """It used to let the wake-up subscription take the pool's only connection
+        after the first contended wait; every later command then failed."""
+        with pytest.warns(DeprecationWarning, match="max_connections"):
+            waiter = AsyncRedlock(servers.urls, max_connections=1, retry_delay=0.05)
+        async with AsyncRedlock(servers.urls) as holder, waiter:
+            lease = await holder.lock("brick").acquire()
+            with pytest.raises(LockTimeoutError):
+                await waiter.lock("brick", timeout=0.3).acquire()  # waits, subscribed
+            await lease.release()
+            for i in range(5):  # later commands, on other locks
+                other = await waiter.lock(f"brick:{i}", timeout=0).acquire()
+                await other.release()
+            assert waiter.statistics().acquisitions == 5
+
+
+@pytest.fixture
+def hung_majority(make_servers: MakeServers) -> ServerGroup:
+    return make_servers(3)
+
+
+class TestCloseWithCallsOnAHungMajority:
+    """Two of three masters stop answering (SIGSTOP) while calls are out; aclose()
+    must end them, though socket_timeout (30 s) would keep them waiting."""
+
+    @staticmethod
+    async def _close_while_pending(
+        group: ServerGroup, start: Callable[[AsyncRedlock, Lease], Awaitable[Any]]
+    ) -> tuple[BaseException | Any, AsyncRedlock]:
+        """Take a lease on "hung" (no auto-extension) while every master answers,
+        pause two masters, start the call, close while it waits; its outcome."""
+        redlock = AsyncRedlock(group.urls, socket_timeout=30.0)
+        outcome: list[BaseException | Any] = []
+        try:
+            lease = await redlock.lock("hung", auto_extend=False).acquire()
+            group[1].pause()
+            group[2].pause()
+
+            async def call() -> None:
+                try:
+                    outcome.append(await start(redlock, lease))
+                except Exception as exc:
+                    outcome.append(exc)
+
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    await anyio.wait_all_tasks_blocked()  # the call waits on the masters
+                    nodes = redlock._core.nodes
+                    assert nodes[1].in_flight
+                    assert nodes[2].in_flight
+                    await redlock.aclose()
+        finally:
+            group[1].resume()
+            group[2].resume()
+            await redlock.aclose()
+        (result,) = outcome
+        return result, redlock
+
+    async def test_a_pending_release_ends_with_an_error(self, hung_majority: ServerGroup) -> None:
+        async def release(_: AsyncRedlock, lease: Lease) -> None:
+            await lease.release()
+
+        error, redlock = await self._close_while_pending(hung_majority, release)
+        assert isinstance(error, QuorumUnavailableError)
+        assert [o.detail.split(":")[0] for o in error.outcomes] == ["done"] + ["ClosedError"] * 2
+        _nothing_left(redlock)
+
+    async def test_a_pending_extend_ends_with_an_error(self, hung_majority: ServerGroup) -> None:
+        async def extend(_: AsyncRedlock, lease: Lease) -> None:
+            await lease.extend()
+
+        error, redlock = await self._close_while_pending(hung_majority, extend)
+        assert isinstance(error, QuorumUnavailableError)
+        assert "ClosedError" in error.outcomes[1].detail
+        _nothing_left(redlock)
+
+    async def test_a_pending_force_release_ends_with_an_error(
+        self, hung_majority: ServerGroup
+    ) -> None:
+        async def force(redlock: AsyncRedlock, _: Lease) -> int:
+            return await redlock.force_release("hung")
+
+        error, redlock = await self._close_while_pending(hung_majority, force)
+        assert isinstance(error, QuorumUnavailableError)
+        _nothing_left(redlock)
+
+    async def test_a_pending_inspect_reports_the_closed_masters(
+        self, hung_majority: ServerGroup
+    ) -> None:
+        async def inspect(redlock: AsyncRedlock, _: Lease) -> LockState:
+            return await redlock.inspect("hung")
+
+        state, redlock = await self._close_while_pending(hung_majority, inspect)
+        assert isinstance(state, LockState)
+        assert state.nodes[0].holder is not None  # the master that answered
+        assert [n.error is not None and "ClosedError" in n.error for n in state.nodes] == [
+            False,
+            True,
+            True,
+        ]
+        _nothing_left(redlock)
+
+    async def test_a_pending_acquire_ends_with_an_error(self, hung_majority: ServerGroup) -> None:
+        async def acquire(redlock: AsyncRedlock, _: Lease) -> None:
+            await redlock.lock("hung:other", timeout=30).acquire()
+
+        error, redlock = await self._close_while_pending(hung_majority, acquire)
+        assert isinstance(error, RuntimeError | QuorumUnavailableError), error
+        _nothing_left(redlock)
+
+
+def _nothing_left(redlock: AsyncRedlock) -> None:
+    stats = redlock.statistics()
+    assert (stats.in_flight, stats.background_tasks) == (0, 0)
+    assert [t for t in asyncio.all_tasks() if _from_library(t)] == []
+
+
+def _from_library(task: asyncio.Task[object]) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and "/asyncredlock/" in code.co_filename.replace("\\", "/")
+
+
+class TestCancellationStorm:
+    async def test_1000_cancelled_acquisitions_across_3_clients_leave_nothing(
+        self, servers: ServerGroup
+    ) -> None:
+        rng = random.Random(1000)
+        names = [f"storm3:{i}" for i in range(8)]
+        async with (
+            AsyncRedlock(servers.urls, ttl=2.0) as a,
+            AsyncRedlock(servers.urls, ttl=2.0) as b,
+            AsyncRedlock(servers.urls, ttl=2.0) as c,
+        ):
+            redlocks = (a, b, c)
+
+            async def one(i: int) -> None:
+                redlock = redlocks[i % 3]
+                lock = redlock.lock(rng.choice(names), timeout=5.0, fencing=i % 4 != 0)
+                with anyio.move_on_after(rng.uniform(0, 0.2)):
+                    if i % 2:
+                        async with lock:
+                            await anyio.sleep(rng.uniform(0, 0.005))
+                    else:
+                        lease = await lock.acquire()
+                        try:
+                            await anyio.sleep(rng.uniform(0, 0.005))
+                        finally:
+                            await lease.release()
+
+            with anyio.fail_after(HANG_GUARD):
+                for wave in range(5):  # waves of 200: every round is not the first
+                    async with anyio.create_task_group() as tg:
+                        for i in range(200):
+                            tg.start_soon(one, wave * 200 + i)
+                for redlock in redlocks:
+                    await redlock.settle()
+            stats = [redlock.statistics() for redlock in redlocks]
+            opened = [[n.link.connections for n in r._core.nodes if n.link] for r in redlocks]
+            gates = [r._core.gates._gates for r in redlocks]
+        assert sum(s.acquisitions + s.handoffs for s in stats) > 0
+        assert sum(s.timeouts for s in stats) == 0  # each acquire() cancelled or leased
+        assert [(s.held, s.in_flight, s.background_tasks) for s in stats] == [(0, 0, 0)] * 3
+        assert opened == [[1] * 5] * 3  # no connection lost or reopened
+        assert gates == [{}, {}, {}]
+        assert [t for t in asyncio.all_tasks() if _from_library(t)] == []
+        masters = Masters(servers.urls)
+        try:
+            assert await masters.keys() == [[]] * 5
+        finally:
+            await masters.aclose()
