@@ -1,8 +1,9 @@
 """Where the client CPU of scenario c (throughput) of ``peers.py`` goes.
 
 Scenario c: 200 workers, each on its own key, run acquire + release cycles for a fixed
-time over N masters (real servers, each behind a ``FaultProxy`` hosted in a separate
-process, as in ``peers.py``, whose warm-up and timed loop are reused as they are).
+time over N masters (real servers, connected to directly; with ``--via-proxy`` each
+behind a ``FaultProxy`` hosted in a separate process, which caps the rate at what the
+proxy forwards), reusing ``peers.py``'s warm-up and timed loop as they are.
 Configurations:
 
 - **asyncredlock** with its defaults (fencing on, auto-extension on), then with
@@ -57,6 +58,7 @@ import inspect
 import logging
 import os
 import selectors
+import socket
 import statistics
 import sys
 import time
@@ -149,6 +151,9 @@ class Plan:
     count_duration: float
     profile: bool
     quick: bool
+    # Straight to the servers (the default): at RTT 0 a proxy process forwarding
+    # every command would cap the rate, and measure itself instead of the client.
+    via_proxy: bool = False
 
 
 # --- garbage collection ------------------------------------------------------------------
@@ -289,6 +294,12 @@ class Counter:
             counter.command(args[0])
             return await real_execute(self, *args, **options)
 
+        real_send = socket.socket.send
+
+        def send(self: socket.socket, data: Any, *args: Any) -> int:
+            counts["socket writes"] += 1
+            return real_send(self, data, *args)
+
         real_run = asyncio.Handle._run
 
         def run(self: asyncio.Handle) -> None:
@@ -307,6 +318,7 @@ class Counter:
             stack.callback(loop.set_task_factory, old_factory)
             stack.enter_context(patched(redis.asyncio.Redis, "execute_command", execute_command))
             stack.enter_context(patched(asyncio.Handle, "_run", run))
+            stack.enter_context(patched(socket.socket, "send", send))
             stack.enter_context(patched(loop, "_run_once", run_once))
             for owner, name, wrapper in self._optional_wrappers():
                 stack.enter_context(patched(owner, name, wrapper))
@@ -362,6 +374,12 @@ class Counter:
             "commands_per_master": round(commands * per / n, 3),
             "master_calls": round(calls * per, 3) if calls else None,
             "commands_per_master_call": round(commands / calls, 3) if calls else None,
+            "socket_writes": round(self.counts["socket writes"] * per, 3),
+            "commands_per_write": (
+                round(commands / self.counts["socket writes"], 3)
+                if self.counts["socket writes"]
+                else None
+            ),
             "script_commands": round(scripts * per, 3),
             "loop_callbacks": round(self.counts["loop callbacks"] * per, 2),
             "loop_iterations": round(self.counts["loop iterations"] * per, 2),
@@ -540,7 +558,7 @@ class Harness:
         """One session: warm-up, then one timed, counting or profiled window."""
         plan = self.plan
         duration = plan.count_duration if kind == "count" else plan.duration
-        urls = self.proxies.urls(plan.n)
+        urls = self.proxies.urls(plan.n) if plan.via_proxy else self.servers.urls[: plan.n]
         gc.collect()  # loop errors of the last window are reported before this one's
         self.current = peer.id
         try:
@@ -804,6 +822,8 @@ is reported from it). Per acquire + release cycle:
   aioredis `RedisConnection.execute`); **per master**: commands ÷ N;
 - **master calls**: asyncredlock's calls to one master (`Node.call`); **per call**:
   commands ÷ master calls;
+- **writes**: socket writes (`socket.send`) of the client, all masters together;
+  **per write**: commands ÷ writes (above 1: commands joined into one write);
 - **scripts**: the script commands among them (`EVAL`, `EVALSHA`, `FCALL`);
 - **callbacks**: event-loop callbacks run (`Handle._run`); **iterations**: loop
   iterations (`_run_once`);
@@ -881,6 +901,8 @@ def counts_section(report: dict[str, Any]) -> str:
             fmt(c["commands_per_master"], 2),
             fmt(c["master_calls"], 2),
             fmt(c["commands_per_master_call"], 2),
+            fmt(c.get("socket_writes"), 2),
+            fmt(c.get("commands_per_write"), 2),
             fmt(c["script_commands"], 2),
             fmt(c["loop_callbacks"], 1),
             fmt(c["loop_iterations"], 2),
@@ -904,8 +926,9 @@ def counts_section(report: dict[str, Any]) -> str:
         "## Per-cycle counts\n\n"
         + COUNT_HEADER
         + "\n| configuration | cycles counted | tasks | commands | per master | master calls "
-        "| per call | scripts | callbacks | iterations | attempts/cycle | by name |\n"
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n"
+        "| per call | writes | per write | scripts | callbacks | iterations | attempts/cycle "
+        "| by name |\n"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n"
         + "\n".join(rows)
         + "\n\n### Tasks per cycle by coroutine\n\n"
         "Each row: the task's coroutine `<-` the first function outside asyncio that "
@@ -1002,7 +1025,13 @@ def markdown(report: dict[str, Any]) -> str:
     return (
         f"# Scenario c dissected: where the client CPU goes (N = {plan['n']})\n\n"
         f"{WORKERS} workers, each on its own key, run acquire + release cycles over "
-        f"N = {plan['n']} masters (each behind a proxy in a separate process), as in "
+        f"N = {plan['n']} masters ("
+        + (
+            "each behind a proxy in a separate process"
+            if plan.get("via_proxy")
+            else "straight to the servers, no proxy"
+        )
+        + "), as in "
         f"scenario c of `peers.py`: {plan['reps']} timed windows of {plan['duration']:g} s "
         f"per configuration, one counting window of {plan['count_duration']:g} s"
         + (", one profiled window" if plan["profile"] else "")
@@ -1046,6 +1075,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
         "--count-duration", type=float, help="seconds of the counting window (default 3)"
     )
     parser.add_argument("--profile", action="store_true", help="also profile (cProfile)")
+    parser.add_argument(
+        "--via-proxy",
+        action="store_true",
+        help="each master behind a proxy process (default: straight to the servers)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     parser.add_argument(
@@ -1067,6 +1101,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
         count_duration=pick(args.count_duration, 3.0, 0.5),
         profile=bool(args.profile),
         quick=quick,
+        via_proxy=bool(args.via_proxy),
     )
     if plan.duration <= 0 or plan.count_duration <= 0 or plan.reps < 1:
         parser.error("--duration and --count-duration must be > 0, --reps >= 1")

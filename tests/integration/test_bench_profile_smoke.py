@@ -105,6 +105,7 @@ def test_counts_are_recorded(quick_run: tuple[Path, dict[str, Any]], config: str
         # calls are futures on one connection per master: no task per call
         assert not any(key.startswith("Node.call") for key in counts["tasks_by_coroutine"])
         assert counts["tasks"] >= 0
+        assert counts["commands_per_write"] > 1  # commands of an iteration share a write
     else:
         assert positive(counts["tasks"])
         assert counts["tasks_by_coroutine"]
