@@ -566,7 +566,9 @@ def _make_node(master: object, settings: Settings) -> tuple[Node, object]:
         if kwargs.get("socket_connect_timeout") is None:
             kwargs["socket_connect_timeout"] = settings.socket_timeout
         opener = RedisPyOpener(pool.connection_class, {**kwargs, **_OWN_CONNECTION})
-        return _linked(_client_name(master), opener, settings), id(master)
+        node = _linked(_client_name(master), opener, settings)
+        node.client = master  # kept alive: a Sentinel pool is referenced weakly
+        return node, id(master)
     raise TypeError(
         "each master must be a URL string or a redis.asyncio Redis/RedisCluster client, "
         f"not {type(master).__name__}"

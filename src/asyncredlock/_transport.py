@@ -160,17 +160,24 @@ class _Connection(Stream):
         reader = self.reader
         reader.feed(data)
         pending = self.pending
+        demoted = False
         while (reply := reader.gets()) is not False:
             future, args, source = pending.popleft()
             if isinstance(reply, hiredis.ReplyError):
-                if source is not None and str(reply).startswith("NOSCRIPT"):
+                text = str(reply)
+                if source is not None and text.startswith("NOSCRIPT"):
                     # EVAL also caches the script: later EVALSHAs find it.
                     self.send(pack("EVAL", source, *args[2:]), (future, args, None))
                     continue
+                # A master turned replica (a Sentinel failover): reconnect, so
+                # that the opener finds the new master.
+                demoted = demoted or text.startswith("READONLY")
                 if future is not None:
-                    link.resolve(future, Reply(error=ResponseError(str(reply))))
+                    link.resolve(future, Reply(error=ResponseError(text)))
             elif future is not None:
                 link.resolve(future, Reply(reply))
+        if demoted and self.transport is not None:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

@@ -249,3 +249,30 @@ class TestCancellationStorm:
             assert await masters.keys() == [[]] * 5
         finally:
             await masters.aclose()
+
+
+class TestDemotedMaster:
+    async def test_a_master_turned_replica_is_reconnected(self, make_servers: MakeServers) -> None:
+        """After a failover the old master answers writes with READONLY; the link
+        drops that connection, so the next call goes through the opener again
+        (which, for a Sentinel client, asks for the new master's address)."""
+        group = make_servers(2)
+        primary, demoted = group[0], group[1]
+        direct = Masters([demoted.url])
+        async with AsyncRedlock([demoted.url]) as redlock:
+            lease = await redlock.lock("demoted", timeout=0).acquire()
+            await lease.release()
+            (node,) = redlock._core.nodes
+            assert node.link is not None
+            assert node.link.connections == 1
+            await direct.clients[0].execute_command("REPLICAOF", primary.host, primary.port)
+            try:
+                with pytest.raises(QuorumUnavailableError) as caught:
+                    await redlock.lock("demoted", timeout=0).acquire()
+                assert "READONLY" in caught.value.outcomes[0].detail
+            finally:
+                await direct.clients[0].execute_command("REPLICAOF", "NO", "ONE")
+            lease = await redlock.lock("demoted", timeout=0).acquire()
+            await lease.release()
+            assert node.link.connections == 2
+        await direct.aclose()
