@@ -172,6 +172,16 @@ class Case:
     fault: str | None = None  # "blackhole" or "down" (scenario b)
 
 
+def via_proxy(case: Case) -> bool:
+    """Whether a case needs the proxies: to add a round trip, or to inject a fault.
+
+    At RTT 0 every library connects straight to the servers: a proxy process that
+    forwards every command would cap the rate at what it can forward, and measure
+    itself instead of the libraries.
+    """
+    return case.rtt_ms > 0 or case.fault is not None
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """A scenario: its cases, and the metric that decides who is best in each."""
@@ -1309,6 +1319,7 @@ class Runner:
                     "n": case.n,
                     "rtt_ms": case.rtt_ms,
                     "fault": case.fault,
+                    "via": "proxy" if via_proxy(case) else "direct",
                     "results": ordered,
                     "seconds": round(time.perf_counter() - started, 1),
                 }
@@ -1326,7 +1337,7 @@ class Runner:
         """Every library in one case (all together in a, one after the other else)."""
         results = self.skipped(scenario, case)
         runnable = [p for p in self.peers if p.id not in results]
-        urls = self.proxies.urls(case.n)
+        urls = self.proxies.urls(case.n) if via_proxy(case) else self.servers.urls[: case.n]
         if scenario is LATENCY:
             self.current = "a (all libraries at once)"
             measured = await latency_case(case, runnable, self.infos, urls, self.plan)
@@ -1624,6 +1635,8 @@ def notes(report: dict[str, Any]) -> str:
         f"- e: the holder holds {s['wake_hold_s'][0] * 1000:g}-{s['wake_hold_s'][1] * 1000:g} "
         "ms (uniform) before releasing, so the release falls anywhere in a waiter's "
         "retry pause.\n"
+        "- RTT 0 cases connect straight to the servers; RTT 2 ms cases and scenario b go"
+        " through the proxies.\n"
         f"- RTT is the delay the proxies add (nominal → PING p50 through one proxy): {rtt}.\n"
         f"- Everything runs on one machine ({env['cpu_count']} CPUs): client, proxy "
         "process and servers share it; compare ratios, not absolute numbers.\n"
@@ -1712,8 +1725,11 @@ CONTENTION_RATE = 1.8  # d: acquisitions/s over the best peer's, at least
 CONTENTION_BUSY = 0.8  # d: lock busy fraction, at least
 CONTENTION_P99_MS = 30.0  # d: wait p99, below
 BLACKHOLE_RATIO = 1.5  # b over a: N = 5 acquire p50, one master blackholed / healthy, at most
-THROUGHPUT_RATE = 1.5  # c: cycles/s over the best peer's, at least
-THROUGHPUT_CPU = 0.7  # c: CPU per cycle over that peer's, at most
+THROUGHPUT_RATE = 5.0  # c: cycles/s over the best peer's, at least
+THROUGHPUT_CPU = 0.2  # c: CPU per cycle over that peer's, at most
+LATENCY_N5 = 0.8  # a, N = 5, RTT 0: p50 over aioredlock's, at most
+LATENCY_N1 = 1.0  # a, N = 1, RTT 0: p50 over the fastest peer's, at most
+LATENCY_FLOOR = 1.15  # a, N = 5, RTT 2 ms: p50 over two measured round trips, at most
 OURS = "asyncredlock"
 
 
@@ -1735,6 +1751,45 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     rows.append(blackhole_target(by_id))
     for case in cases_of(by_id, "c"):
         rows.extend(throughput_targets(case, infos))
+    rows.extend(latency_targets(by_id, infos, report.get("measured_rtt", {})))
+    return rows
+
+
+def latency_targets(
+    by_id: dict[str, dict[str, Any]], infos: dict[str, Any], rtts: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """a: uncontended p50 against aioredlock (N = 5), the fastest peer (N = 1), both at
+    RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
+    rows = []
+    cases = {(c["n"], c["rtt_ms"]): c for c in cases_of(by_id, "a")}
+    for n, limit, against in ((SERVERS, LATENCY_N5, "aioredlock"), (1, LATENCY_N1, None)):
+        case = cases.get((n, 0.0))
+        who = "aioredlock's" if against else "the fastest peer's"
+        target = f"a. N={n}, RTT 0 ms: p50 ≤ {limit:g}x {who}"
+        args = (target, f"N={n}, RTT 0 ms", "<=", limit, "x")
+        ours = None if case is None else ok_result(case, OURS)
+        best = None
+        if case is not None:
+            best = best_of("a", case, [against] if against else peers_in(case), lower=True)
+        if ours is None or best is None:
+            rows.append(check(*args, None, "not in the results"))
+            continue
+        lib, theirs = best
+        mine = value("a", ours) or 0.0
+        text = f"{number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
+        rows.append(check(*args, mine / theirs, f"{text}: {times(mine / theirs)}"))
+    case = cases.get((SERVERS, 2.0))
+    target = f"a. N={SERVERS}, RTT 2 ms: p50 ≤ {LATENCY_FLOOR:g}x two round trips"
+    args = (target, f"N={SERVERS}, RTT 2 ms", "<=", LATENCY_FLOOR, "x")
+    ours = None if case is None else ok_result(case, OURS)
+    rtt = rtts.get("2", {}).get("p50_ms")
+    if ours is None or not rtt:
+        rows.append(check(*args, None, "not in the results"))
+    else:
+        mine = value("a", ours) or 0.0
+        floor = 2 * float(rtt)
+        text = f"{number(mine)} ms vs 2 x {number(float(rtt))} ms (PING p50 through a proxy)"
+        rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
     return rows
 
 

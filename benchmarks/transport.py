@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from _common import environment, write_json, write_text
+from _common import environment, publish_between, write_json, write_text
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from asyncredlock._transport import Link, RedisPyOpener, Reply, Stream
@@ -129,6 +129,7 @@ class RedisPyClient(Client):
     async def close(self) -> None:
         for client in self.clients:
             await client.aclose()
+            await client.connection_pool.disconnect()  # a pool passed in is not closed
 
 
 def _execute(execute: Callable[..., Awaitable[Any]]) -> Call:
@@ -205,9 +206,11 @@ CANDIDATES = (
         lambda u: LinkClient(u, plain=False),
     ),
     Candidate("link-plain", "Link, plain create_connection", lambda u: LinkClient(u, plain=True)),
-    Candidate("glide", "valkey-glide GlideClient", GlideClient),
-    Candidate("coredis", "coredis Redis", CoredisClient),
     Candidate("redis-py", "redis-py Redis + BlockingConnectionPool", RedisPyClient),
+    Candidate("glide", "valkey-glide GlideClient", GlideClient),
+    # last: its pool's connections linger after close, which would blur the next
+    # candidate's count of connections opened
+    Candidate("coredis", "coredis Redis", CoredisClient),
 )
 
 
@@ -462,7 +465,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
     quick = "\n**Quick run: too short to mean anything.**\n" if report["plan"]["quick"] else ""
     return (
-        "# The transport: candidates side by side (N = 5, loopback, no proxy)\n\n"
+        f"# The transport: candidates side by side (N = 5, loopback, no proxy, "
+        f"{report['plan'].get('loop', 'asyncio')})\n\n"
         f"Each candidate runs the same cycle (acquire script on 5 masters decided at 3, "
         f"then release decided at 3; the other replies awaited too). {report['plan']['reps']} "
         f"reps, candidates taking turns; 200 workers for {report['plan']['duration']:g} s; "
@@ -485,12 +489,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="reps (3)")
     parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="event loop"
+    )
+    parser.add_argument(
+        "--docs", type=Path, help="docs directory: publish the table into transport.md there"
+    )
     plan = parser.parse_args(argv)
     plan.duration = plan.duration or (0.3 if plan.quick else 3.0)
     plan.reps = plan.reps or (1 if plan.quick else 3)
     plan.count = 50 if plan.quick else 2000
     with ServerGroup(N) as servers:
-        measured = asyncio.run(measure(plan, servers.urls))
+        if plan.loop == "uvloop":
+            measured = importlib.import_module("uvloop").run(measure(plan, servers.urls))
+        else:
+            measured = asyncio.run(measure(plan, servers.urls))
     report = {
         "benchmark": "transport",
         "command": "python benchmarks/transport.py " + " ".join(argv or sys.argv[1:]),
@@ -499,13 +512,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "reps": plan.reps,
             "count": plan.count,
             "quick": plan.quick,
+            "loop": plan.loop,
         },
         "environment": environment(),
         **measured,
     }
     plan.out.mkdir(parents=True, exist_ok=True)
-    write_json(plan.out / "transport.json", report)
-    write_text(plan.out / "transport.md", markdown(report))
+    name = "transport" if plan.loop == "asyncio" else f"transport-{plan.loop}"
+    write_json(plan.out / f"{name}.json", report)
+    write_text(plan.out / f"{name}.md", markdown(report))
+    if plan.docs is not None:
+        marker = "TRANSPORT-TABLE" if plan.loop == "asyncio" else f"TRANSPORT-TABLE-{plan.loop}"
+        table = markdown(report).split("\n\n", 2)[2]  # after the title and the prose
+        publish_between(
+            plan.docs / "transport.md", f"<!-- {marker} -->", f"<!-- /{marker} -->", table
+        )
     print(markdown(report))
     return 0
 

@@ -219,7 +219,7 @@ def test_markdown_plot_and_docs_are_written(quick_run: tuple[Path, dict[str, Any
 def test_targets_are_checked_from_the_results(quick_run: tuple[Path, dict[str, Any]]) -> None:
     out, report = quick_run
     rows = report["targets"]
-    assert {row["target"][0] for row in rows} == {"b", "c", "d", "e"}
+    assert {row["target"][0] for row in rows} == {"a", "b", "c", "d", "e"}
     for row in rows:
         assert row["met"] in (True, False, None), row
         assert row["measured"].strip(), row
@@ -236,6 +236,15 @@ def test_targets_are_checked_from_the_results(quick_run: tuple[Path, dict[str, A
         text = page.read_text()
         assert "Targets" in text
         assert "| Target | Case | Measured | Result |" in text
+
+
+def test_rtt_0_cases_run_without_a_proxy(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    """A proxy process forwarding every command would cap the rates at RTT 0."""
+    _, report = quick_run
+    for scenario in report["scenarios"]:
+        for case in scenario["cases"]:
+            expected = "proxy" if case["rtt_ms"] > 0 or case["fault"] else "direct"
+            assert case["via"] == expected, (scenario["id"], case["name"])
 
 
 def test_readme_summary_is_written_between_its_markers(
