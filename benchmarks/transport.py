@@ -3,7 +3,8 @@
 Every candidate runs the same Redlock-shaped cycle against N = 5 local valkey masters
 (no proxy): on every master at once, ``EVALSHA`` of an acquire script (``SET NX PX``,
 then ``INCR`` of a fence key), decided when 3 of 5 replied; then ``EVALSHA`` of a
-compare-and-delete release, decided at 3 of 5. The other replies are still awaited
+compare-and-delete release, decided at 3 of 5 (on each master sent once that master
+answered the acquire, so a pool cannot reorder them). The other replies are still awaited
 (in the background, all of them before the window closes) and counted, and the
 servers are checked afterwards: no lock key may be left. Candidates:
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import statistics
 import sys
@@ -234,8 +236,11 @@ class Background:
             await asyncio.wait(set(self.pending), timeout=seconds)
 
 
-async def quorum_of(calls: list[Awaitable[Any]], background: Background) -> list[Any]:
-    """Wait until QUORUM replies are in; the rest go on in ``background``."""
+async def quorum_of(
+    calls: list[Awaitable[Any]], background: Background
+) -> tuple[list[Any], list[asyncio.Future[Any]]]:
+    """Wait until QUORUM replies are in; the rest go on in ``background``. Returns the
+    replies in and every call's future (in the order of ``calls``)."""
     futures = [asyncio.ensure_future(call) for call in calls]
     done: list[Any] = []
     enough = asyncio.get_running_loop().create_future()
@@ -250,7 +255,7 @@ async def quorum_of(calls: list[Awaitable[Any]], background: Background) -> list
     await asyncio.wait_for(enough, 10)
     for future in futures:
         background.keep(future)
-    return done
+    return done, futures
 
 
 def _value(future: asyncio.Future[Any]) -> Any:
@@ -262,15 +267,27 @@ def _value(future: asyncio.Future[Any]) -> Any:
     return result.value if isinstance(result, Reply) else result
 
 
+async def _after(first: asyncio.Future[Any], then: Callable[[], Awaitable[Any]]) -> Any:
+    await asyncio.wait([first])
+    return await then()
+
+
 async def one_cycle(client: Client, shas: tuple[str, str], key: str, bg: Background) -> None:
     value = f"v{time.monotonic_ns()}"
     keys = (key, f"{{{key}}}:fence")
-    replies = await quorum_of(
+    replies, acquired = await quorum_of(
         [call(shas[0], keys, (value, str(TTL_MS))) for call in client.calls], bg
     )
     if sum(1 for r in replies if isinstance(r, int) and r > 0) < QUORUM:
         bg.errors += 1
-    await quorum_of([call(shas[1], (key,), (value,)) for call in client.calls], bg)
+    # On each master the release goes after that master answered the acquire: a client
+    # whose calls to one master can travel on different connections (a pool) could
+    # otherwise have the release overtake the acquire and leave the key behind.
+    releases: list[Awaitable[Any]] = []
+    for call, first in zip(client.calls, acquired, strict=True):
+        release = functools.partial(call, shas[1], (key,), (value,))
+        releases.append(release() if first.done() else _after(first, release))
+    await quorum_of(releases, bg)
 
 
 # --- the measures ------------------------------------------------------------------------
