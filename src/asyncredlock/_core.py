@@ -248,6 +248,8 @@ class Core:
             max_wait=max(settings.node_timeout, settings.socket_timeout),
             node_timeout=settings.node_timeout,
         )
+        # release, force release: every master waited for, up to the longest wait
+        self.patient = Timing(give_up_silent=False, max_wait=self.timing.max_wait)
         self.waker = Waker(self.nodes, settings.node_timeout, self.quorum)
         self.gates = Gates(self.clock)
 
@@ -284,7 +286,12 @@ class Core:
         (release, extension: calls that must not be given up lightly), every
         master is waited for up to ``wait``.
         """
-        timing = self.timing if wait is None else Timing(give_up_silent=False, max_wait=wait)
+        if wait is None:
+            timing = self.timing
+        elif wait == self.patient.max_wait:
+            timing = self.patient
+        else:
+            timing = Timing(give_up_silent=False, max_wait=wait)
         return await rnd.decide(self.quorum, classify, timing)
 
     def acquire_round(

@@ -97,7 +97,10 @@ class Lease:
         # automatic extension: a timer until one is due, a task only while it runs
         self._timer: asyncio.TimerHandle | None = None
         self._extender: asyncio.Task[None] | None = None
-        self._ended = asyncio.Event()
+        # set once the lease is known released or lost; the Event is made only when
+        # someone waits on it (wait_lost)
+        self._announced = False
+        self._ended: asyncio.Event | None = None
         # the tokens of the acquisition this lease descends from, and how many times
         # it was passed on since (see `_hand_off`)
         self._first_tokens = tokens if first_tokens is None else first_tokens
@@ -142,6 +145,10 @@ class Lease:
         Returns:
             ``True`` if the lease was lost, ``False`` if it was released.
         """
+        if self._ended is None:
+            self._ended = asyncio.Event()
+            if self._announced:
+                self._ended.set()
         await self._ended.wait()
         return self._state is _State.LOST
 
@@ -278,7 +285,7 @@ class Lease:
                 self._loss = decision
             return decision
         finally:
-            self._ended.set()
+            self._announce()
             self._leave_gate()
 
     def _send_release(self) -> Round:
@@ -395,10 +402,16 @@ class Lease:
             self._send_release()
         self._leave_gate()
 
+    def _announce(self) -> None:
+        """The lease's end is known: wake `wait_lost`."""
+        self._announced = True
+        if self._ended is not None:
+            self._ended.set()
+
     def _finish(self, state: _State, *, announce: bool = True) -> None:
         self._state = state
         if announce:
-            self._ended.set()
+            self._announce()
         self._core.held.discard(self)
         timer, self._timer = self._timer, None
         if timer is not None:

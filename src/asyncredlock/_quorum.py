@@ -314,24 +314,22 @@ class _Waiter:
         self.check()
 
     def decision(self) -> Decision:
-        """The counts now; the per-master accounts are worked out when read."""
-        yes, no, failed = self.yes, self.no, self.failed
-        names = [node.name for node in self.rnd.nodes]
-        replies, given_up, classify = list(self.replies), dict(self.given_up), self.classify
+        """The counts now; the per-master accounts are worked out when read (from
+        this waiter, which `stop` has frozen)."""
+        yes, no, failed, n = self.yes, self.no, self.failed, len(self.replies)
+        return Decision(yes, no, failed, self.describe, n - yes - no - failed, masters=n)
 
-        def describe() -> tuple[NodeOutcome, ...]:
-            outcomes = []
-            for i, (name, reply) in enumerate(zip(names, replies, strict=True)):
-                if reply is not None:
-                    verdict, detail = classify(reply)
-                    outcomes.append(NodeOutcome(name, verdict is Verdict.YES, detail))
-                else:
-                    detail = given_up.get(i, "not answered yet (the round was decided without it)")
-                    outcomes.append(NodeOutcome(name, False, detail))
-            return tuple(outcomes)
-
-        pending = len(replies) - yes - no - failed
-        return Decision(yes, no, failed, describe, pending, masters=len(replies))
+    def describe(self) -> tuple[NodeOutcome, ...]:
+        """What each master answered, in the masters' order."""
+        outcomes = []
+        for i, (node, reply) in enumerate(zip(self.rnd.nodes, self.replies, strict=True)):
+            if reply is not None:
+                verdict, detail = self.classify(reply)
+                outcomes.append(NodeOutcome(node.name, verdict is Verdict.YES, detail))
+            else:
+                detail = self.given_up.get(i, "not answered yet (the round was decided without it)")
+                outcomes.append(NodeOutcome(node.name, False, detail))
+        return tuple(outcomes)
 
 
 def describe_error(reply: Reply) -> str:

@@ -202,6 +202,10 @@ class _Connection(Stream):
         if sock is None or self.lost:
             return False
         try:
+            if hasattr(select, "poll"):  # no limit on descriptor numbers, unlike select()
+                poller = select.poll()
+                poller.register(sock.fileno(), select.POLLIN)
+                return bool(poller.poll(0))
             readable, _, _ = select.select([sock.fileno()], [], [], 0)
         except (OSError, ValueError):
             return False

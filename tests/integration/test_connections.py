@@ -1,0 +1,135 @@
+"""The connections asyncredlock opens: every form a user gives keeps working, and a
+master that went silent is readmitted once it answers again."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, QuorumUnavailableError
+from asyncredlock.testing import FaultProxy, ServerGroup, ServerProcess
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+PASSWORD = "s3cret-pw"
+
+
+class Guarded(NamedTuple):
+    server: ServerProcess
+    socket: str
+
+
+@pytest.fixture
+def guarded() -> Iterator[Guarded]:
+    """A server listening on a unix socket too (in a short directory: socket paths are
+    limited to about 100 bytes). Its password and ACL user are set after start, since
+    the readiness check sends no AUTH."""
+    directory = tempfile.mkdtemp(prefix="arl-")
+    socket = f"{directory}/s.sock"
+    try:
+        with ServerProcess(
+            extra_args=("--unixsocket", socket, "--unixsocketperm", "700")
+        ) as server:
+            yield Guarded(server, socket)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _protect(server: ServerProcess) -> None:
+    async with Redis(host=server.host, port=server.port) as direct:
+        await direct.execute_command(
+            "ACL", "SETUSER", "locker", "on", f">{PASSWORD}", "~*", "&*", "+@all"
+        )
+        await direct.config_set("requirepass", PASSWORD)
+
+
+async def _cycle(redlock: AsyncRedlock, name: str) -> None:
+    lease = await redlock.lock(name, timeout=0).acquire()
+    await lease.release()
+
+
+class TestConnectionForms:
+    async def test_password_acl_user_database_and_unix_socket(self, guarded: Guarded) -> None:
+        await _protect(guarded.server)
+        server = guarded.server
+        forms = {
+            "password": f"redis://:{PASSWORD}@{server.host}:{server.port}",
+            "acl user, db 2": f"redis://locker:{PASSWORD}@{server.host}:{server.port}/2",
+            "unix socket": f"unix://{guarded.socket}?password={PASSWORD}",
+        }
+        with anyio.fail_after(HANG_GUARD):
+            for form, url in forms.items():
+                async with AsyncRedlock([url]) as redlock:
+                    lease = await redlock.lock(f"form:{form}", timeout=0).acquire()
+                    if form == "acl user, db 2":
+                        async with Redis(
+                            host=server.host, port=server.port, password=PASSWORD, db=2
+                        ) as db2:
+                            assert await db2.get(f"form:{form}") == lease.value.encode()
+                    await lease.release()
+                    assert redlock.statistics().acquisitions == 1, form
+
+    async def test_a_ready_client_lends_its_settings_not_its_pool(self, guarded: Guarded) -> None:
+        await _protect(guarded.server)
+        server = guarded.server
+        client = Redis(host=server.host, port=server.port, password=PASSWORD)
+        pool = client.connection_pool
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock([client]) as redlock:
+                await _cycle(redlock, "ready-client")
+            # asyncredlock opened its own connection with the client's settings; the
+            # client's pool made none, and is still usable after aclose()
+            assert len(pool._available_connections) + len(pool._in_use_connections) == 0
+            assert await client.ping() is True
+        await client.aclose()
+
+    async def test_a_wrong_password_is_an_outage_with_the_reason(self, guarded: Guarded) -> None:
+        await _protect(guarded.server)
+        server = guarded.server
+        url = f"redis://:wrong@{server.host}:{server.port}"
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock([url]) as redlock:
+                with pytest.raises(QuorumUnavailableError) as caught:
+                    await redlock.lock("wrong-password", timeout=0).acquire()
+        (outcome,) = caught.value.outcomes
+        assert "AuthenticationError" in outcome.detail or "WRONGPASS" in outcome.detail
+
+
+class TestSilentMaster:
+    async def test_a_silent_master_is_readmitted_once_it_answers(
+        self, servers: ServerGroup
+    ) -> None:
+        async with FaultProxy("127.0.0.1", servers[4].port) as proxy:
+            urls = [*servers.urls[:4], proxy.url]
+            async with AsyncRedlock(urls, socket_timeout=0.5) as redlock:
+                hung = redlock._core.nodes[4]
+                assert hung.link is not None
+                with anyio.fail_after(HANG_GUARD):
+                    await _cycle(redlock, "silent:warm")
+                    assert hung.link.connections == 1
+                    proxy.blackhole = True
+                    i = 0
+                    while not hung.silent:  # each cycle is real work
+                        await _cycle(redlock, f"silent:{i}")
+                        i += 1
+                    sent = hung.in_flight
+                    await _cycle(redlock, "silent:skipped")
+                    assert hung.in_flight <= sent  # skipped, not sent to
+                    proxy.blackhole = False
+                    # its calls fail at socket_timeout; the next acquisition reconnects
+                    j = 0
+                    while hung.link.connections < 2 or hung.silent:
+                        await _cycle(redlock, f"silent:back:{j}")
+                        j += 1
+                    await _cycle(redlock, "silent:readmitted")
+                    await redlock.settle()
+                assert not hung.silent
+                assert hung.in_flight == 0
+                assert redlock.statistics().unavailable == 0
