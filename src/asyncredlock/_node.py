@@ -99,6 +99,19 @@ class Node:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def listen(
+        self, future: asyncio.Future[Reply], hook: Callable[[int, Reply], None], index: int
+    ) -> bool:
+        """Have ``hook(index, reply)`` called as soon as the reply of ``future`` (a
+        call made here) is read. ``False`` when that cannot be done (the future is
+        done, already hooked, or a cluster client's task): use a done callback."""
+        return self.link is not None and self.link.listen(future, hook, index)
+
+    def unlisten(self, future: asyncio.Future[Reply]) -> None:
+        """Undo `listen`."""
+        if self.link is not None:
+            self.link.unlisten(future)
+
     async def wait_idle(self) -> None:
         """Wait until no call is out here."""
         if self.link is not None:

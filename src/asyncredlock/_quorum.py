@@ -244,13 +244,14 @@ class _Waiter:
         self.timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
-        for task in self.rnd.tasks:
+        nodes = self.rnd.nodes
+        for i, task in enumerate(self.rnd.tasks):
             if task.done():
-                self.arrived(task)
-            else:
-                task.add_done_callback(self.arrived)
+                self.arrived(i, task.result())
+            elif not nodes[i].listen(task, self.arrived, i):
+                task.add_done_callback(self.done)
         if self.timing.give_up_silent:
-            for node in self.rnd.nodes:
+            for node in nodes:
                 node.watch(self.on_silent)
             self.on_silent()
         self.check()
@@ -262,21 +263,28 @@ class _Waiter:
     def stop(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        for task in self.rnd.tasks:
-            task.remove_done_callback(self.arrived)
+        nodes = self.rnd.nodes
+        for i, task in enumerate(self.rnd.tasks):
+            if self.replies[i] is None:
+                nodes[i].unlisten(task)
+                task.remove_done_callback(self.done)
         if self.timing.give_up_silent:
-            for node in self.rnd.nodes:
+            for node in nodes:
                 node.unwatch(self.on_silent)
 
-    def arrived(self, task: asyncio.Future[Reply]) -> None:
-        """Count one reply (once; a call given up on counts by its reply now)."""
-        i = self.rnd.tasks.index(task)
+    def done(self, task: asyncio.Future[Reply]) -> None:
+        """A call not hooked (see `Node.listen`) is done."""
+        self.arrived(self.rnd.tasks.index(task), task.result())
+
+    def arrived(self, i: int, reply: Reply) -> None:
+        """Count the reply of call ``i`` (once; a call given up on counts by its
+        reply now)."""
         if self.replies[i] is not None:
             return
-        reply = self.replies[i] = task.result()
+        self.replies[i] = reply
         if self.given_up.pop(i, None) is not None:
             self.failed -= 1
-        verdict = self.classify(reply)[0]
+        verdict = _judge(self.classify, reply)[0]
         if verdict is Verdict.YES:
             self.yes += 1
         elif verdict is Verdict.NO:
@@ -324,12 +332,20 @@ class _Waiter:
         outcomes = []
         for i, (node, reply) in enumerate(zip(self.rnd.nodes, self.replies, strict=True)):
             if reply is not None:
-                verdict, detail = self.classify(reply)
+                verdict, detail = _judge(self.classify, reply)
                 outcomes.append(NodeOutcome(node.name, verdict is Verdict.YES, detail))
             else:
                 detail = self.given_up.get(i, "not answered yet (the round was decided without it)")
                 outcomes.append(NodeOutcome(node.name, False, detail))
         return tuple(outcomes)
+
+
+def _judge(classify: Classify, reply: Reply) -> tuple[Verdict, str]:
+    """``classify(reply)``; a reply it cannot read counts as a failure."""
+    try:
+        return classify(reply)
+    except Exception as exc:
+        return Verdict.FAILED, f"unexpected reply {reply.value!r} ({type(exc).__name__}: {exc})"
 
 
 def describe_error(reply: Reply) -> str:

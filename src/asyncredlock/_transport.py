@@ -70,6 +70,9 @@ class Stream(asyncio.Protocol):
 #: returns, ``protocol.connection_made`` has been called.
 Opener = Callable[[Stream], Awaitable[None]]
 
+#: Called with (index, reply) when a reply is read; see `Link.listen`.
+Hook = Callable[[int, "Reply"], None]
+
 
 class RedisPyOpener:
     """Opens connections with a redis-py connection class and its settings.
@@ -266,6 +269,10 @@ class Link:
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_due = 0.0
         self._idle: asyncio.Future[None] | None = None
+        # every unresolved call's future -> its hook and index, if any: called at
+        # once with the reply, in the callback that read it (no loop iteration, no
+        # handle per reply); only futures made here can have one
+        self._hooks: dict[asyncio.Future[Reply], tuple[Hook, int] | None] = {}
 
     def __repr__(self) -> str:
         return f"<Link {self.name} outstanding={self.outstanding} silent={self.silent}>"
@@ -286,6 +293,7 @@ class Link:
         if self.closed:
             future.set_result(Reply(error=ClosedError("this AsyncRedlock is closed")))
             return future
+        self._hooks[future] = None
         if self.outstanding == 0:
             self._quiet_since = time.monotonic()
             self._arm(self.node_timeout)
@@ -299,11 +307,34 @@ class Link:
                 self._connecting = loop.create_task(self._connect())
         return future
 
+    def listen(self, future: asyncio.Future[Reply], hook: Hook, index: int) -> bool:
+        """Have ``hook(index, reply)`` called the moment ``future``'s reply is read,
+        before the future's own callbacks run. One hook per future, and only on a
+        future this link made and has not resolved: ``False`` otherwise (the caller
+        falls back to a done callback)."""
+        if self._hooks.get(future, True) is not None:  # not ours, resolved or hooked
+            return False
+        self._hooks[future] = (hook, index)
+        return True
+
+    def unlisten(self, future: asyncio.Future[Reply]) -> None:
+        """Forget ``future``'s hook, if any."""
+        if future in self._hooks:
+            self._hooks[future] = None
+
     def resolve(self, future: asyncio.Future[Reply], reply: Reply) -> None:
         """Deliver a reply (or a failure) to one caller."""
         self.outstanding -= 1
+        hooked = self._hooks.pop(future, None)
         if not future.done():  # a caller never cancels it; closing may have failed it
             future.set_result(reply)
+            if hooked is not None:
+                try:
+                    hooked[0](hooked[1], reply)
+                except Exception as exc:  # never let it stop the reading of replies
+                    asyncio.get_running_loop().call_exception_handler(
+                        {"message": f"reply hook failed on {self.name}", "exception": exc}
+                    )
         if self.outstanding == 0:
             self._quiet_since = math.inf
             idle, self._idle = self._idle, None

@@ -70,6 +70,12 @@ class FakeNode:
         self.commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
         return self.reply(len(self.commands) - 1)
 
+    def listen(self, future: asyncio.Future[Reply], hook: Any, index: int) -> bool:
+        return False  # the replies are futures the test resolves: done callbacks
+
+    def unlisten(self, future: asyncio.Future[Reply]) -> None:
+        pass
+
     def watch(self, watcher: Callable[[], None]) -> None:
         self.watchers.add(watcher)
 

@@ -1,0 +1,91 @@
+"""A master's connection (`Link`) delivers a reply to a hook the moment it is read,
+only for calls it made, and goes on reading when a hook fails."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock
+from asyncredlock._node import Reply
+from asyncredlock._transport import Link
+from asyncredlock.testing import ServerGroup
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+
+def _link(redlock: AsyncRedlock) -> Link:
+    link = redlock._core.nodes[0].link
+    assert link is not None
+    return link
+
+
+class TestReplyHooks:
+    async def test_the_hook_sees_the_reply_before_the_futures_callbacks(
+        self, servers: ServerGroup
+    ) -> None:
+        seen: list[tuple[str, Any]] = []
+        async with AsyncRedlock(servers.urls) as redlock:
+            link = _link(redlock)
+            future = link.call(("PING",))
+            future.add_done_callback(lambda f: seen.append(("callback", f.result().value)))
+            assert link.listen(future, lambda i, reply: seen.append((f"hook {i}", reply.value)), 7)
+            with anyio.fail_after(HANG_GUARD):
+                await future
+            assert seen == [("hook 7", b"PONG"), ("callback", b"PONG")]
+
+    async def test_only_an_unresolved_call_made_here_takes_a_hook(
+        self, servers: ServerGroup
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            link = _link(redlock)
+            foreign: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+            assert not link.listen(foreign, lambda i, reply: None, 0)
+            foreign.cancel()
+            future = link.call(("PING",))
+            assert link.listen(future, lambda i, reply: None, 0)
+            assert not link.listen(future, lambda i, reply: None, 1)  # one hook per call
+            with anyio.fail_after(HANG_GUARD):
+                await future
+            assert not link.listen(future, lambda i, reply: None, 0)  # resolved
+
+    async def test_an_unlistened_hook_is_not_called(self, servers: ServerGroup) -> None:
+        called: list[int] = []
+        async with AsyncRedlock(servers.urls) as redlock:
+            link = _link(redlock)
+            future = link.call(("PING",))
+            assert link.listen(future, lambda i, reply: called.append(i), 0)
+            link.unlisten(future)
+            with anyio.fail_after(HANG_GUARD):
+                assert (await future).value == b"PONG"
+            assert called == []
+
+    async def test_a_failing_hook_is_reported_and_the_replies_go_on(
+        self, servers: ServerGroup
+    ) -> None:
+        reported: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+        loop.set_exception_handler(lambda loop, context: reported.append(context))
+        try:
+            async with AsyncRedlock(servers.urls) as redlock:
+                link = _link(redlock)
+
+                def broken(i: int, reply: Reply) -> None:
+                    raise RuntimeError("hook broke")
+
+                first = link.call(("PING",))
+                second = link.call(("ECHO", "after"))
+                assert link.listen(first, broken, 0)
+                with anyio.fail_after(HANG_GUARD):
+                    assert (await first).value == b"PONG"
+                    assert (await second).value == b"after"
+                assert link.outstanding == 0
+        finally:
+            loop.set_exception_handler(previous)
+        assert [str(context["exception"]) for context in reported] == ["hook broke"]
