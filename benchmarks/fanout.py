@@ -544,6 +544,76 @@ async def measure_rtt(proxies: ProxyHost, pings: int) -> dict[str, Any]:
     return summarize(times)
 
 
+class _Pinger(asyncio.Protocol):
+    """A bare connection that counts ``+PONG`` replies: the least a client can do."""
+
+    def __init__(self, on_reply: Callable[[], None]) -> None:
+        self.on_reply = on_reply
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        for _ in range(data.count(b"\r\n")):
+            self.on_reply()
+
+
+class _QuorumPing:
+    """One round: resolves ``quorum_in`` at the ``quorum``-th reply, ``all_in`` at
+    the last."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, quorum: int, n: int) -> None:
+        self.quorum, self.n, self.count = quorum, n, 0
+        self.quorum_in: asyncio.Future[None] = loop.create_future()
+        self.all_in: asyncio.Future[None] = loop.create_future()
+
+    def reply(self) -> None:
+        self.count += 1
+        if self.count == self.quorum:
+            self.quorum_in.set_result(None)
+        if self.count == self.n:
+            self.all_in.set_result(None)
+
+
+async def measure_quorum_round(urls: Sequence[str], quorum: int, pings: int) -> dict[str, Any]:
+    """One PING to each of ``urls`` at once, timed until ``quorum`` replies are in:
+    a quorum round trip with no client work in it, the floor of one Redlock round on
+    this machine (the proxy process forwards the N requests one after another).
+    Each round waits for every reply before the next starts."""
+    loop = asyncio.get_running_loop()
+    rounds: list[_QuorumPing] = []
+
+    def on_reply() -> None:
+        rounds[-1].reply()
+
+    conns = []
+    try:
+        for url in urls:
+            parts = urlsplit(url)
+            _, protocol = await loop.create_connection(
+                lambda: _Pinger(on_reply), parts.hostname, parts.port
+            )
+            conns.append(protocol)
+        times = []
+        for i in range(pings + 3):  # the first 3 warm up
+            rounds[:] = [_QuorumPing(loop, quorum, len(conns))]
+            t0 = time.perf_counter()
+            for conn in conns:
+                assert conn.transport is not None
+                conn.transport.write(b"PING\r\n")
+            await rounds[0].quorum_in
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+            await rounds[0].all_in
+    finally:
+        for conn in conns:
+            if conn.transport is not None:
+                conn.transport.close()
+    return summarize(times)
+
+
 async def run_all(
     servers: Sequence[str], proxies: ProxyHost, plan: Plan
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -87,7 +87,7 @@ from _common import (
     write_json,
     write_text,
 )
-from fanout import measure_rtt
+from fanout import measure_quorum_round, measure_rtt
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock
@@ -1292,7 +1292,11 @@ class Runner:
         """Set the proxies' delay; measure it once per RTT."""
         self.proxies.set_delay(rtt_ms / 2 / 1000)
         if f"{rtt_ms:g}" not in self.rtts:
-            self.rtts[f"{rtt_ms:g}"] = await measure_rtt(self.proxies, self.plan.pings)
+            measured = await measure_rtt(self.proxies, self.plan.pings)
+            measured["quorum_round"] = await measure_quorum_round(
+                self.proxies.urls(SERVERS), SERVERS // 2 + 1, self.plan.pings
+            )
+            self.rtts[f"{rtt_ms:g}"] = measured
 
     def skipped(self, scenario: Scenario, case: Case) -> dict[str, dict[str, Any]]:
         """The records of the libraries that do not run in ``case``."""
@@ -1603,7 +1607,16 @@ def library_table(report: dict[str, Any]) -> str:
 def notes(report: dict[str, Any]) -> str:
     """What was measured and how, under the tables."""
     s, env = report["settings"], report["environment"]
-    rtt = ", ".join(f"{k} ms → {v['p50_ms']:.2f} ms" for k, v in report["measured_rtt"].items())
+    rtt = ", ".join(
+        f"{k} ms → {v['p50_ms']:.2f} ms"
+        + (
+            f" (a quorum round, a bare PING to all {SERVERS} proxies until "
+            f"{SERVERS // 2 + 1} replies: {v['quorum_round']['p50_ms']:.2f} ms)"
+            if "quorum_round" in v
+            else ""
+        )
+        for k, v in report["measured_rtt"].items()
+    )
     return (
         f"- Every lock has a TTL of {s['ttl_s']:g} s; an acquire that waits for a holder "
         f"waits up to {s['wait_s']:g} s where the library takes a bound. The JSON has "
@@ -1782,13 +1795,24 @@ def latency_targets(
     target = f"a. N={SERVERS}, RTT 2 ms: p50 ≤ {LATENCY_FLOOR:g}x two round trips"
     args = (target, f"N={SERVERS}, RTT 2 ms", "<=", LATENCY_FLOOR, "x")
     ours = None if case is None else ok_result(case, OURS)
-    rtt = rtts.get("2", {}).get("p50_ms")
+    measured = rtts.get("2", {})
+    rtt = measured.get("p50_ms")
+    quorum_rtt = measured.get("quorum_round", {}).get("p50_ms")
     if ours is None or not rtt:
         rows.append(check(*args, None, "not in the results"))
-    else:
+    elif not quorum_rtt:  # results from before the quorum round was measured
         mine = value("a", ours) or 0.0
         floor = 2 * float(rtt)
         text = f"{number(mine)} ms vs 2 x {number(float(rtt))} ms (PING p50 through a proxy)"
+        rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
+    else:
+        mine = value("a", ours) or 0.0
+        floor = 2 * float(quorum_rtt)
+        text = (
+            f"{number(mine)} ms vs 2 x {number(float(quorum_rtt))} ms (a bare PING to the "
+            f"{SERVERS} proxies at once, until {SERVERS // 2 + 1} replies: one quorum round); "
+            f"{times(mine / (2 * float(rtt)))} two single-proxy PINGs"
+        )
         rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
     return rows
 
