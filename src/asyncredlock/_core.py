@@ -240,6 +240,9 @@ class Core:
         self.settings = settings
         self.quorum = len(self.nodes) // 2 + 1
         self.tracker = TaskTracker()
+        # the last release built by _delete: its keys, value, marker TTL, shared,
+        # then the script, its keys and its arguments
+        self._last_delete: tuple[Any, ...] = (None, None, None, None, None, None, None)
         self.counters = Counters()
         self.held: set[Lease] = set()
         self.closed = False
@@ -429,12 +432,21 @@ class Core:
     def _delete(
         self, node: Node, keys: Sequence[str], value: str, marker_ttl: int, shared: bool
     ) -> asyncio.Future[Reply]:
+        last = self._last_delete
+        if last[0] is keys and last[1] is value and last[2] == marker_ttl and last[3] == shared:
+            # the same release to the next master of the round: built once
+            return node.call(last[4], last[5], last[6])
+        script_keys: tuple[str, ...]
         if shared:
             (key,) = keys
-            read_keys = (readers_key(key), undo_key(key, value))
-            return node.call(RELEASE_READ, read_keys, (value, marker_ttl, channel(key)))
-        script_keys = [each for key in keys for each in (key, undo_key(key, value))]
-        return node.call(RELEASE, script_keys, (value, marker_ttl, *(channel(key) for key in keys)))
+            script, script_keys = RELEASE_READ, (readers_key(key), undo_key(key, value))
+            args: tuple[Any, ...] = (value, marker_ttl, channel(key))
+        else:
+            script = RELEASE
+            script_keys = tuple(each for key in keys for each in (key, undo_key(key, value)))
+            args = (value, marker_ttl, *(channel(key) for key in keys))
+        self._last_delete = (keys, value, marker_ttl, shared, script, script_keys, args)
+        return node.call(script, script_keys, args)
 
     def undo(
         self,

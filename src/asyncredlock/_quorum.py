@@ -17,7 +17,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ._errors import NodeOutcome
@@ -219,6 +219,64 @@ class Round:
         return waiter.decision()
 
 
+class _Waiting:
+    """The rounds waiting under one `Timing`, each for at most ``max_wait``.
+
+    They all wait the same time, so their deadlines come in the order they
+    started: one timer, armed for the oldest, serves them all. Acquisition
+    rounds hear of a master turning silent through one watcher per master for
+    all of them. A round decided in time only enters and leaves a dict: no timer
+    handle made and cancelled, no watcher added and removed per round.
+    """
+
+    __slots__ = ("_loop", "_timer", "_watched", "max_wait", "waiting")
+
+    def __init__(self, max_wait: float) -> None:
+        self.max_wait = max_wait
+        self.waiting: dict[_Waiter, float] = {}  # insertion order is deadline order
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched: Sequence[Node] = ()
+
+    def add(self, waiter: _Waiter, loop: asyncio.AbstractEventLoop) -> None:
+        due = loop.time() + self.max_wait
+        self.waiting[waiter] = due
+        if self._timer is None or self._loop is not loop:
+            self._loop, self._timer = loop, loop.call_at(due, self._fire)
+        nodes = waiter.rnd.nodes
+        if waiter.timing.give_up_silent and nodes is not self._watched:
+            for node in nodes:  # once per set of masters (an AsyncRedlock's): kept
+                node.watch(self._silent)
+            self._watched = nodes
+
+    def discard(self, waiter: _Waiter) -> None:
+        self.waiting.pop(waiter, None)
+
+    def _silent(self) -> None:
+        for waiter in list(self.waiting):
+            waiter.on_silent()
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time() + _EARLY
+        expired = []
+        for waiter, due in self.waiting.items():
+            if due > now:
+                self._timer = loop.call_at(due, self._fire)
+                break
+            expired.append(waiter)
+        for waiter in expired:
+            del self.waiting[waiter]
+            waiter.out_of_time()
+
+
+# The loop runs a timer up to its clock's resolution early; a round's wait is
+# up to this much shorter than ``max_wait``, never longer.
+_EARLY = 0.001
+
+
 @dataclass(frozen=True, slots=True)
 class Timing:
     """How long a round waits: whether it gives up on a master reported silent
@@ -227,6 +285,10 @@ class Timing:
     give_up_silent: bool
     max_wait: float
     node_timeout: float = 0.1
+    rounds: _Waiting = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rounds", _Waiting(self.max_wait))
 
 
 class _Waiter:
@@ -241,7 +303,6 @@ class _Waiter:
         self.replies: list[Reply | None] = [None] * len(rnd.tasks)
         self.yes = self.no = self.failed = 0
         self.decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         nodes = self.rnd.nodes
@@ -251,26 +312,19 @@ class _Waiter:
             elif not nodes[i].listen(task, self.arrived, i):
                 task.add_done_callback(self.done)
         if self.timing.give_up_silent:
-            for node in nodes:
-                node.watch(self.on_silent)
             self.on_silent()
         self.check()
         if not self.decided.done():
-            loop = asyncio.get_running_loop()
-            self.timer = loop.call_later(self.timing.max_wait, self.out_of_time)
+            self.timing.rounds.add(self, self.decided.get_loop())
             await self.decided
 
     def stop(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        self.timing.rounds.discard(self)
         nodes = self.rnd.nodes
         for i, task in enumerate(self.rnd.tasks):
             if self.replies[i] is None:
                 nodes[i].unlisten(task)
                 task.remove_done_callback(self.done)
-        if self.timing.give_up_silent:
-            for node in nodes:
-                node.unwatch(self.on_silent)
 
     def done(self, task: asyncio.Future[Reply]) -> None:
         """A call not hooked (see `Node.listen`) is done."""
@@ -316,7 +370,6 @@ class _Waiter:
 
     def out_of_time(self) -> None:
         """Give up on every call still out."""
-        self.timer = None
         for i in range(len(self.replies)):
             self.give_up(i, f"no reply within {self.timing.max_wait:g} s")
         self.check()

@@ -243,7 +243,7 @@ class TestRound:
         with pytest.raises(asyncio.CancelledError):
             await decide
         assert not any(task.done() for task in rnd.tasks[1:])
-        assert all(not fake.watchers for fake in masters.fakes)  # the waiter let go
+        assert not any(waiter.rnd is rnd for waiter in PATIENT.rounds.waiting)  # it let go
         for i in range(1, 5):
             await answer(rnd, masters, i, GRANTED)
         assert [task.result() for task in rnd.tasks] == [Reply(GRANTED)] * 5
@@ -261,7 +261,9 @@ class TestRound:
             decision = await decide
         assert (decision.yes, decision.no, decision.failed, decision.pending) == (1, 0, 2, 0)
         assert details(decision.outcomes)[1:] == ["master silent for over 0.1 s"] * 2
-        assert all(not fake.watchers for fake in masters.fakes)
+        # one watcher per master serves every acquisition round; this one left it
+        assert all(len(fake.watchers) == 1 for fake in masters.fakes)
+        assert not any(waiter.rnd is rnd for waiter in ACQUIRING.rounds.waiting)
 
     async def test_release_and_extension_wait_for_a_silent_master(self) -> None:
         masters = FakeMasters(3)
@@ -287,6 +289,28 @@ class TestRound:
             decision = await decide
         assert (decision.yes, decision.failed) == (1, 2)
         assert details(decision.outcomes)[1:] == ["no reply within 0.05 s"] * 2
+
+    async def test_rounds_sharing_a_timing_each_get_their_own_max_wait(self) -> None:
+        """One timer serves every round of a `Timing`: a round decided early leaves
+        the others' deadlines as they were, and one that started later is not cut
+        short when an earlier one runs out of time."""
+        timing = Timing(give_up_silent=False, max_wait=0.2)
+        first, second, third = FakeMasters(3), FakeMasters(3), FakeMasters(3)
+        rnds = [first.round(), second.round()]
+        decides = [start_decide(rnd, 2, classify=classify_flag, timing=timing) for rnd in rnds]
+        await asyncio.sleep(0)
+        for i in range(2):
+            await answer(rnds[0], first, i, 1)  # decided long before its deadline
+        await asyncio.sleep(0.1)  # not synchronisation: the third round starts later
+        later = third.round()
+        decides.append(start_decide(later, 2, classify=classify_flag, timing=timing))
+        with anyio.fail_after(HANG_GUARD):
+            assert (await decides[0]).yes == 2
+            assert (await decides[1]).failed == 3
+            assert not decides[2].done()  # still within its own max_wait
+            assert list(timing.rounds.waiting) != []
+            assert (await decides[2]).failed == 3
+        assert timing.rounds.waiting == {}
 
     async def test_a_silent_master_gets_no_acquisition_call_until_it_answers(self) -> None:
         masters = FakeMasters(3)
