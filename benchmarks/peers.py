@@ -1800,20 +1800,19 @@ def latency_targets(
     quorum_rtt = measured.get("quorum_round", {}).get("p50_ms")
     if ours is None or not rtt:
         rows.append(check(*args, None, "not in the results"))
-    elif not quorum_rtt:  # results from before the quorum round was measured
-        mine = value("a", ours) or 0.0
+        return rows
+    mine = value("a", ours) or 0.0
+    if not quorum_rtt:  # results from before the quorum round was measured
         floor = 2 * float(rtt)
         text = f"{number(mine)} ms vs 2 x {number(float(rtt))} ms (PING p50 through a proxy)"
-        rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
     else:
-        mine = value("a", ours) or 0.0
         floor = 2 * float(quorum_rtt)
         text = (
             f"{number(mine)} ms vs 2 x {number(float(quorum_rtt))} ms (a bare PING to the "
             f"{SERVERS} proxies at once, until {SERVERS // 2 + 1} replies: one quorum round); "
             f"{times(mine / (2 * float(rtt)))} two single-proxy PINGs"
         )
-        rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
+    rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
     return rows
 
 

@@ -79,11 +79,6 @@ class Node:
         if self.link is not None:
             self.link.watchers.add(watcher)
 
-    def unwatch(self, watcher: Callable[[], None]) -> None:
-        """Stop calling ``watcher``."""
-        if self.link is not None:
-            self.link.watchers.discard(watcher)
-
     def call(
         self, script: Script, keys: Sequence[str], args: Sequence[Any]
     ) -> asyncio.Future[Reply]:
@@ -104,7 +99,8 @@ class Node:
     ) -> bool:
         """Have ``hook(index, reply)`` called as soon as the reply of ``future`` (a
         call made here) is read. ``False`` when that cannot be done (the future is
-        done, already hooked, or a cluster client's task): use a done callback."""
+        done, already hooked, not made by this master's connection, or a cluster
+        client's task): use a done callback."""
         return self.link is not None and self.link.listen(future, hook, index)
 
     def unlisten(self, future: asyncio.Future[Reply]) -> None:

@@ -79,9 +79,6 @@ class FakeNode:
     def watch(self, watcher: Callable[[], None]) -> None:
         self.watchers.add(watcher)
 
-    def unwatch(self, watcher: Callable[[], None]) -> None:
-        self.watchers.discard(watcher)
-
     def turn_silent(self) -> None:
         self.silent = True
         for watcher in list(self.watchers):
@@ -294,14 +291,16 @@ class TestRound:
         """One timer serves every round of a `Timing`: a round decided early leaves
         the others' deadlines as they were, and one that started later is not cut
         short when an earlier one runs out of time."""
-        timing = Timing(give_up_silent=False, max_wait=0.2)
+        timing = Timing(give_up_silent=False, max_wait=0.6)
         first, second, third = FakeMasters(3), FakeMasters(3), FakeMasters(3)
         rnds = [first.round(), second.round()]
         decides = [start_decide(rnd, 2, classify=classify_flag, timing=timing) for rnd in rnds]
         await asyncio.sleep(0)
         for i in range(2):
             await answer(rnds[0], first, i, 1)  # decided long before its deadline
-        await asyncio.sleep(0.1)  # not synchronisation: the third round starts later
+        # not synchronisation: the third round starts 0.3 s later, so that the
+        # second's timer, even late on a busy machine, falls before its deadline
+        await asyncio.sleep(0.3)
         later = third.round()
         decides.append(start_decide(later, 2, classify=classify_flag, timing=timing))
         with anyio.fail_after(HANG_GUARD):
