@@ -5,7 +5,8 @@ Libraries (each only if it imports; otherwise the output says why):
 - **asyncredlock**: ``AsyncRedlock(urls, ttl=10, timeout=10)`` with its defaults
   (auto-extension on, fencing on), ``await redlock.lock(name, ttl=10,
   timeout=10).acquire()`` then ``await lease.release()``; in the latency scenarios
-  (a, b, e) also with ``fencing=False``. Tasks of one ``AsyncRedlock`` that want the
+  (a, b, e) also with ``fencing=False``, in the contention scenario (d) also with
+  ``fair=True``. Tasks of one ``AsyncRedlock`` that want the
   same key queue locally, and a released lease goes straight to the next of them
   (its lease auto-extends) without a call to the masters;
 - **aioredlock**: ``Aioredlock(urls)``, ``lock(name, lock_timeout=10)``, ``unlock(lock)``;
@@ -29,7 +30,11 @@ c. throughput: 200 workers on distinct keys for a fixed time: cycles per second 
    client CPU seconds per 1,000 cycles (``time.process_time()``, threads included);
 d. contention: 10 workers on one key, each holding it 1 ms then trying again at once:
    acquisitions per second, wait p50/p99, how often the releasing worker took the lock
-   again next, and the fraction of the time the lock was held;
+   again next, and the fraction of the time the lock was held. The workers share one
+   client (tasks of one process), or each has its own (as separate processes would),
+   or they are 4 OS processes of 5 tasks each (one client per process), which also
+   count their holds on a separate server (GET then SET, a lost update is a
+   mutual-exclusion violation);
 e. wake-up: one holder, one waiter blocked in acquire; time from the holder's release()
    returning to the waiter's acquire() returning.
 
@@ -64,6 +69,7 @@ import importlib
 import importlib.metadata
 import inspect
 import itertools
+import json
 import logging
 import math
 import random
@@ -107,6 +113,8 @@ FAULTY = SERVERS - 1  # the master blackholed or stopped in scenario b
 THROUGHPUT_WORKERS = 200
 CONTENTION_WORKERS = 10
 CONTENTION_HOLD = 0.001  # seconds each contention worker holds the lock
+PROCESSES = 4  # d: OS processes in the multi-process case…
+PROCESS_TASKS = 5  # …and workers (tasks of one client) in each
 CLOSE_GUARD = 5.0  # seconds a session may take to close before it is abandoned
 # The first cycle of 200 workers at once opens 200 connections per master and loads
 # scripts: seconds of CPU on a small machine, not a hang.
@@ -170,6 +178,9 @@ class Case:
     n: int
     rtt_ms: float = 0.0
     fault: str | None = None  # "blackhole" or "down" (scenario b)
+    # d: "shared" (one client for every worker), "each" (a client per worker) or
+    # "processes" (PROCESSES OS processes, a client each, PROCESS_TASKS workers each)
+    clients: str = "shared"
 
 
 def via_proxy(case: Case) -> bool:
@@ -220,7 +231,16 @@ THROUGHPUT = Scenario(
 CONTENTION = Scenario(
     "d",
     f"Contention, {CONTENTION_WORKERS} workers on one key",
-    (Case("N=5", SERVERS), Case("N=1", 1)),
+    (
+        Case("N=5", SERVERS),
+        Case("N=1", 1),
+        Case(f"N={SERVERS}, a client per worker", SERVERS, clients="each"),
+        Case(
+            f"N={SERVERS}, {PROCESSES} processes x {PROCESS_TASKS} tasks",
+            SERVERS,
+            clients="processes",
+        ),
+    ),
     "acquisitions per second",
     "higher",
 )
@@ -307,19 +327,24 @@ def redis_client_settings(client: Any) -> dict[str, Any]:
 
 
 class AsyncredlockSession:
-    """asyncredlock with its defaults (auto-extension on), fenced (the default) or not."""
+    """asyncredlock with its defaults (auto-extension on), fenced (the default) or not,
+    fair (waiters served in arrival order through the masters' queue) or not."""
 
-    def __init__(self, urls: Sequence[str], mode: Mode, *, fencing: bool) -> None:
+    def __init__(
+        self, urls: Sequence[str], mode: Mode, *, fencing: bool, fair: bool = False
+    ) -> None:
         self._redlock = AsyncRedlock(list(urls), ttl=TTL, timeout=WAIT, fencing=fencing)
         self._fencing = fencing
+        self._fair = fair
 
     def handle(self, key: str) -> Handle:
-        return AsyncredlockHandle(self._redlock, key)
+        return AsyncredlockHandle(self._redlock, key, fair=self._fair)
 
     def settings(self) -> dict[str, Any]:
         constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, fencing=self._fencing)
         constructor.pop("clock", None)
-        lock = self._redlock.lock("peers:settings", ttl=TTL, timeout=WAIT)  # sends nothing
+        # sends nothing
+        lock = self._redlock.lock("peers:settings", ttl=TTL, timeout=WAIT, fair=self._fair)
         return {
             "AsyncRedlock": constructor,
             "lock": {
@@ -327,6 +352,7 @@ class AsyncredlockSession:
                 "timeout": lock.timeout,
                 "auto_extend": lock.auto_extend,
                 "fencing": lock.fencing,
+                "fair": lock.fair,
             },
         }
 
@@ -339,15 +365,15 @@ class AsyncredlockSession:
 
 
 class AsyncredlockHandle:
-    """``redlock.lock(key, ttl=TTL, timeout=WAIT).acquire()`` (auto-extension and
-    fencing as the session's defaults) then ``lease.release()``."""
+    """``redlock.lock(key, ttl=TTL, timeout=WAIT, fair=...).acquire()`` (auto-extension
+    and fencing as the session's defaults) then ``lease.release()``."""
 
-    def __init__(self, redlock: AsyncRedlock, key: str) -> None:
-        self._redlock, self._key = redlock, key
+    def __init__(self, redlock: AsyncRedlock, key: str, *, fair: bool = False) -> None:
+        self._redlock, self._key, self._fair = redlock, key, fair
         self._lease: Any = None
 
     async def acquire(self) -> None:
-        lock = self._redlock.lock(self._key, ttl=TTL, timeout=WAIT)
+        lock = self._redlock.lock(self._key, ttl=TTL, timeout=WAIT, fair=self._fair)
         self._lease = await lock.acquire()
 
     async def release(self) -> None:
@@ -629,6 +655,17 @@ PEERS = (
         functools.partial(AsyncredlockSession, fencing=False),
         frozenset("abe"),
         "plain Redlock, one round, auto-extension on; measured in the latency scenarios",
+    ),
+    Peer(
+        "asyncredlock-fair",
+        "asyncredlock fair=True",
+        ("asyncredlock",),
+        ("asyncredlock",),
+        False,
+        functools.partial(AsyncredlockSession, fencing=True, fair=True),
+        frozenset("d"),
+        "its defaults with fair=True: every task queues on the masters in arrival order "
+        "(no in-process hand-off); measured in the contention scenario",
     ),
     Peer(
         "aioredlock",
@@ -1078,7 +1115,7 @@ async def throughput_case(
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """One acquisition in the contention run (perf_counter seconds)."""
+    """One acquisition in the contention run (``time.monotonic()`` seconds)."""
 
     worker: int
     asked: float  # acquire() called
@@ -1087,36 +1124,60 @@ class Hold:
     released: float  # release() returned
 
 
-async def contention(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
+async def contention_holds(
+    handles: Sequence[Handle],
+    deadline: float,
+    failures: Failures,
+    *,
+    counter: Redis | None = None,
+    first: int = 0,
+) -> list[Hold]:
     """Every handle takes the one key, holds it ``CONTENTION_HOLD``, releases, and asks
-    again at once, until ``duration`` is over; acquisitions that began earlier finish."""
+    again at once, until ``deadline`` (``time.monotonic()``, the same clock in every
+    process of the host); acquisitions that began earlier finish. With ``counter``,
+    each holder also reads the counter and writes it back plus one (a lost update
+    shows two holders at once). Workers are numbered from ``first``."""
     holds: list[Hold] = []
-    failures = Failures()
 
     async def worker(index: int, handle: Handle) -> None:
-        while (asked := time.perf_counter()) < deadline:
+        while (asked := time.monotonic()) < deadline:
             try:
                 await handle.acquire()
             except Exception as exc:
                 failures.add("acquire", exc)
                 continue
-            got = time.perf_counter()
+            got = time.monotonic()
             await asyncio.sleep(CONTENTION_HOLD)
-            releasing = time.perf_counter()
+            if counter is not None:
+                try:
+                    seen = int(await counter.get(COUNTER_KEY) or 0)
+                    await counter.set(COUNTER_KEY, seen + 1)
+                except Exception as exc:
+                    failures.add("counter", exc)
+            releasing = time.monotonic()
             try:
                 await handle.release()
             except Exception as exc:
                 failures.add("release", exc)
-            holds.append(Hold(index, asked, got, releasing, time.perf_counter()))
+            holds.append(Hold(index, asked, got, releasing, time.monotonic()))
 
+    await asyncio.gather(*(worker(first + i, h) for i, h in enumerate(handles)))
+    return holds
+
+
+async def contention(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
+    """Scenario d's run in this process, for ``duration`` seconds."""
+    failures = Failures()
     gc.collect()
-    start = time.perf_counter()
+    start = time.monotonic()
     deadline = start + duration
-    await asyncio.gather(*(worker(i, h) for i, h in enumerate(handles)))
-    return contention_result(holds, start, deadline) | failures.record()
+    holds = await contention_holds(handles, deadline, failures)
+    return contention_result(holds, start, deadline, len(handles)) | failures.record()
 
 
-def contention_result(holds: list[Hold], start: float, end: float) -> dict[str, Any]:
+def contention_result(
+    holds: list[Hold], start: float, end: float, workers: int = CONTENTION_WORKERS
+) -> dict[str, Any]:
     """Rates over the window ``start``-``end``: acquisitions that returned in it."""
     window = end - start
     inside = sorted((h for h in holds if h.got < end), key=lambda h: h.got)
@@ -1125,7 +1186,7 @@ def contention_result(holds: list[Hold], start: float, end: float) -> dict[str, 
     pairs = list(itertools.pairwise(inside))
     return {
         "status": "ok",
-        "workers": CONTENTION_WORKERS,
+        "workers": workers,
         "window_s": round(window, 3),
         "acquisitions": len(inside),
         "acquisitions_per_s": round(len(inside) / window, 1),
@@ -1144,18 +1205,170 @@ def contention_result(holds: list[Hold], start: float, end: float) -> dict[str, 
 async def contention_case(
     case: Case, peer: Peer, info: dict[str, Any], urls: list[str], plan: Plan
 ) -> dict[str, Any]:
-    """Scenario d, one library."""
+    """Scenario d, one library: the workers share one client, or have one each, or
+    are OS processes (`processes_case`)."""
+    if case.clients == "processes":
+        return await processes_case(case, peer, urls, plan)
     mode = Mode("contended", waiting=True, workers=CONTENTION_WORKERS)
     key = f"peers:d:{case.name}:{peer.id}"
+    sessions = 1 if case.clients == "shared" else CONTENTION_WORKERS
     try:
-        async with Run(peer, info, urls, mode) as session:
-            handles = [session.handle(key) for _ in range(CONTENTION_WORKERS)]
-            await bounded(cycle(handles[0], plan.op_guard), 2 * plan.op_guard + 1, "warm-up")
+        async with contextlib.AsyncExitStack() as stack:
+            runs = [
+                await stack.enter_async_context(Run(peer, info, urls, mode))
+                for _ in range(sessions)
+            ]
+            handles = [runs[i % sessions].handle(key) for i in range(CONTENTION_WORKERS)]
+            for handle in handles[:sessions]:  # each client connected, scripts loaded
+                await bounded(cycle(handle, plan.op_guard), 2 * plan.op_guard + 1, "warm-up")
             guard = plan.duration + WAIT + 2 * plan.op_guard + 5
             result = await bounded(contention(handles, plan.duration), guard, "contention run")
-            return result | library_statistics(session)
+            return result | merged_statistics(runs)
     except Exception as exc:
         return failure(exc)
+
+
+def merged_statistics(sessions: Sequence[Session]) -> dict[str, Any]:
+    """The library's counters summed over its clients (where it keeps any)."""
+    totals: dict[str, Any] = {}
+    for session in sessions:
+        for name, count in library_statistics(session).get("library_statistics", {}).items():
+            totals[name] = totals.get(name, 0) + count
+    return {"library_statistics": totals} if totals else {}
+
+
+#: The key of the counter the processes of scenario d count their holds on.
+COUNTER_KEY = "peers:d:counter"
+
+
+async def processes_case(case: Case, peer: Peer, urls: list[str], plan: Plan) -> dict[str, Any]:
+    """Scenario d with ``PROCESSES`` OS processes of ``PROCESS_TASKS`` workers each (one
+    client per process), started together; every hold is also counted on a separate
+    server. A child that fails, or outlasts its guard, fails the case."""
+    key = f"peers:d:{case.name}:{peer.id}"
+    guard = plan.duration + WAIT + 4 * plan.op_guard + 30
+    with ServerGroup(1) as counter_server:
+        counter_url = counter_server.urls[0]
+        spec = {
+            "peer": peer.id,
+            "urls": urls,
+            "key": key,
+            "counter": counter_url,
+            "op_guard": plan.op_guard,
+        }
+        children = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(HERE / "peers.py"),
+                "--child",
+                json.dumps(spec | {"first": i * PROCESS_TASKS}),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            for i in range(PROCESSES)
+        ]
+        try:
+            ran = await guarded(run_children(children, plan.duration), guard, "processes")
+        except Exception as exc:
+            return failure(exc)
+        finally:
+            for child in children:
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+        start, deadline, outputs = ran
+        holds: list[Hold] = []
+        failures = Failures()
+        statistics: dict[str, Any] = {}
+        for child, (out, err) in zip(children, outputs, strict=True):
+            if child.returncode != 0:
+                tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                return outcome("failed", f"a child process exited {child.returncode}: {tail[0]}")
+            record = json.loads(out.strip().splitlines()[-1])
+            if record["status"] != "ok":
+                return record
+            holds.extend(Hold(*each) for each in record["holds"])
+            failures.count += record["failures"]
+            failures.examples.extend(record["failure_examples"][: 3 - len(failures.examples)])
+            for name, count in record.get("library_statistics", {}).items():
+                statistics[name] = statistics.get(name, 0) + count
+        counted = Redis.from_url(counter_url)
+        try:
+            found = int(await counted.get(COUNTER_KEY) or 0)
+        finally:
+            await counted.aclose()
+    result = contention_result(holds, start, deadline, PROCESSES * PROCESS_TASKS)
+    if result["status"] != "ok":
+        return result
+    return (
+        result
+        | {"processes": PROCESSES, "counter": {"holds": len(holds), "counted": found}}
+        | failures.record()
+        | ({"library_statistics": statistics} if statistics else {})
+    )
+
+
+async def run_children(
+    children: Sequence[asyncio.subprocess.Process], duration: float
+) -> tuple[float, float, list[tuple[bytes, bytes]]]:
+    """Wait until every child is connected and warmed up (it says ``ready``), start
+    them all together, and collect what each printed: the start, the deadline, and
+    each child's output and errors."""
+
+    async def ready(child: asyncio.subprocess.Process) -> None:
+        assert child.stdout is not None
+        line = await child.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"a child process did not start: {line[:200]!r}")
+
+    async def finish(child: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+        assert child.stdout is not None
+        assert child.stderr is not None
+        out, err = await asyncio.gather(child.stdout.read(), child.stderr.read())
+        await child.wait()
+        return out, err
+
+    await asyncio.gather(*(ready(child) for child in children))
+    start = time.monotonic() + 0.05
+    deadline = start + duration
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(json.dumps({"start": start, "deadline": deadline}).encode() + b"\n")
+        await child.stdin.drain()
+        child.stdin.close()
+    return start, deadline, list(await asyncio.gather(*(finish(c) for c in children)))
+
+
+async def child_run(spec: dict[str, Any]) -> dict[str, Any]:
+    """One process of `processes_case`: its client, warmed up; ``ready`` printed; then
+    its workers from the start to the deadline the parent sends. Holds and failures,
+    for the parent (as the last line printed)."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    peer = next(p for p in PEERS if p.id == spec["peer"])
+    mode = Mode("contended", waiting=True, workers=PROCESS_TASKS)
+    info: dict[str, Any] = {"settings": {}}
+    failures = Failures()
+    counter = Redis.from_url(spec["counter"])
+    try:
+        async with Run(peer, info, spec["urls"], mode) as session:
+            handles = [session.handle(spec["key"]) for _ in range(PROCESS_TASKS)]
+            await guarded(cycle(handles[0], spec["op_guard"]), 2 * spec["op_guard"] + 1, "warm-up")
+            await counter.ping()
+            print("ready", flush=True)
+            line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            window = json.loads(line)
+            await asyncio.sleep(max(0.0, window["start"] - time.monotonic()))
+            holds = await contention_holds(
+                handles, window["deadline"], failures, counter=counter, first=spec["first"]
+            )
+            record = {"status": "ok", "holds": [dataclasses.astuple(h) for h in holds]}
+            return record | failures.record() | library_statistics(session)
+    except Exception as exc:
+        return failure(exc)
+    finally:
+        await counter.aclose()
 
 
 # --- e: wake-up ------------------------------------------------------------------------------
@@ -1227,10 +1440,8 @@ def skip_reason(
     A case the library does not apply to says so whether or not it is installed.
     """
     if peer.scenarios is not None and scenario.id not in peer.scenarios:
-        return outcome(
-            "not_applicable",
-            "fencing=False is measured in the latency scenarios (a, b, e) only",
-        )
+        where = ", ".join(sorted(peer.scenarios))
+        return outcome("not_applicable", f"{peer.label} is measured in scenarios {where} only")
     if peer.single_server and case.n > 1:
         return outcome("not_applicable", "a single-server lock: runs with N = 1 only")
     if not info["available"]:
@@ -1323,6 +1534,7 @@ class Runner:
                     "n": case.n,
                     "rtt_ms": case.rtt_ms,
                     "fault": case.fault,
+                    "clients": case.clients,
                     "via": "proxy" if via_proxy(case) else "direct",
                     "results": ordered,
                     "seconds": round(time.perf_counter() - started, 1),
@@ -1375,14 +1587,16 @@ class Runner:
         return await wakeup_case(case, peer, info, urls, plan)
 
 
-async def run_all(runner: Runner) -> list[dict[str, Any]]:
-    """Every scenario, in order."""
+async def run_all(runner: Runner, scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
+    """The scenarios, in order."""
     random.seed(SEED)
     asyncio.get_running_loop().set_exception_handler(runner.on_loop_error)
-    return [await runner.scenario(scenario) for scenario in SCENARIOS]
+    return [await runner.scenario(scenario) for scenario in scenarios]
 
 
-def run(peers: Sequence[Peer], plan: Plan) -> dict[str, Any]:
+def run(
+    peers: Sequence[Peer], plan: Plan, scenarios: Sequence[Scenario] = SCENARIOS
+) -> dict[str, Any]:
     """Start servers and proxies, run everything, stop everything (also on error)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
@@ -1390,7 +1604,7 @@ def run(peers: Sequence[Peer], plan: Plan) -> dict[str, Any]:
     started = time.perf_counter()
     with servers_behind_proxies(SERVERS) as (servers, proxies):
         runner = Runner(peers, infos, servers, proxies, plan)
-        scenarios = asyncio.run(run_all(runner))
+        measured = asyncio.run(run_all(runner, scenarios))
     report = {
         "benchmark": "peers",
         "unit": "ms unless stated",
@@ -1402,6 +1616,8 @@ def run(peers: Sequence[Peer], plan: Plan) -> dict[str, Any]:
             "throughput_workers": THROUGHPUT_WORKERS,
             "contention_workers": CONTENTION_WORKERS,
             "contention_hold_s": CONTENTION_HOLD,
+            "processes": PROCESSES,
+            "process_tasks": PROCESS_TASKS,
             "wake_hold_s": list(plan.wake_hold),
             "faulty_master": FAULTY,
             "pool": POOL,
@@ -1412,11 +1628,11 @@ def run(peers: Sequence[Peer], plan: Plan) -> dict[str, Any]:
         "environment": environment() | {"event_loop": "asyncio"},
         "libraries": infos,
         "measured_rtt": runner.rtts,
-        "scenarios": scenarios,
+        "scenarios": measured,
         "loop_errors": {who: f.record() for who, f in runner.loop_errors.items()},
         "seconds": round(time.perf_counter() - started, 1),
     }
-    report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in scenarios}
+    report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in measured}
     report["targets"] = targets(report)
     return report
 
@@ -1737,6 +1953,9 @@ WAKE_P50_MS = 1.0  # e: asyncredlock's wake-up p50 at N = 5, below
 CONTENTION_RATE = 1.8  # d: acquisitions/s over the best peer's, at least
 CONTENTION_BUSY = 0.8  # d: lock busy fraction, at least
 CONTENTION_P99_MS = 30.0  # d: wait p99, below
+# d between clients (issue 11), asyncredlock with its defaults and with fair=True:
+SEPARATE_RATE = 1.3  # a client per worker: acquisitions/s over aioredlock's, at least
+SEPARATE_P99_MS = 50.0  # a client per worker: wait p99, at most
 BLACKHOLE_RATIO = 1.5  # b over a: N = 5 acquire p50, one master blackholed / healthy, at most
 THROUGHPUT_RATE = 5.0  # c: cycles/s over the best peer's, at least
 THROUGHPUT_CPU = 0.2  # c: CPU per cycle over that peer's, at most
@@ -1760,7 +1979,13 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(wake_speedup_target(case, redlock_peers, infos))
     rows.append(wake_p50_target([c for c in cases_of(by_id, "e") if c["n"] == SERVERS]))
     for case in cases_of(by_id, "d"):
-        rows.extend(contention_targets(case, infos))
+        match case.get("clients", "shared"):
+            case "shared":
+                rows.extend(contention_targets(case, infos))
+            case "each":
+                rows.extend(separate_targets(case, infos))
+            case _:
+                rows.extend(exclusion_targets(case, infos))
     rows.append(blackhole_target(by_id))
     for case in cases_of(by_id, "c"):
         rows.extend(throughput_targets(case, infos))
@@ -1860,6 +2085,8 @@ def amount(v: float, unit: str) -> str:
         return f"{v:.0%}"
     if unit == "ms":
         return f"{number(v)} ms"
+    if unit == "count":
+        return f"{v:,.0f}"
     return times(v)
 
 
@@ -1991,6 +2218,64 @@ def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict
         check(busy, name, ">=", CONTENTION_BUSY, "share", fraction, f"{fraction:.0%}"),
         check(p99, name, "<", CONTENTION_P99_MS, "ms", wait, f"{number(wait)} ms"),
     ]
+
+
+def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """d, a client per worker: asyncredlock (defaults, and fair=True) against
+    aioredlock's acquisitions/s, and its wait p99."""
+    name = case["name"]
+    theirs = ok_result(case, "aioredlock")
+    rows = []
+    for lib in (OURS, f"{OURS}-fair"):
+        if lib not in case["results"]:
+            continue
+        label = infos[lib]["label"]
+        rate = f"d. {label}: acquisitions/s ≥ {SEPARATE_RATE:g}x aioredlock's"
+        p99 = f"d. {label}: wait p99 ≤ {SEPARATE_P99_MS:g} ms"
+        ours = ok_result(case, lib)
+        if ours is None:
+            why = "not in the results: " + status_text(case, lib, infos)
+            rows.append(check(rate, name, ">=", SEPARATE_RATE, "x", None, why))
+            rows.append(check(p99, name, "<=", SEPARATE_P99_MS, "ms", None, why))
+            continue
+        mine = float(ours["acquisitions_per_s"])
+        if theirs is None:
+            why = "not in the results: " + status_text(case, "aioredlock", infos)
+            rows.append(check(rate, name, ">=", SEPARATE_RATE, "x", None, why))
+        else:
+            other = float(theirs["acquisitions_per_s"])
+            ratio = mine / other if other > 0 else None
+            text = f"{mine:,.0f}/s vs aioredlock {other:,.0f}/s"
+            text += f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
+            rows.append(check(rate, name, ">=", SEPARATE_RATE, "x", ratio, text))
+        wait = float(ours["wait"]["p99_ms"])
+        rows.append(check(p99, name, "<=", SEPARATE_P99_MS, "ms", wait, f"{number(wait)} ms"))
+    return rows
+
+
+def exclusion_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """d, OS processes: no mutual-exclusion violation for asyncredlock (defaults and
+    fair=True): every hold counted on the separate server, no two holds overlapping."""
+    name = case["name"]
+    rows = []
+    for lib in (OURS, f"{OURS}-fair"):
+        if lib not in case["results"]:
+            continue
+        target = f"d. {infos[lib]['label']}: no mutual-exclusion violation"
+        ours = ok_result(case, lib)
+        if ours is None:
+            why = "not in the results: " + status_text(case, lib, infos)
+            rows.append(check(target, name, "<=", 0, "count", None, why))
+            continue
+        counter = ours["counter"]
+        lost = counter["holds"] - counter["counted"]
+        overlaps = int(ours["exclusion_violations"])
+        text = (
+            f"{counter['holds']:,} holds, {counter['counted']:,} counted, {overlaps} overlapping; "
+            f"{ours['acquisitions_per_s']:,.0f}/s, wait p99 {number(ours['wait']['p99_ms'])} ms"
+        )
+        rows.append(check(target, name, "<=", 0, "count", float(abs(lost) + overlaps), text))
+    return rows
 
 
 def blackhole_target(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -2176,6 +2461,7 @@ def show(sid: str, v: float) -> str:
 COLORS = {
     "asyncredlock": "tab:blue",
     "asyncredlock-unfenced": "lightskyblue",
+    "asyncredlock-fair": "navy",
     "aioredlock": "tab:orange",
     "pottery": "tab:green",
     "redlock-ng": "tab:red",
@@ -2288,12 +2574,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--readme", type=Path, help="also write the summary table into this README")
     parser.add_argument(
+        "--scenarios",
+        type=pick_scenarios,
+        default=SCENARIOS,
+        help="scenarios to run, e.g. 'de' (default: all of "
+        + "".join(s.id for s in SCENARIOS)
+        + ")",
+    )
+    parser.add_argument(
         "--only",
         type=select,
         default=PEERS,
         help="comma-separated libraries: " + ",".join(p.id for p in PEERS),
     )
     return parser.parse_args(argv)
+
+
+def pick_scenarios(ids: str) -> tuple[Scenario, ...]:
+    """The scenarios named in ``--scenarios`` (their letters), in the usual order."""
+    unknown = set(ids) - {s.id for s in SCENARIOS}
+    if unknown or not ids:
+        raise argparse.ArgumentTypeError(
+            f"unknown {', '.join(sorted(unknown)) or 'empty list'}; "
+            f"choose letters from {''.join(s.id for s in SCENARIOS)}"
+        )
+    return tuple(s for s in SCENARIOS if s.id in ids)
 
 
 def select(names: str) -> tuple[Peer, ...]:
@@ -2326,9 +2631,13 @@ def write_outputs(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and write its outputs."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--child"]:  # one process of scenario d (see processes_case)
+        print(json.dumps(asyncio.run(child_run(json.loads(argv[1])))))
+        return 0
     args = parse_args(argv)
     try:
-        report = run(args.only, QUICK if args.quick else FULL)
+        report = run(args.only, QUICK if args.quick else FULL, args.scenarios)
     except KeyboardInterrupt:
         print("interrupted; servers and proxies stopped", file=sys.stderr)
         return 130

@@ -305,18 +305,23 @@ class Core:
         *,
         fencing: bool,
         entry: QueueEntry | None = None,
+        rw: bool = False,
         shared: bool = False,
         queue: bool = False,
     ) -> Round:
         """Start an acquisition attempt on every master.
 
-        Without ``entry``, ``acquire.lua``: ``SET NX PX`` on every key (refused
-        while a writer or readers hold one). With ``fencing``, each master that
+        Without ``rw``, ``acquire.lua``: ``SET NX PX`` on every key (refused
+        while a writer or readers hold one). With fencing, each master that
         grants also counts the resource's fence counter up by `TOKEN_BLOCK` and
-        returns it (the first of two phases). With ``entry`` (fair and read-write
-        locks, one resource), ``acquire_rw.lua`` takes it for a reader
-        (``shared``) or a writer, and queues the waiter when ``queue`` is set or
-        a queue exists.
+        returns it (the first of two phases). A lock on one resource minds its
+        queue: without an ``entry``, a master refuses while anyone is queued
+        there; with one (a waiter, after its first refusal), a master that
+        refuses queues it, and one that finds the lock free grants it only if no
+        earlier waiter is queued there. With ``rw`` (fair and read-write locks, one resource, an
+        ``entry`` always), ``acquire_rw.lua`` takes it for a reader (``shared``)
+        or a writer, and queues the waiter when ``queue`` is set or a queue
+        exists.
         """
         # per resource: lock key, undo marker, fence counter, readers
         script_keys = [
@@ -327,16 +332,13 @@ class Core:
         block = str(TOKEN_BLOCK) if fencing and not shared else "0"
         args: tuple[str | int, ...] = (value, ms(ttl), block)
         script = ACQUIRE
-        if entry is not None:  # one resource, and its queue
-            script = ACQUIRE_RW
+        if len(keys) == 1:  # one resource: mind its queue
             script_keys += queue_keys(keys[0])
-            args += (
-                entry.waiter,
-                entry.score,
-                ms(entry.ttl),
-                "r" if shared else "w",
-                "1" if queue else "0",
-            )
+        if entry is not None:
+            args += (entry.waiter, entry.score, ms(entry.ttl))
+            if rw:
+                script = ACQUIRE_RW
+                args += ("r" if shared else "w", "1" if queue else "0")
         return self.fan_out(lambda _, node: node.call(script, script_keys, args), skip_silent=True)
 
     def dequeue(self, key: str, entry: QueueEntry, trace: QueueTrace, *, everywhere: bool) -> None:
@@ -345,13 +347,15 @@ class Core:
         On each master, behind its attempts there (one connection keeps them in
         order, so a late attempt cannot queue the waiter again): ``everywhere``
         (a fair lock) or only where an attempt queued it or its outcome is not
-        known yet (a read-write lock, whose attempts queue only while a queue
-        exists or a writer is out of patience). Nothing is sent once this
+        known yet (other locks, whose attempts queue only once refused, or, for
+        a read-write lock, while a queue exists or a writer is out of patience).
+        Where the lock is free and the waiter was first in line, the next one is
+        announced. Nothing is sent once this
         ``AsyncRedlock`` is closed: the entries lapse by themselves.
         """
         if self.closed:
             return
-        keys = queue_keys(key)
+        keys = (*queue_keys(key), key)
         args = (entry.waiter, channel(key))
         trace.prune()
         for i, node in enumerate(self.nodes):
@@ -443,7 +447,9 @@ class Core:
             args: tuple[Any, ...] = (value, marker_ttl, channel(key))
         else:
             script = RELEASE
-            script_keys = tuple(each for key in keys for each in (key, undo_key(key, value)))
+            script_keys = tuple(
+                each for key in keys for each in (key, undo_key(key, value), *queue_keys(key))
+            )
             args = (value, marker_ttl, *(channel(key) for key in keys))
         self._last_delete = (keys, value, marker_ttl, shared, script, script_keys, args)
         return node.call(script, script_keys, args)

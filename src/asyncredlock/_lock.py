@@ -28,7 +28,7 @@ from ._keys import Resources
 from ._lease import Lease
 from ._node import Reply
 from ._quorum import Decision
-from ._wakeup import Ticket
+from ._wakeup import Ticket, waiter_id
 
 __all__ = ["Lock"]
 
@@ -139,8 +139,8 @@ class Lock:
         """
         core = self._core
         started = core.clock()
-        # for the masters' queue, by this client's clock (only locks that queue there)
-        arrival = time.time_ns() // 1000 if self._rw else 0
+        # its place in the masters' queue, should it wait there (this client's clock)
+        arrival = time.time_ns() // 1000
         deadline = started + self.timeout
         if self.fair or self.shared:
             # Each task asks the masters itself: fair waiters queue there, and
@@ -192,14 +192,9 @@ class Lock:
     async def _acquire(self, started: float, deadline: float, arrival: int) -> Lease:
         """Attempts on the masters until one takes the lock or ``deadline`` passes."""
         core = self._core
-        entry: QueueEntry | None = None
-        if self._rw:
-            settings = core.settings
-            entry = QueueEntry(
-                waiter=("r:" if self.shared else "w:") + secrets.token_hex(8),
-                score=arrival,
-                ttl=max(1.0, 3 * (settings.retry_delay + settings.node_timeout)),
-            )
+        # Fair and read-write locks queue from the start; other locks on one
+        # resource once refused (the queue orders waiters of different clients).
+        entry = self._entry(arrival) if self._rw else None
         trace = QueueTrace(len(core.nodes)) if entry is not None else None
         ticket: Ticket | None = None
         acquired = False
@@ -215,16 +210,26 @@ class Lock:
                     raise self._failure(outcome)
                 if core.closed:
                     raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
+                if entry is None and len(self.keys) == 1:
+                    entry = self._entry(arrival)
+                    trace = QueueTrace(len(core.nodes))
                 if ticket is None and not outcome.decision.unavailable(core.quorum):
                     # Listen for the release, then try again at once: a release
                     # before the subscription is seen by that attempt, one after
-                    # it is announced. No wake-up is lost in between. Readers and
-                    # fair waiters are all woken (several may go at once, or the
-                    # one that may go need not be the first here).
+                    # it is announced. No wake-up is lost in between. A release
+                    # announces the first writer of the masters' queue to its
+                    # client's inbox: only that waiter goes. Readers (all woken:
+                    # several may go at once), waiters of several resources and
+                    # writers of read-write locks (queued only while a queue
+                    # exists) also listen on the lock's channel.
                     with anyio.move_on_after(max(0.0, deadline - core.clock())):
-                        channels = [channel(key) for key in self.keys]
-                        everyone = self.fair or self.shared
-                        ticket = await core.waker.enroll(channels, everyone=everyone)
+                        broadcast = entry is None or self.shared or (self._rw and not self.fair)
+                        channels = [channel(key) for key in self.keys] if broadcast else []
+                        ticket = await core.waker.enroll(
+                            channels,
+                            everyone=self.shared,
+                            waiter=None if entry is None else entry.waiter,
+                        )
                     continue
                 pause = min(core.retry_pause(), outcome.free_in, deadline - core.clock())
                 if ticket is None:
@@ -237,6 +242,16 @@ class Lock:
             if entry is not None and trace is not None:
                 # a granted waiter may still be listed by the masters that refused
                 core.dequeue(self.key, entry, trace, everywhere=self.fair)
+
+    def _entry(self, arrival: int) -> QueueEntry:
+        """This ``acquire()``'s place in the masters' queue (its entry lives three
+        retry delays and node timeouts unless an attempt refreshes it)."""
+        settings = self._core.settings
+        return QueueEntry(
+            waiter=waiter_id(self._core.waker.client, reader=self.shared),
+            score=arrival,
+            ttl=max(1.0, 3 * (settings.retry_delay + settings.node_timeout)),
+        )
 
     async def _attempt(
         self,
@@ -255,6 +270,7 @@ class Lock:
             self.ttl,
             fencing=self.fencing,
             entry=entry,
+            rw=self._rw,
             shared=self.shared,
             queue=queue,
         )

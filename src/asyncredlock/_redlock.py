@@ -424,7 +424,7 @@ class AsyncRedlock:
         """
         key = lock_key(self._settings.prefix, check_name(name))
         args = (channel(key),)
-        keys = (key, readers_key(key))
+        keys = (key, readers_key(key), *queue_keys(key))
         rnd = self._core.fan_out(lambda _, node: node.call(DELETE, keys, args))
         wait = self._core.timing.max_wait
         deadline = time.monotonic() + wait

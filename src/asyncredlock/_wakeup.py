@@ -12,6 +12,19 @@ The subscriptions have a connection of their own per master, opened like the
 command connection (redis-py's settings, then a hiredis protocol owns the socket),
 never one taken from the command path.
 
+A waiter of one resource that was refused is queued on the masters (see
+``acquire.lua``) under an id that names its client (``w:<client>:<random>``). Each
+client listens on an inbox channel of its own (``asyncredlock:inbox:<client>``): a
+release (or a queued waiter that leaves while the lock is free) publishes the id of
+the first writer of the masters' queue to that writer's inbox, so only its client
+hears it and only that waiter wakes: when a quorum of masters announced the same
+release (the message carries the released value, or the id of a waiter that left),
+so that its attempt finds the lock free on enough of them.
+One release costs one attempt and one message per master, not one per client.
+Messages on a lock's channel name no waiter (a release with nobody queued, or
+readers first in line) and wake as below; only readers, waiters of several
+resources and the writers of read-write locks listen there.
+
 Waiters of one key are woken one at a time, in the order they enrolled, once per
 release. A release publishes on every master, the copies carrying the same value:
 they wake nobody else, but they wake the chosen waiter again if it went back to
@@ -27,6 +40,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
@@ -35,26 +49,36 @@ import hiredis
 from ._node import Node
 from ._transport import Stream, pack
 
-__all__ = ["Ticket", "Waker"]
+__all__ = ["INBOX_PREFIX", "Ticket", "Waker", "waiter_id"]
 
 logger = logging.getLogger("asyncredlock")
 
 #: Pause before a listener reconnects after losing its connection (seconds).
 RECONNECT_DELAY = 0.2
 
+#: The channel of a client's inbox is this prefix and the client's id (the scripts
+#: ``release.lua`` and ``dequeue.lua`` build it from a queued waiter's id).
+INBOX_PREFIX = "asyncredlock:inbox:"
+
 
 class Ticket:
     """One waiting ``acquire()``: its channels (one per resource of its lock), its
     place in each channel's queue, and its wake-up flag."""
 
-    __slots__ = ("channels", "event", "everyone")
+    __slots__ = ("cause", "channels", "copies", "event", "everyone", "waiter")
 
-    def __init__(self, channels: Sequence[str], *, everyone: bool = False) -> None:
+    def __init__(
+        self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
+    ) -> None:
         self.channels = tuple(channels)
         self.event = asyncio.Event()
-        # a fair lock's waiter: only the first in the masters' queue can take it,
-        # which need not be the first here, so a release wakes all of them
+        # a reader: several may go at once, so a release wakes all of them
         self.everyone = everyone
+        # its id in the masters' queue: a release that names it wakes it
+        self.waiter = None if waiter is None else waiter.encode()
+        # the last release (its value) that named it, and how many masters did
+        self.cause = b""
+        self.copies = 0
 
 
 class _Subscription(Stream):
@@ -188,6 +212,9 @@ class Waker:
     """
 
     def __init__(self, nodes: Sequence[Node], patience: float, quorum: int) -> None:
+        #: this client's id in its waiters' ids, and its inbox channel
+        self.client = secrets.token_hex(6)
+        self.inbox = INBOX_PREFIX + self.client
         self.patience = patience
         self.quorum = quorum
         self.listeners = [
@@ -195,26 +222,37 @@ class Waker:
             for node in nodes
         ]
         self.queues: dict[str, collections.deque[Ticket]] = {}
+        # waiters queued on the masters, by id; the last id heard in the inbox
+        self.addressed: dict[bytes, Ticket] = {}
+        self.last_addressed: bytes | None = None
         # per channel: the last release heard, and the waiter it woke
         self.last: dict[str, tuple[bytes, Ticket | None]] = {}
         self.notifications = 0
         self.wakeups = 0
         self.closed = False
 
-    async def enroll(self, channels: Sequence[str], *, everyone: bool = False) -> Ticket:
+    async def enroll(
+        self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
+    ) -> Ticket:
         """Queue a waiter on ``channels`` (a release on any wakes it), subscribing
-        first where needed.
+        first where needed. A ``waiter`` id (its entry in the masters' queue, made
+        by `waiter_id`) also wakes it when the inbox hears that id; ``channels``
+        may then be empty.
 
         Returns once a quorum of masters confirmed every subscription, or after
         ``patience``.
         """
-        ticket = Ticket(channels, everyone=everyone)
+        ticket = Ticket(channels, everyone=everyone, waiter=waiter)
+        if ticket.waiter is not None:
+            self.addressed[ticket.waiter] = ticket
         for channel in ticket.channels:
             self.queues.setdefault(channel, collections.deque()).append(ticket)
+        # the inbox stays subscribed until this client closes
+        inbox = (self.inbox,) if ticket.waiter is not None else ()
         try:
             confirmations = [
                 [listener.subscribe(channel) for listener in self.listeners if listener is not None]
-                for channel in ticket.channels
+                for channel in (*inbox, *ticket.channels)
             ]
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.patience
@@ -228,9 +266,13 @@ class Waker:
     def leave(self, ticket: Ticket, *, acquired: bool) -> None:
         """Take ``ticket`` out of its queues; unsubscribe where nobody waits.
 
-        A ticket woken but not ``acquired`` passes its wake-up on to the next.
+        A ticket woken but not ``acquired`` passes its wake-up on to the next
+        (one woken by its id needs not: its leaving the masters' queue announces
+        the next one there).
         """
-        woken = ticket.event.is_set() and not acquired
+        if ticket.waiter is not None:
+            self.addressed.pop(ticket.waiter, None)
+        woken = ticket.event.is_set() and not acquired and ticket.waiter is None
         for channel in ticket.channels:
             queue = self.queues.get(channel)
             if queue is None:
@@ -262,6 +304,24 @@ class Waker:
 
     def _on_message(self, channel: str, value: bytes) -> None:
         self.notifications += 1
+        if channel == self.inbox:
+            # the first writer in the masters' queue: only it goes
+            waiter, _, cause = value.partition(b" ")
+            addressed = self.addressed.get(waiter)
+            if addressed is None:
+                return
+            # wake it once a quorum of masters announced the same release (or the
+            # same waiter leaving): its attempt then finds the lock free on enough
+            if cause != addressed.cause:
+                addressed.cause, addressed.copies = cause, 0
+            addressed.copies += 1
+            if addressed.copies != self.quorum:
+                return
+            if value != self.last_addressed:
+                self.last_addressed = value
+                self.wakeups += 1
+            addressed.event.set()
+            return
         queue = self.queues.get(channel)
         last = self.last.get(channel)
         if last is not None and last[0] == value:
@@ -285,6 +345,9 @@ class Waker:
     def _on_lost(self, channel: str | None) -> None:
         """Wake every waiter (of ``channel``, or of all): a release may have gone
         unheard while a subscription was down."""
+        if channel is None or channel == self.inbox:
+            for ticket in self.addressed.values():
+                ticket.event.set()
         queues = self.queues.values() if channel is None else [self.queues.get(channel, ())]
         for queue in queues:
             for ticket in queue:
@@ -297,6 +360,12 @@ class Waker:
         for listener in self.listeners:
             if listener is not None:
                 await listener.aclose()
+
+
+def waiter_id(client: str, *, reader: bool) -> str:
+    """A new id for a waiter of ``client`` in the masters' queues (``r:`` for a
+    reader): ``release.lua`` sends a writer's to ``client``'s inbox."""
+    return f"{'r' if reader else 'w'}:{client}:{secrets.token_hex(8)}"
 
 
 def _wake_first(queue: Iterable[Ticket]) -> Ticket | None:

@@ -38,6 +38,7 @@ MISSING = [
 LIBRARIES = {
     "asyncredlock",
     "asyncredlock-unfenced",
+    "asyncredlock-fair",
     "aioredlock",
     "pottery",
     "redlock-ng",
@@ -108,6 +109,25 @@ def test_every_scenario_has_every_library(quick_run: tuple[Path, dict[str, Any]]
         assert cases == EXPECTED_CASES[scenario["id"]], scenario["id"]
         for case in scenario["cases"]:
             assert set(case["results"]) == LIBRARIES, (scenario["id"], case["name"])
+
+
+def test_contention_is_measured_with_shared_clients_separate_clients_and_processes(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, report = quick_run
+    (contention,) = [s for s in report["scenarios"] if s["id"] == "d"]
+    by_clients = {c["clients"]: c for c in contention["cases"]}
+    assert set(by_clients) == {"shared", "each", "processes"}
+    for lib in ("asyncredlock", "asyncredlock-fair"):
+        result = by_clients["processes"]["results"][lib]
+        assert result["status"] == "ok", result
+        assert (
+            result["workers"]
+            == report["settings"]["processes"] * report["settings"]["process_tasks"]
+        )
+        # every hold of every process was counted on the separate server: no lost update
+        assert result["counter"]["counted"] == result["counter"]["holds"] > 0
+        assert result["exclusion_violations"] == 0
 
 
 def test_each_result_has_numbers_or_a_reason(quick_run: tuple[Path, dict[str, Any]]) -> None:
@@ -183,7 +203,9 @@ def test_libraries_versions_and_settings_are_recorded(
     for lib, info in libraries.items():
         assert info["versions"], lib
         if info["available"]:
-            assert info["settings"].keys() >= {"uncontended", "contended"}, lib
+            # the fair variant runs in the contention scenario only
+            modes = {"contended"} if lib == "asyncredlock-fair" else {"uncontended", "contended"}
+            assert info["settings"].keys() >= modes, lib
         else:
             assert info["reason"], lib
     env = report["environment"]

@@ -164,9 +164,12 @@ async def test_local_waiters_queue_behind_the_one_that_listens(
                 for i in range(10):
                     tg.start_soon(worker, i)
                 await probe.waiting.wait()
-                assert [len(q) for q in redlock._core.waker.queues.values()] == [1]
+                # it listens in its client's inbox: queued on the masters, it is the
+                # one a release names
+                assert len(redlock._core.waker.addressed) == 1
                 await lease.release()
         stats = redlock.statistics()
+        assert redlock._core.waker.addressed == {}
         assert redlock._core.waker.queues == {}
         assert redlock._core.gates._gates == {}
     assert order == list(range(10))
@@ -207,10 +210,11 @@ async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
                 await probe.waiting.wait()  # doomed listens for the release
                 tg.start_soon(patient)
                 await queue.reach(1)  # patient waits behind it
-                assert [len(q) for q in waker.queues.values()] == [1]
+                assert len(waker.addressed) == 1
                 await lease.release()  # wakes doomed, the one listening
                 first.cancel()  # which gives its turn to patient as it leaves
         assert got == [True]
+        assert waker.addressed == {}
         assert waker.queues == {}
         assert waiter._core.gates._gates == {}
 

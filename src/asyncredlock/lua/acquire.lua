@@ -1,41 +1,98 @@
 -- Take the lock on one master: all of its resources, or none; with fencing, also
--- count each resource's fence up.
+-- count each resource's fence up. A lock on one resource also minds its queue of
+-- waiters: while anyone is queued, an attempt without a waiter's id is refused (it
+-- comes back with one, at the end of the line); a waiter that brings its id is queued
+-- when refused (or its entry refreshed) and, the lock free, granted only if no
+-- earlier waiter is queued, leaving the queue.
 -- KEYS, four per resource: lock key, this attempt's undo marker, fence counter, the
--- readers of its read-write lock (value -> server time in ms when the entry lapses)
+-- readers of its read-write lock (value -> server time in ms when the entry lapses);
+-- for one resource, then optionally KEYS[5] the queue (waiter id -> arrival score)
+-- and KEYS[6] the queue's expiries (waiter id -> server time in ms when its entry
+-- lapses)
 -- ARGV[1] the attempt's random value, ARGV[2] ttl in milliseconds,
 -- ARGV[3] how far to count the fences up (first phase of a fenced acquisition: the
--- size of the token block), '0' not to touch them
--- Returns {1} when granted ({1, counter per resource} with fencing), {0, pttl} when
--- another holder has one of the resources, {0, ms, 0, 2} when readers hold one (ms
--- until the last entry lapses), {-1} when the attempt was already undone here (its
--- SET arrived late).
+-- size of the token block), '0' not to touch them; optional, with the queue keys:
+-- ARGV[4] the waiter's id (the same for all the attempts of one acquire()), ARGV[5]
+-- its arrival score (the same on every master, so that they agree on the order),
+-- ARGV[6] its queue entry's time to live in ms
+-- Returns {1} when granted ({1, counter per resource} with fencing), {0, pttl, queued}
+-- when another holder has one of the resources, {0, ms, queued, 2} when readers hold
+-- one (ms until the last entry lapses), {0, -1, queued, 3} when the lock is free but
+-- an earlier waiter is queued, {-1} when the attempt was already undone here (its SET
+-- arrived late). queued is 1 when the waiter's entry is in the queue.
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
-local n = #KEYS / 4
+local waiter = ARGV[4]
+local n = math.floor(#KEYS / 4)
+local queue, expiries
+if #KEYS == 6 then
+  queue, expiries = KEYS[5], KEYS[6]
+end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 2]) == 1 then
     return {-1}
   end
 end
+local now
+local function clock()
+  if not now then
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  return now
+end
+-- Queue the waiter (or refresh its entry); both keys expire with the latest entry.
+local function enqueue()
+  redis.call('ZADD', queue, 'NX', ARGV[5], waiter)
+  redis.call('ZADD', expiries, clock() + tonumber(ARGV[6]), waiter)
+  local latest = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')[2]
+  redis.call('PEXPIREAT', queue, latest)
+  redis.call('PEXPIREAT', expiries, latest)
+end
+local queued = 0
+if queue and redis.call('EXISTS', expiries) == 1 then
+  -- entries of waiters that stopped asking (gone, or killed)
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', clock())) do
+    redis.call('ZREM', queue, gone)
+    redis.call('ZREM', expiries, gone)
+  end
+end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then
-    return {0, redis.call('PTTL', KEYS[4 * i + 1])}
+    if waiter then
+      enqueue()
+      queued = 1
+    end
+    return {0, redis.call('PTTL', KEYS[4 * i + 1]), queued}
   end
 end
 for i = 0, n - 1 do
   local readers = KEYS[4 * i + 4]
   if redis.call('EXISTS', readers) == 1 then
-    local time = redis.call('TIME')
-    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    redis.call('ZREMRANGEBYSCORE', readers, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', readers, '-inf', clock())
     local last = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')[2]
     if last then
-      return {0, tonumber(last) - now, 0, 2}
+      if waiter then
+        enqueue()
+        queued = 1
+      end
+      return {0, tonumber(last) - clock(), queued, 2}
     end
   end
+end
+if queue and redis.call('EXISTS', queue) == 1 then
+  if not waiter then
+    return {0, -1, 0, 3}
+  end
+  enqueue()
+  if redis.call('ZRANK', queue, waiter) > 0 then
+    return {0, -1, 1, 3}
+  end
+  redis.call('ZREM', queue, waiter)
+  redis.call('ZREM', expiries, waiter)
 end
 for i = 0, n - 1 do
   redis.call('SET', KEYS[4 * i + 1], ARGV[1], 'PX', ARGV[2])
@@ -49,8 +106,8 @@ for i = 0, n - 1 do
   if redis.call('EXISTS', fence) == 0 then
     -- A missing counter (new resource, or a master that lost its data) starts from
     -- the server's clock in microseconds, far above any count kept before.
-    local now = redis.call('TIME')
-    redis.call('SET', fence, now[1] .. string.format('%06d', tonumber(now[2])))
+    local time = redis.call('TIME')
+    redis.call('SET', fence, time[1] .. string.format('%06d', tonumber(time[2])))
   end
   -- INCRBY's reply passes through a Lua number: exact below 2^53 (microseconds
   -- until the year 2255, less 64 per acquisition).

@@ -1,8 +1,13 @@
--- Take a waiter out of a fair lock's queue on one master (it acquired, gave up or was
--- cancelled), with the entries that lapsed. If the waiter was first in line, or a
--- writer whose leaving lets the readers right after it go, announce it: the next
--- waiters may go now.
--- KEYS[1] the queue, KEYS[2] the queue's expiries
+-- Take a waiter out of a lock's queue on one master (it acquired, gave up or was
+-- cancelled), with the entries that lapsed. If the lock is free and the waiter was
+-- first in line, or a writer whose leaving lets the readers right after it go,
+-- announce it: to the new first waiter when that is a writer (on its client's inbox
+-- channel, named in its id 'w:<client>:<random>'; the message is the id, then
+-- ' left:' and the leaving waiter's id), else to
+-- everyone on the lock's channel (the message is 'left:' and the waiter's id: readers
+-- first in line, and waiters that did not queue).
+-- KEYS[1] the queue, KEYS[2] the queue's expiries, KEYS[3] the lock key (the
+-- writer's)
 -- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on
 -- Returns 1 when its entry was removed, else 0.
 if redis.replicate_commands then
@@ -17,8 +22,12 @@ end
 local rank = redis.call('ZRANK', KEYS[1], ARGV[1])
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if not rank or redis.call('EXISTS', KEYS[3]) == 1 then
+  -- not queued here, or the lock is held: its release will announce the next one
+  return removed
+end
 local announce = rank == 0
-if rank and rank > 0 and string.sub(ARGV[1], 1, 2) ~= 'r:' then
+if rank > 0 and string.sub(ARGV[1], 1, 2) ~= 'r:' then
   -- A writer left from behind the head: the readers right after it may go now,
   -- unless another writer is queued before it.
   local blocked = false
@@ -32,6 +41,12 @@ if rank and rank > 0 and string.sub(ARGV[1], 1, 2) ~= 'r:' then
   announce = not blocked and after ~= nil and string.sub(after, 1, 2) == 'r:'
 end
 if announce then
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  local client = first and string.match(first, '^w:(%w+):')
+  if client then
+    redis.call('PUBLISH', 'asyncredlock:inbox:' .. client, first .. ' left:' .. ARGV[1])
+  else
+    redis.call('PUBLISH', ARGV[2], 'left:' .. ARGV[1])
+  end
 end
 return removed

@@ -1,0 +1,363 @@
+"""Waiters of separate clients queue on the masters; a release wakes only the first.
+
+Every test here has its waiters in separate ``AsyncRedlock`` clients (as separate
+processes would be), or in a separate OS process: the in-process queue of one client
+is tested in ``test_handoff.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, Lease
+from asyncredlock._core import QueueEntry, QueueTrace
+from asyncredlock._wakeup import INBOX_PREFIX
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters, Waiting
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+# Waiters that must not try again on their own within a test: only a wake-up moves them.
+PATIENT = 60.0
+
+
+async def queues(masters: Masters, name: str) -> list[list[bytes]]:
+    """The queue of the lock ``name`` on each master, first waiter first."""
+    return [await client.zrange(f"{{{name}}}:queue", 0, -1) for client in masters.clients]
+
+
+@asynccontextmanager
+async def clients(
+    urls: Sequence[str], n: int, **settings: float
+) -> AsyncIterator[list[AsyncRedlock]]:
+    """``n`` separate clients, as ``n`` processes would have."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(AsyncRedlock(urls, **settings)) for _ in range(n)]
+
+
+async def test_a_release_is_announced_to_the_first_waiter_only(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three clients wait in line; each release publishes one message per master, to
+    the inbox of the first waiter's client, and the lock's own channel hears nothing."""
+    spy = Redis.from_url(servers.urls[0])
+    pubsub = spy.pubsub()
+    await pubsub.psubscribe(INBOX_PREFIX + "*", "{line}:released", "test:sentinel")
+    heard: list[tuple[bytes, bytes]] = []
+
+    async def drain() -> None:
+        """Everything published on master 0 before now (a sentinel closes the batch)."""
+        await spy.publish("test:sentinel", "end")
+        while True:
+            message = await pubsub.get_message(timeout=HANG_GUARD)
+            if message is None or message["type"] != "pmessage":
+                continue  # the confirmation of a subscription
+            if message["channel"] == b"test:sentinel":
+                return
+            heard.append((message["channel"], message["data"]))
+
+    order: list[int] = []
+    leases: dict[int, Lease] = {}
+    got = {i: anyio.Event() for i in range(3)}
+    try:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            clients(servers.urls, 3, retry_delay=PATIENT) as waiters,
+        ):
+            held = await holder.lock("line").acquire()
+            waiting = Waiting(waiters, monkeypatch)
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    for i, redlock in enumerate(waiters):
+
+                        async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
+                            leases[i] = await redlock.lock("line", timeout=HANG_GUARD).acquire()
+                            order.append(i)
+                            got[i].set()
+
+                        tg.start_soon(take)
+                        await waiting.reach(i + 1)  # queued before the next one comes
+                    ids = list((await queues(masters, "line"))[0])
+                    assert len(ids) == 3
+                    assert all(each.startswith(b"w:") for each in ids)
+                    await drain()
+                    heard.clear()  # the subscriptions' own traffic
+                    previous = held
+                    for i, redlock in enumerate(waiters):
+                        await previous.release()
+                        await got[i].wait()
+                        await drain()
+                        inbox = (INBOX_PREFIX + redlock._core.waker.client).encode()
+                        # one message, to the first waiter's client, naming it
+                        assert len(heard) == 1
+                        assert heard[0][0] == inbox
+                        assert heard[0][1].split(b" ")[0] == ids[i]
+                        heard.clear()
+                        previous = leases[i]
+                    await previous.release()
+            woken = [redlock.statistics().wakeups for redlock in waiters]
+            attempts = [redlock.statistics().attempts for redlock in waiters]
+            for redlock in waiters:
+                await redlock.settle()
+    finally:
+        await pubsub.aclose()
+        await spy.aclose()
+    assert order == [0, 1, 2]
+    assert woken == [1, 1, 1]  # each woken once, by the release before its turn
+    # per waiter: refused without a place in line, refused and queued, woken and granted
+    assert attempts == [3, 3, 3]
+    assert await masters.keys() == [[]] * 5  # no key, no queue left
+
+
+async def test_waiters_of_separate_clients_acquire_in_arrival_order(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without fair=True: the waiters that try on their own timer meanwhile are refused
+    while an earlier waiter is queued, so the order holds."""
+    order: list[int] = []
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        clients(servers.urls, 6, retry_delay=0.02) as waiters,
+    ):
+        held = await holder.lock("order").acquire()
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                for i, redlock in enumerate(waiters):
+
+                    async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
+                        async with redlock.lock("order", timeout=HANG_GUARD):
+                            order.append(i)
+
+                    waiting = Waiting([redlock], monkeypatch)
+                    tg.start_soon(take)
+                    await waiting.reach(1)  # queued (on a quorum) before the next one comes
+                lengths = [len(q) for q in await queues(masters, "order")]
+                assert sum(length == 6 for length in lengths) >= 3
+                await held.release()
+        for redlock in waiters:
+            await redlock.settle()
+    assert order == list(range(6))
+    assert await masters.keys() == [[]] * 5
+
+
+async def test_a_waiter_leaving_first_in_line_announces_the_next(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock is free but a waiter of another client is first in line: the next
+    waiter is refused; when the first one leaves (cancelled, or out of time), its
+    dequeue wakes the next at once, not after its entry lapses."""
+    ghost = "w:0badc0ffee00:0"
+    for client in masters.clients:
+        seconds, micros = await client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        await client.zadd("{turn}:queue", {ghost: 0})
+        await client.zadd("{turn}:queue:expiry", {ghost: now_ms + 1000 * PATIENT})
+    async with (
+        AsyncRedlock(servers.urls) as other,
+        AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock,
+    ):
+        waiting = Waiting([redlock], monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                leases: list[Lease] = []
+
+                async def take() -> None:
+                    leases.append(await redlock.lock("turn", timeout=HANG_GUARD).acquire())
+
+                tg.start_soon(take)
+                await waiting.reach(1)
+                assert [q[0] for q in await queues(masters, "turn")] == [ghost.encode()] * 5
+                # the first waiter's client gives up: what its acquire() does on exit
+                trace = QueueTrace(5)
+                other._core.dequeue("turn", QueueEntry(ghost, 0, 1.0), trace, everywhere=True)
+        assert waiting.woken == 1
+        await leases[0].release()
+        await redlock.settle()
+        await other.settle()
+    assert await masters.keys() == [[]] * 5
+
+
+async def test_a_cancelled_waiter_leaves_the_line_and_the_next_goes(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        clients(servers.urls, 2, retry_delay=PATIENT) as (first, second),
+    ):
+        held = await holder.lock("leave").acquire()
+        waiting = Waiting([first, second], monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                doomed = anyio.CancelScope()
+
+                async def cancelled() -> None:
+                    with doomed:
+                        await first.lock("leave", timeout=HANG_GUARD).acquire()
+                        order.append("first")
+
+                tg.start_soon(cancelled)
+                await waiting.reach(1)
+
+                async def take() -> None:
+                    async with second.lock("leave", timeout=HANG_GUARD):
+                        order.append("second")
+
+                tg.start_soon(take)
+                await waiting.reach(2)
+                doomed.cancel()
+                await first.settle()  # its dequeue reached every master
+                assert [len(q) for q in await queues(masters, "leave")] == [1] * 5
+                await held.release()
+        await second.settle()
+    assert order == ["second"]
+    assert await masters.keys() == [[]] * 5
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from asyncredlock import AsyncRedlock
+
+    async def main() -> None:
+        async with AsyncRedlock(sys.argv[1:]) as redlock:
+            waker = redlock._core.waker
+            wait = waker.wait
+
+            async def announced(ticket, delay):
+                print("queued", flush=True)  # its attempts queued it on the masters
+                return await wait(ticket, delay)
+
+            waker.wait = announced
+            await redlock.lock("killed", timeout=600).acquire()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_killed_process_delays_the_next_waiter_by_its_entry_not_the_ttl(
+    servers: ServerGroup, masters: Masters
+) -> None:
+    """A waiter in another process, SIGKILLed while first in line: the release is
+    announced to it and nobody else; the next waiter goes once its entry lapsed (1 s
+    with the default settings), long before the holder's TTL would have run out."""
+    async with (
+        AsyncRedlock(servers.urls, ttl=PATIENT) as holder,
+        AsyncRedlock(servers.urls, retry_delay=0.05) as redlock,
+    ):
+        held = await holder.lock("killed").acquire()
+        async with await anyio.open_process(
+            [sys.executable, "-c", CHILD, *servers.urls], stdout=subprocess.PIPE
+        ) as child:
+            assert child.stdout is not None
+            with anyio.fail_after(HANG_GUARD):
+                assert (await child.stdout.receive()).startswith(b"queued")
+            os.kill(child.pid, signal.SIGKILL)
+            assert await child.wait() == -signal.SIGKILL
+        (dead,) = (await queues(masters, "killed"))[0]
+        assert [len(q) for q in await queues(masters, "killed")] == [1] * 5
+        await held.release()
+        # The entry lapses within a second; the acquisition's own timeout is the bound
+        # (far below the holder's TTL, which never comes into play).
+        with anyio.fail_after(HANG_GUARD):
+            lease = await redlock.lock("killed", timeout=10).acquire()
+        assert lease.validity > 0
+        assert all(dead not in q for q in await queues(masters, "killed"))
+        await lease.release()
+        await redlock.settle()
+
+
+async def take_turns(
+    servers: ServerGroup,
+    masters: Masters,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    tamper: Callable[[list[bytes]], Awaitable[None]],
+) -> list[int]:
+    """A holder, then three waiters of separate clients queued behind it; ``tamper``
+    (given the waiters' ids) breaks the queue on the masters; the holder releases.
+    Every waiter must get the lock, one at a time, each finding it on a quorum of
+    masters: the order they got it in."""
+    order: list[int] = []
+    holding = 0
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        clients(servers.urls, 3, retry_delay=0.05) as waiters,
+    ):
+        held = await holder.lock(name).acquire()
+        waiting = Waiting(waiters, monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                for i, redlock in enumerate(waiters):
+
+                    async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
+                        nonlocal holding
+                        async with redlock.lock(name, timeout=HANG_GUARD):
+                            holding += 1
+                            assert holding == 1  # never two holders at once
+                            assert await masters.holding(name) >= 3
+                            order.append(i)
+                            holding -= 1
+
+                    tg.start_soon(take)
+                    await waiting.reach(waiting.entered + 1)
+                ids = (await queues(masters, name))[4]
+                assert len(ids) == 3
+                await tamper(ids)
+                await held.release()
+        for redlock in waiters:
+            await redlock.settle()
+    assert await masters.holding(name) == 0
+    return order
+
+
+async def test_a_master_restarted_without_its_data_mid_queue(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def restart(ids: list[bytes]) -> None:
+        servers[0].restart(kill=True)  # no save on the way down: it comes back empty
+        await masters.clients[0].connection_pool.disconnect()  # this test's own client
+        assert not await masters.clients[0].exists("restarted")  # the holder's key is gone
+
+    order = await take_turns(servers, masters, monkeypatch, "restarted", restart)
+    assert order == [0, 1, 2]  # the four others still hold the line
+
+
+async def test_a_minority_of_masters_lost_the_queue(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def lose(ids: list[bytes]) -> None:
+        for client in masters.clients[:2]:
+            await client.delete("{lost}:queue", "{lost}:queue:expiry")
+
+    order = await take_turns(servers, masters, monkeypatch, "lost", lose)
+    assert order == [0, 1, 2]
+
+
+async def test_a_waiter_queued_on_a_minority_only(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first waiter's entry is on two masters only (its other enqueues were
+    lost): those two announce it, the three others the second waiter, who goes
+    first or after it; nobody is stranded and nothing is granted twice."""
+
+    async def strand(ids: list[bytes]) -> None:
+        for client in masters.clients[2:]:
+            await client.zrem("{minority}:queue", ids[0])
+            await client.zrem("{minority}:queue:expiry", ids[0])
+
+    order = await take_turns(servers, masters, monkeypatch, "minority", strand)
+    assert sorted(order) == [0, 1, 2]
