@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,19 +59,25 @@ __all__ = [
 TOKEN_BLOCK = 64
 
 
+#: How many contended keys a client remembers (see `Core.mark_contended`).
+CONTENDED_KEYS = 1024
+
 #: Why ``acquire.lua`` and ``acquire_rw.lua`` refused (the 4th element of a refusal).
-_WRITER, _READERS, _QUEUE = 1, 2, 3
+_WRITER, _READERS, _QUEUE, _HANDED = 1, 2, 3, 4
 
 
 @dataclass(frozen=True, slots=True)
 class QueueEntry:
-    """A waiter that may queue on the masters (fair locks, read-write locks): its
-    id (``r:...`` for a reader), its arrival score (the same on every master, so
-    they agree on the order), and how long its entry lives unrefreshed."""
+    """A waiter that may queue on the masters: its id (``r:...`` for a reader), its
+    arrival score (the same on every master, so they agree on the order), and how
+    long its entry lives unrefreshed; for a writer whose lease extends itself, the
+    value a release may hand it the key with, and for how long (seconds)."""
 
     waiter: str
     score: int
     ttl: float
+    handover: str | None = None
+    handover_ttl: float = 0.0
 
 
 def ms(seconds: float) -> int:
@@ -92,6 +98,11 @@ def readers_key(key: str) -> str:
 def queue_keys(key: str) -> tuple[str, str]:
     """The queue of a fair or read-write lock, and its entries' expiries."""
     return aux_key(key, "queue"), aux_key(key, "queue:expiry")
+
+
+def terms_key(key: str) -> str:
+    """The hand-over terms of a lock's queued waiters (see ``release.lua``)."""
+    return aux_key(key, "queue:terms")
 
 
 def undo_key(key: str, value: str) -> str:
@@ -136,6 +147,8 @@ def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
         why = int(reply.value[3]) if len(reply.value) > 3 else _WRITER
         if why == _QUEUE:
             return Verdict.NO, "free, but an earlier waiter is first in the queue"
+        if why == _HANDED:
+            return Verdict.NO, "already handed to this waiter by a release"
         if why == _READERS:
             return Verdict.NO, f"held by readers ({left} ms until the last one lapses)"
         return Verdict.NO, f"held by another holder ({left} ms left)"
@@ -254,7 +267,19 @@ class Core:
         # release, force release: every master waited for, up to the longest wait
         self.patient = Timing(give_up_silent=False, max_wait=self.timing.max_wait)
         self.waker = Waker(self.nodes, settings.node_timeout, self.quorum)
+        # keys (of one resource) whose last acquire() here was refused: the next
+        # one brings its place in the masters' queue from its first attempt
+        self.contended: dict[str, None] = {}
         self.gates = Gates(self.clock)
+
+    def mark_contended(self, key: str) -> None:
+        """Remember that an ``acquire()`` of ``key`` was refused (the latest
+        ``CONTENDED_KEYS`` keys are kept)."""
+        contended = self.contended
+        contended.pop(key, None)
+        contended[key] = None
+        if len(contended) > CONTENDED_KEYS:
+            del contended[next(iter(contended))]
 
     def clock(self) -> float:
         """The monotonic clock that validity is measured with."""
@@ -333,15 +358,26 @@ class Core:
         args: tuple[str | int, ...] = (value, ms(ttl), block)
         script = ACQUIRE
         if len(keys) == 1:  # one resource: mind its queue
-            script_keys += queue_keys(keys[0])
+            script_keys += (*queue_keys(keys[0]), terms_key(keys[0]))
         if entry is not None:
             args += (entry.waiter, entry.score, ms(entry.ttl))
             if rw:
                 script = ACQUIRE_RW
                 args += ("r" if shared else "w", "1" if queue else "0")
+            if entry.handover is not None:
+                args += (entry.handover, ms(entry.handover_ttl))
         return self.fan_out(lambda _, node: node.call(script, script_keys, args), skip_silent=True)
 
-    def dequeue(self, key: str, entry: QueueEntry, trace: QueueTrace, *, everywhere: bool) -> None:
+    def dequeue(
+        self,
+        key: str,
+        entry: QueueEntry,
+        trace: QueueTrace,
+        *,
+        everywhere: bool,
+        drop: bool = True,
+        skip: Collection[int] = (),
+    ) -> None:
         """Take a waiter whose ``acquire()`` ended out of the queue, in the background.
 
         On each master, behind its attempts there (one connection keeps them in
@@ -349,18 +385,33 @@ class Core:
         (a fair lock) or only where an attempt queued it or its outcome is not
         known yet (other locks, whose attempts queue only once refused, or, for
         a read-write lock, while a queue exists or a writer is out of patience).
-        Where the lock is free and the waiter was first in line, the next one is
-        announced. Nothing is sent once this
-        ``AsyncRedlock`` is closed: the entries lapse by themselves.
+        With ``drop``, a key a release handed the waiter is deleted (it is not
+        going to use it). Where the lock is free and the waiter was first in line,
+        the next one is announced. Masters in ``skip`` (by index) get nothing.
+        Nothing is sent once this ``AsyncRedlock`` is closed: the entries lapse by
+        themselves.
         """
         if self.closed:
             return
-        keys = (*queue_keys(key), key)
-        args = (entry.waiter, channel(key))
+        keys = (*queue_keys(key), key, terms_key(key))
+        handed = entry.handover if drop and entry.handover is not None else ""
+        args = (entry.waiter, channel(key), handed)
         trace.prune()
         for i, node in enumerate(self.nodes):
-            if everywhere or trace.queued[i] or trace.pending[i]:
+            if (everywhere or trace.queued[i] or trace.pending[i]) and i not in skip:
                 node.call(DEQUEUE, keys, args)
+
+    def drop_handed(self, key: str, entry: QueueEntry, masters: Iterable[int]) -> None:
+        """Give back, on ``masters``, a key handed to a waiter that cannot use the
+        hand-over (too little validity left, or its tokens not committed): deleted,
+        the waiter out of the queue there (its next attempt queues it again, in the
+        same place), the next waiter announced."""
+        if self.closed or entry.handover is None:
+            return
+        keys = (*queue_keys(key), key, terms_key(key))
+        args = (entry.waiter, channel(key), entry.handover)
+        for i in masters:
+            self.nodes[i].call(DEQUEUE, keys, args)
 
     def commit_round(
         self,
@@ -448,7 +499,16 @@ class Core:
         else:
             script = RELEASE
             script_keys = tuple(
-                each for key in keys for each in (key, undo_key(key, value), *queue_keys(key))
+                each
+                for key in keys
+                for each in (
+                    key,
+                    undo_key(key, value),
+                    *queue_keys(key),
+                    terms_key(key),
+                    readers_key(key),
+                    aux_key(key, "fence"),
+                )
             )
             args = (value, marker_ttl, *(channel(key) for key in keys))
         self._last_delete = (keys, value, marker_ttl, shared, script, script_keys, args)

@@ -74,6 +74,7 @@ class Lease:
         handoffs: int = 0,
         shared: bool = False,
         handoff: bool = True,
+        extend_at: float | None = None,
     ) -> None:
         self._core = core
         self.shared = shared
@@ -109,8 +110,8 @@ class Lease:
         core.held.add(self)
         if auto_extend:
             # Extend once a third of the TTL is used up (at once for a lease passed
-            # on with less validity than that).
-            self._extend_at(expires_at - 2 * ttl / 3)
+            # on with less validity than that), or when told.
+            self._extend_at(expires_at - 2 * ttl / 3 if extend_at is None else extend_at)
 
     def __repr__(self) -> str:
         return f"<Lease {self.resource!r} {self._state.value} validity={self.validity:.3f}s>"

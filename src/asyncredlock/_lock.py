@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import secrets
 import time
@@ -193,26 +194,55 @@ class Lock:
         """Attempts on the masters until one takes the lock or ``deadline`` passes."""
         core = self._core
         # Fair and read-write locks queue from the start; other locks on one
-        # resource once refused (the queue orders waiters of different clients).
-        entry = self._entry(arrival) if self._rw else None
+        # resource once refused (the queue orders waiters of different clients),
+        # or from the start when this client's last acquire() of it had to wait.
+        contended = core.contended
+        single = len(self.keys) == 1
+        entry = self._entry(arrival) if self._rw or (single and self.key in contended) else None
         trace = QueueTrace(len(core.nodes)) if entry is not None else None
         ticket: Ticket | None = None
+        # when each attempt that could leave hand-over terms was sent, by its value
+        starts: dict[str, float] = {}
+        waker = core.waker
+        # whether its wake-ups come through the inbox only (writers, but those of a
+        # read-write lock that is not fair: they also listen on the lock's channel)
+        inbox_only = not self.shared and (self.fair or not self._rw)
         acquired = False
+        handed_by: frozenset[int] = frozenset()  # the masters that handed it the lease
         try:
             while True:
+                if ticket is not None and len(ticket.handed) >= core.quorum:
+                    assert entry is not None
+                    taken = await self._take_handed(entry, ticket, starts)
+                    if taken is not None:
+                        acquired = True
+                        lease, handed_by = taken
+                        return lease
+                if ticket is None and entry is not None and inbox_only and waker.inbox_ready():
+                    # Its inbox is listened to already: a release after this attempt
+                    # (which queues it) is heard, and no retry is needed to catch one
+                    # before. It is enrolled first, so that none goes unheard.
+                    ticket = await waker.enroll((), waiter=entry.waiter)
                 # A writer out of patience queues: readers that come later wait for it.
                 impatient = not self.shared and core.clock() - started >= self._patience
-                outcome = await self._attempt(entry, self.fair or impatient, trace)
+                # hand-over terms only once enrolled: a hand-over is then always heard
+                outcome = await self._attempt(
+                    entry, self.fair or impatient, trace, starts, terms=ticket is not None
+                )
                 if isinstance(outcome, Lease):
                     acquired = True
+                    if ticket is None:
+                        contended.pop(self.key, None)  # no contention this time
                     return outcome
                 if deadline - core.clock() <= 0:
                     raise self._failure(outcome)
                 if core.closed:
                     raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
-                if entry is None and len(self.keys) == 1:
+                if entry is None and single:
                     entry = self._entry(arrival)
                     trace = QueueTrace(len(core.nodes))
+                if single:
+                    core.mark_contended(self.key)
                 if ticket is None and not outcome.decision.unavailable(core.quorum):
                     # Listen for the release, then try again at once: a release
                     # before the subscription is seen by that attempt, one after
@@ -223,9 +253,9 @@ class Lock:
                     # writers of read-write locks (queued only while a queue
                     # exists) also listen on the lock's channel.
                     with anyio.move_on_after(max(0.0, deadline - core.clock())):
-                        broadcast = entry is None or self.shared or (self._rw and not self.fair)
+                        broadcast = entry is None or not inbox_only
                         channels = [channel(key) for key in self.keys] if broadcast else []
-                        ticket = await core.waker.enroll(
+                        ticket = await waker.enroll(
                             channels,
                             everyone=self.shared,
                             waiter=None if entry is None else entry.waiter,
@@ -240,28 +270,109 @@ class Lock:
             if ticket is not None:
                 core.waker.leave(ticket, acquired=acquired)
             if entry is not None and trace is not None:
-                # a granted waiter may still be listed by the masters that refused
-                core.dequeue(self.key, entry, trace, everywhere=self.fair)
+                # a granted waiter may still be listed by the masters that refused;
+                # a key handed to it that it is not using is given back; the masters
+                # that handed it the lease took it out of their queue already
+                core.dequeue(
+                    self.key,
+                    entry,
+                    trace,
+                    everywhere=self.fair,
+                    drop=not handed_by,
+                    skip=handed_by,
+                )
 
     def _entry(self, arrival: int) -> QueueEntry:
         """This ``acquire()``'s place in the masters' queue (its entry lives three
-        retry delays and node timeouts unless an attempt refreshes it)."""
+        retry delays and node timeouts unless an attempt refreshes it). A writer
+        whose lease extends itself may be handed the key by a release, for no
+        longer than its entry lives (should it have died, the key frees itself as
+        soon as its entry would have lapsed); its lease then extends it."""
         settings = self._core.settings
+        ttl = max(1.0, 3 * (settings.retry_delay + settings.node_timeout))
         return QueueEntry(
             waiter=waiter_id(self._core.waker.client, reader=self.shared),
             score=arrival,
-            ttl=max(1.0, 3 * (settings.retry_delay + settings.node_timeout)),
+            ttl=ttl,
+            handover=None if self.shared or not self.auto_extend else secrets.token_hex(16),
+            handover_ttl=min(ttl, self.ttl),
         )
+
+    async def _take_handed(
+        self, entry: QueueEntry, ticket: Ticket, starts: dict[str, float]
+    ) -> tuple[Lease, frozenset[int]] | None:
+        """The lease of a key that a quorum of masters handed to this waiter, and
+        which masters did; or None (then given back where it was handed).
+
+        A master hands the key over (``release.lua``) with the terms of the last
+        attempt it queued the waiter with, so after that attempt was sent: the key
+        lives there at least until that attempt's start plus the hand-over TTL, by
+        this client's clock (less the drift allowance). The validity is the
+        quorum-th longest of those. With fencing, the token is the largest count a
+        master returned, committed in a second round unless a quorum returned it.
+        """
+        core = self._core
+        assert entry.handover is not None
+        handed = dict(ticket.handed)
+        ticket.handed.clear()
+        expiries = sorted(
+            (
+                core.expiry(starts[attempt], entry.handover_ttl)
+                for attempt, _ in handed.values()
+                if attempt in starts
+            ),
+            reverse=True,
+        )
+        acquired = [_granted() for _ in core.nodes]
+        tokens: tuple[int, ...] | None = None
+        usable = len(expiries) >= core.quorum and expiries[core.quorum - 1] > core.clock()
+        if usable and self.fencing:
+            counts = [count for _, count in handed.values()]
+            tokens = (max(counts),)
+            if counts.count(tokens[0]) < core.quorum:
+                second = core.commit_round(self.keys, entry.handover, tokens, acquired)
+                decision = await core.decide(second, classify_commit)
+                usable = decision.yes >= core.quorum
+        if not usable or expiries[core.quorum - 1] <= core.clock():
+            core.drop_handed(self.key, entry, handed)
+            return None
+        core.counters.acquisitions += 1
+        expires_at = expiries[core.quorum - 1]
+        now = core.clock()
+        lease = Lease(
+            core,
+            target=self._target,
+            value=entry.handover,
+            ttl=self.ttl,
+            expires_at=expires_at,
+            acquired=acquired,
+            auto_extend=self.auto_extend,
+            tokens=tokens,
+            handoff=not self._rw,
+            # the key lives a hand-over TTL: extended to the lease's own TTL once a
+            # third of that is used (a short hold never needs to)
+            extend_at=now + (expires_at - now) / 3,
+        )
+        return lease, frozenset(handed)
 
     async def _attempt(
         self,
         entry: QueueEntry | None,
         queue: bool,
         trace: QueueTrace | None,
+        starts: dict[str, float],
+        *,
+        terms: bool,
     ) -> Lease | _Failed:
         core = self._core
         value = secrets.token_hex(16)
         start = core.clock()
+        if not terms and entry is not None and entry.handover is not None:
+            entry = dataclasses.replace(entry, handover=None)
+        if entry is not None and entry.handover is not None:
+            starts[value] = start
+            if len(starts) > _ATTEMPTS_KEPT:
+                del starts[next(iter(starts))]
         core.counters.attempts += 1
         expires_at = core.expiry(start, self.ttl)
         rnd = core.acquire_round(
@@ -362,6 +473,20 @@ class _Failed:
     decision: Decision
     expired: bool
     free_in: float = math.inf
+
+
+#: How many of its latest attempts a waiter remembers the start of: a master hands
+#: the key over with the terms of the last attempt it saw, one of the latest.
+_ATTEMPTS_KEPT = 32
+
+
+def _granted() -> asyncio.Future[Reply]:
+    """A settled "granted" reply: what a lease handed over by the masters records
+    for every master, so that its release and extension go to all of them (the
+    scripts change nothing where the key does not hold its value)."""
+    future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    future.set_result(Reply([1]))
+    return future
 
 
 def _free_in(replies: Sequence[asyncio.Future[Reply]]) -> float:

@@ -65,7 +65,7 @@ class Ticket:
     """One waiting ``acquire()``: its channels (one per resource of its lock), its
     place in each channel's queue, and its wake-up flag."""
 
-    __slots__ = ("cause", "channels", "copies", "event", "everyone", "waiter")
+    __slots__ = ("cause", "channels", "copies", "event", "everyone", "handed", "waiter")
 
     def __init__(
         self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
@@ -79,6 +79,9 @@ class Ticket:
         # the last release (its value) that named it, and how many masters did
         self.cause = b""
         self.copies = 0
+        # the masters (by index) that handed it the key: the attempt whose hand-over
+        # terms they used, and the fence count
+        self.handed: dict[int, tuple[str, int]] = {}
 
 
 class _Subscription(Stream):
@@ -117,10 +120,12 @@ class _Listener:
     def __init__(
         self,
         node: Node,
-        on_message: Callable[[str, bytes], None],
+        index: int,
+        on_message: Callable[[int, str, bytes], None],
         on_lost: Callable[[str | None], None],
     ) -> None:
         assert node.opener is not None
+        self.index = index
         self.name = node.name
         self.opener = node.opener
         self.on_message = on_message
@@ -190,7 +195,8 @@ class _Listener:
                 self.unconfirmed.discard(channel)
                 self.on_lost(channel)
         elif kind == "message":
-            self.on_message(channel, data if isinstance(data, bytes) else str(data).encode())
+            value = data if isinstance(data, bytes) else str(data).encode()
+            self.on_message(self.index, channel, value)
 
     async def aclose(self) -> None:
         task, self.task = self.task, None
@@ -218,8 +224,8 @@ class Waker:
         self.patience = patience
         self.quorum = quorum
         self.listeners = [
-            _Listener(node, self._on_message, self._on_lost) if node.opener is not None else None
-            for node in nodes
+            _Listener(node, i, self._on_message, self._on_lost) if node.opener is not None else None
+            for i, node in enumerate(nodes)
         ]
         self.queues: dict[str, collections.deque[Ticket]] = {}
         # waiters queued on the masters, by id; the last id heard in the inbox
@@ -263,6 +269,16 @@ class Waker:
             raise
         return ticket
 
+    def inbox_ready(self) -> bool:
+        """Whether a quorum of masters confirmed the subscription to this client's
+        inbox (it stays subscribed once made, until the connection is lost)."""
+        confirmed = 0
+        for listener in self.listeners:
+            if listener is not None:
+                future = listener.confirmed.get(self.inbox)
+                confirmed += future is not None and future.done() and not future.cancelled()
+        return confirmed >= self.quorum
+
     def leave(self, ticket: Ticket, *, acquired: bool) -> None:
         """Take ``ticket`` out of its queues; unsubscribe where nobody waits.
 
@@ -302,13 +318,24 @@ class Waker:
         ticket.event.clear()
         return True
 
-    def _on_message(self, channel: str, value: bytes) -> None:
+    def _on_message(self, index: int, channel: str, value: bytes) -> None:
         self.notifications += 1
         if channel == self.inbox:
             # the first writer in the masters' queue: only it goes
             waiter, _, cause = value.partition(b" ")
             addressed = self.addressed.get(waiter)
             if addressed is None:
+                return
+            if cause[:7] == b"handed:":
+                # master ``index`` handed it the key: it goes once a quorum did
+                attempt, _, count = cause[7:].partition(b" ")
+                if not count.isdigit():
+                    logger.debug("inbox of %s: unexpected message %r", self.client, value)
+                    return
+                addressed.handed[index] = (attempt.decode(), int(count))
+                if len(addressed.handed) == self.quorum:
+                    self.wakeups += 1
+                    addressed.event.set()
                 return
             # wake it once a quorum of masters announced the same release (or the
             # same waiter leaving): its attempt then finds the lock free on enough

@@ -50,8 +50,9 @@ async def clients(
 async def test_a_release_is_announced_to_the_first_waiter_only(
     servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three clients wait in line; each release publishes one message per master, to
-    the inbox of the first waiter's client, and the lock's own channel hears nothing."""
+    """Three clients wait in line; each release hands the key to the first waiter and
+    publishes one message per master, to the inbox of that waiter's client; the lock's
+    own channel hears nothing."""
     spy = Redis.from_url(servers.urls[0])
     pubsub = spy.pubsub()
     await pubsub.psubscribe(INBOX_PREFIX + "*", "{line}:released", "test:sentinel")
@@ -100,10 +101,13 @@ async def test_a_release_is_announced_to_the_first_waiter_only(
                         await got[i].wait()
                         await drain()
                         inbox = (INBOX_PREFIX + redlock._core.waker.client).encode()
-                        # one message, to the first waiter's client, naming it
+                        # one message, to the first waiter's client, naming it: the
+                        # master handed it the key
                         assert len(heard) == 1
                         assert heard[0][0] == inbox
-                        assert heard[0][1].split(b" ")[0] == ids[i]
+                        assert heard[0][1].split(b" ")[:2][0] == ids[i]
+                        assert heard[0][1].split(b" ")[1].startswith(b"handed:")
+                        assert leases[i].value == (await masters.clients[0].get("line")).decode()
                         heard.clear()
                         previous = leases[i]
                     await previous.release()
@@ -116,8 +120,9 @@ async def test_a_release_is_announced_to_the_first_waiter_only(
         await spy.aclose()
     assert order == [0, 1, 2]
     assert woken == [1, 1, 1]  # each woken once, by the release before its turn
-    # per waiter: refused without a place in line, refused and queued, woken and granted
-    assert attempts == [3, 3, 3]
+    # per waiter: refused without a place in line, refused and queued; then handed the
+    # lock by the release, without an attempt
+    assert attempts == [2, 2, 2]
     assert await masters.keys() == [[]] * 5  # no key, no queue left
 
 
@@ -270,6 +275,9 @@ async def test_a_killed_process_delays_the_next_waiter_by_its_entry_not_the_ttl(
         (dead,) = (await queues(masters, "killed"))[0]
         assert [len(q) for q in await queues(masters, "killed")] == [1] * 5
         await held.release()
+        # the release handed the key to the dead waiter, for its entry's time only
+        assert await masters.holding("killed") == 5
+        assert all([0 < await c.pttl("killed") <= 1000 for c in masters.clients])
         # The entry lapses within a second; the acquisition's own timeout is the bound
         # (far below the holder's TTL, which never comes into play).
         with anyio.fail_after(HANG_GUARD):
@@ -361,3 +369,80 @@ async def test_a_waiter_queued_on_a_minority_only(
 
     order = await take_turns(servers, masters, monkeypatch, "minority", strand)
     assert sorted(order) == [0, 1, 2]
+
+
+async def test_a_handed_key_lives_the_entry_ttl_until_the_lease_extends_it(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls) as redlock,
+    ):
+        held = await holder.lock("handed").acquire()
+        waiting = Waiting([redlock], monkeypatch)
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                leases: list[Lease] = []
+
+                async def take() -> None:
+                    leases.append(await redlock.lock("handed", ttl=30).acquire())
+
+                tg.start_soon(take)
+                await waiting.reach(1)
+                await held.release()
+        (lease,) = leases
+        # the key lives the waiter's entry TTL (1 s with these settings), counted from
+        # its last attempt; the lease extends it a third of the way through
+        assert all([0 < await c.pttl("handed") <= 1000 for c in masters.clients])
+        assert 0 < lease.validity <= 1.0
+        assert lease.token is not None
+        await lease.extend()
+        assert lease.validity > 20
+        assert all([await c.pttl("handed") > 20_000 for c in masters.clients])
+        await lease.release()
+        await redlock.settle()
+    assert await masters.keys() == [[]] * 5
+
+
+async def test_a_waiter_cancelled_after_it_was_handed_the_key_gives_it_back(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The masters hand the key over while the waiter is being cancelled (here: its
+    inbox misses the news): leaving, it deletes the key it was handed, and the next
+    waiter goes at once, not when the handed key expires."""
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        clients(servers.urls, 2, retry_delay=PATIENT) as (deaf, next_one),
+    ):
+        held = await holder.lock("giveback").acquire()
+        for listener in deaf._core.waker.listeners:
+            assert listener is not None
+            monkeypatch.setattr(listener, "on_message", lambda *message: None)
+        waiting = Waiting([deaf, next_one], monkeypatch)
+        order: list[str] = []
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                doomed = anyio.CancelScope()
+
+                async def cancelled() -> None:
+                    with doomed:
+                        await deaf.lock("giveback", timeout=HANG_GUARD).acquire()
+                        order.append("deaf")
+
+                async def take() -> None:
+                    async with next_one.lock("giveback", timeout=HANG_GUARD):
+                        order.append("next")
+
+                tg.start_soon(cancelled)
+                await waiting.reach(1)
+                tg.start_soon(take)
+                await waiting.reach(2)
+                await held.release()  # hands the key to the deaf waiter
+                handed = [await c.get("giveback") for c in masters.clients]
+                assert len(set(handed)) == 1
+                assert handed[0] is not None
+                doomed.cancel()
+        await deaf.settle()
+        await next_one.settle()
+    assert order == ["next"]
+    assert await masters.keys() == [[]] * 5

@@ -335,8 +335,8 @@ class TestFairness:
             write_lock = writers.rwlock("doc", **options).write(timeout=HANG_GUARD)
             attempt = write_lock._attempt
 
-            async def observed(entry: Any, queue: bool, rounds: Any) -> Any:
-                outcome = await attempt(entry, queue, rounds)
+            async def observed(entry: Any, queue: bool, *args: Any, **kwargs: Any) -> Any:
+                outcome = await attempt(entry, queue, *args, **kwargs)
                 if queue and ("queued", -1) not in events:
                     events.append(("queued", -1))
                 return outcome

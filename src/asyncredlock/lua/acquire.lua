@@ -6,20 +6,24 @@
 -- earlier waiter is queued, leaving the queue.
 -- KEYS, four per resource: lock key, this attempt's undo marker, fence counter, the
 -- readers of its read-write lock (value -> server time in ms when the entry lapses);
--- for one resource, then optionally KEYS[5] the queue (waiter id -> arrival score)
--- and KEYS[6] the queue's expiries (waiter id -> server time in ms when its entry
--- lapses)
+-- for one resource, then optionally KEYS[5] the queue (waiter id -> arrival score),
+-- KEYS[6] the queue's expiries (waiter id -> server time in ms when its entry lapses)
+-- and KEYS[7] the hand-over terms of queued waiters (waiter id -> 'value px block
+-- attempt', see release.lua)
 -- ARGV[1] the attempt's random value, ARGV[2] ttl in milliseconds,
 -- ARGV[3] how far to count the fences up (first phase of a fenced acquisition: the
 -- size of the token block), '0' not to touch them; optional, with the queue keys:
 -- ARGV[4] the waiter's id (the same for all the attempts of one acquire()), ARGV[5]
 -- its arrival score (the same on every master, so that they agree on the order),
--- ARGV[6] its queue entry's time to live in ms
+-- ARGV[6] its queue entry's time to live in ms; optional, to be handed the lock by a
+-- release while queued: ARGV[7] the value it would hold the key with, ARGV[8] for how
+-- long in ms (the key's first PX; its lease extends it)
 -- Returns {1} when granted ({1, counter per resource} with fencing), {0, pttl, queued}
 -- when another holder has one of the resources, {0, ms, queued, 2} when readers hold
 -- one (ms until the last entry lapses), {0, -1, queued, 3} when the lock is free but
 -- an earlier waiter is queued, {-1} when the attempt was already undone here (its SET
--- arrived late). queued is 1 when the waiter's entry is in the queue.
+-- arrived late), {0, pttl, 0, 4} when the key was already handed to this waiter (see
+-- release.lua; left alone). queued is 1 when the waiter's entry is in the queue.
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
 if redis.replicate_commands then
@@ -27,10 +31,11 @@ if redis.replicate_commands then
 end
 local waiter = ARGV[4]
 local n = math.floor(#KEYS / 4)
-local queue, expiries
-if #KEYS == 6 then
-  queue, expiries = KEYS[5], KEYS[6]
+local queue, expiries, terms
+if #KEYS == 7 then
+  queue, expiries, terms = KEYS[5], KEYS[6], KEYS[7]
 end
+local handover = ARGV[7]
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 2]) == 1 then
     return {-1}
@@ -44,13 +49,18 @@ local function clock()
   end
   return now
 end
--- Queue the waiter (or refresh its entry); both keys expire with the latest entry.
+-- Queue the waiter (or refresh its entry, and its hand-over terms with this
+-- attempt's value); the keys expire with the latest entry.
 local function enqueue()
   redis.call('ZADD', queue, 'NX', ARGV[5], waiter)
   redis.call('ZADD', expiries, clock() + tonumber(ARGV[6]), waiter)
   local latest = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')[2]
   redis.call('PEXPIREAT', queue, latest)
   redis.call('PEXPIREAT', expiries, latest)
+  if handover then
+    redis.call('HSET', terms, waiter, handover .. ' ' .. ARGV[8] .. ' ' .. ARGV[3] .. ' ' .. ARGV[1])
+    redis.call('PEXPIREAT', terms, latest)
+  end
 end
 local queued = 0
 if queue and redis.call('EXISTS', expiries) == 1 then
@@ -58,7 +68,11 @@ if queue and redis.call('EXISTS', expiries) == 1 then
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', clock())) do
     redis.call('ZREM', queue, gone)
     redis.call('ZREM', expiries, gone)
+    redis.call('HDEL', terms, gone)
   end
+end
+if handover and redis.call('GET', KEYS[1]) == handover then
+  return {0, redis.call('PTTL', KEYS[1]), 0, 4}
 end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then
@@ -93,6 +107,7 @@ if queue and redis.call('EXISTS', queue) == 1 then
   end
   redis.call('ZREM', queue, waiter)
   redis.call('ZREM', expiries, waiter)
+  redis.call('HDEL', terms, waiter)
 end
 for i = 0, n - 1 do
   redis.call('SET', KEYS[4 * i + 1], ARGV[1], 'PX', ARGV[2])

@@ -3,21 +3,25 @@
 -- KEYS[1] lock key (the writer's), KEYS[2] this attempt's undo marker, KEYS[3] fence
 -- counter, KEYS[4] readers (reader's value -> server time in ms when its entry
 -- lapses), KEYS[5] the queue (waiter id -> arrival score), KEYS[6] the queue's
--- expiries (waiter id -> server time in ms when its entry lapses)
+-- expiries (waiter id -> server time in ms when its entry lapses), KEYS[7] the queued
+-- waiters' hand-over terms (waiter id -> 'value px block attempt', see release.lua)
 -- ARGV[1] the attempt's random value, ARGV[2] ttl in ms, ARGV[3] how far to count the
 -- fence up ('0': not at all; always '0' for a reader), ARGV[4] the waiter's id, the
 -- same for all the attempts of one acquire() ('r:...' for a reader; any other id is a
 -- writer's), ARGV[5] its arrival score (the same on every master, so that they agree
 -- on the order), ARGV[6] its queue entry's time to live in ms, ARGV[7] 'r' reader or
 -- 'w' writer, ARGV[8] '1' to queue (fair, or a writer out of patience), '0' to queue
--- only while a queue exists
+-- only while a queue exists; optional, for a writer to be handed the lock by a release
+-- while queued: ARGV[9] the value it would hold the key with, ARGV[10] for how long in
+-- ms (the key's first PX; its lease extends it)
 -- A writer is granted when no writer holds the key, no reader entry is left and, if
 -- queued, it is first in the queue; a reader when no writer holds the key and, if
 -- queued, no writer is queued before it. A granted waiter leaves the queue.
 -- Returns {1} when granted ({1, counter} with fencing), {0, ms left, queued, why}
 -- when refused (why: 1 a writer holds the key, 2 readers hold it (ms until the last
 -- entry lapses), 3 an earlier writer is queued (ms left -1)), {-1} when the attempt
--- was already undone here (it arrived late). queued is 1 when the waiter's entry is
+-- was already undone here (it arrived late), {0, pttl, 0, 4} when the key was already
+-- handed to this writer (left alone). queued is 1 when the waiter's entry is
 -- in the queue. Both queue keys and the readers key expire with their latest entry.
 if redis.replicate_commands then
   redis.replicate_commands()
@@ -33,6 +37,11 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)) do
   redis.call('ZREM', KEYS[5], gone)
   redis.call('ZREM', KEYS[6], gone)
+  redis.call('HDEL', KEYS[7], gone)
+end
+local handover = not reader and ARGV[9]
+if handover and redis.call('GET', KEYS[1]) == handover then
+  return {0, redis.call('PTTL', KEYS[1]), 0, 4}
 end
 local queued = ARGV[8] == '1' or redis.call('EXISTS', KEYS[5]) == 1
 local q = 0
@@ -43,6 +52,10 @@ if queued then
   local latest = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')[2]
   redis.call('PEXPIREAT', KEYS[5], latest)
   redis.call('PEXPIREAT', KEYS[6], latest)
+  if handover then
+    redis.call('HSET', KEYS[7], ARGV[4], handover .. ' ' .. ARGV[10] .. ' ' .. ARGV[3] .. ' ' .. ARGV[1])
+    redis.call('PEXPIREAT', KEYS[7], latest)
+  end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('PTTL', KEYS[1]), q, 1}
@@ -67,6 +80,7 @@ if queued then
   end
   redis.call('ZREM', KEYS[5], ARGV[4])
   redis.call('ZREM', KEYS[6], ARGV[4])
+  redis.call('HDEL', KEYS[7], ARGV[4])
 end
 if reader then
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])

@@ -6,9 +6,12 @@
 -- ' left:' and the leaving waiter's id), else to
 -- everyone on the lock's channel (the message is 'left:' and the waiter's id: readers
 -- first in line, and waiters that did not queue).
+-- A key handed to the waiter (see release.lua) that it is not going to use is deleted
+-- first, and the next waiter announced.
 -- KEYS[1] the queue, KEYS[2] the queue's expiries, KEYS[3] the lock key (the
--- writer's)
--- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on
+-- writer's), KEYS[4] the queued waiters' hand-over terms
+-- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on, ARGV[3] the value
+-- the key was handed to it with, to delete ('': leave the key alone)
 -- Returns 1 when its entry was removed, else 0.
 if redis.replicate_commands then
   redis.replicate_commands()
@@ -18,10 +21,19 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
   redis.call('ZREM', KEYS[1], gone)
   redis.call('ZREM', KEYS[2], gone)
+  redis.call('HDEL', KEYS[4], gone)
+end
+local handed = ARGV[3] ~= '' and redis.call('GET', KEYS[3]) == ARGV[3]
+if handed then
+  redis.call('DEL', KEYS[3])
 end
 local rank = redis.call('ZRANK', KEYS[1], ARGV[1])
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if handed then
+  rank = 0  -- it was first in line (and left the queue when handed the key)
+end
 if not rank or redis.call('EXISTS', KEYS[3]) == 1 then
   -- not queued here, or the lock is held: its release will announce the next one
   return removed

@@ -1,29 +1,34 @@
--- Compare-and-delete on one master, announcing the release to waiters.
--- KEYS, four per resource: lock key, the attempt's undo marker, the resource's queue
--- (waiter id -> arrival score) and its expiries (waiter id -> server time in ms when
--- the entry lapses)
+-- Compare-and-delete on one master, announcing the release to waiters, or handing the
+-- lock straight to the first of them.
+-- KEYS, seven per resource: lock key, the attempt's undo marker, the resource's queue
+-- (waiter id -> arrival score), its expiries (waiter id -> server time in ms when the
+-- entry lapses), the queued waiters' hand-over terms (waiter id -> 'value px block
+-- attempt'), the readers of its read-write lock, its fence counter
 -- ARGV[1] the holder's value, ARGV[2] marker ttl in ms (0: leave no marker),
 -- ARGV[3..] per resource, the channel waiters listen on
--- Deletes every resource that holds the value and announces each: when the first
--- waiter of its queue is a writer, to that writer's client, on the inbox channel named
--- in its id ('w:<client>:<random>'; the message is the id, a space and the value:
--- only that writer goes, once it heard it from a quorum of masters), else to
--- everyone on the lock's channel (the message is the value: readers queued first all
--- go together, and waiters that never queued try again). Returns 1 when all of them
--- were held, else 0.
--- The markers are left when the outcome of the SET is unknown (its call failed):
--- should that SET still arrive later, the acquire scripts see them and refuse it.
+-- Deletes every resource that holds the value. When the first waiter of its queue is a
+-- writer that left hand-over terms and no reader holds the resource, the key is set at
+-- once to that waiter's value for px ms (with fencing, the fence counted up by block),
+-- the waiter leaves the queue, and its client's inbox channel (named in its id,
+-- 'w:<client>:<random>') gets the id, 'handed:', the attempt whose terms these were,
+-- and the count. A first waiter without terms is announced there with the released
+-- value (it tries at once). Else everyone on the lock's channel gets the value
+-- (readers queued first all go together; waiters that never queued try again).
+-- Returns 1 when all of them were held, else 0. The markers are left when the outcome
+-- of the SET is unknown (its call failed): should that SET still arrive later, the
+-- acquire scripts see them and refuse it.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
-local n = #KEYS / 4
+local n = #KEYS / 7
 local held = 0
 local now
 for i = 0, n - 1 do
-  if redis.call('GET', KEYS[4 * i + 1]) == ARGV[1] then
-    redis.call('DEL', KEYS[4 * i + 1])
+  local key = KEYS[7 * i + 1]
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('DEL', key)
     local channel, message = ARGV[i + 3], ARGV[1]
-    local queue, expiries = KEYS[4 * i + 3], KEYS[4 * i + 4]
+    local queue, expiries, terms = KEYS[7 * i + 3], KEYS[7 * i + 4], KEYS[7 * i + 5]
     if redis.call('EXISTS', expiries) == 1 then
       if not now then
         local time = redis.call('TIME')
@@ -32,11 +37,33 @@ for i = 0, n - 1 do
       for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
         redis.call('ZREM', queue, gone)
         redis.call('ZREM', expiries, gone)
+        redis.call('HDEL', terms, gone)
       end
       local first = redis.call('ZRANGE', queue, 0, 0)[1]
       local client = first and string.match(first, '^w:(%w+):')
       if client then
         channel, message = 'asyncredlock:inbox:' .. client, first .. ' ' .. ARGV[1]
+        local readers = KEYS[7 * i + 6]
+        redis.call('ZREMRANGEBYSCORE', readers, '-inf', now)
+        local term = redis.call('HGET', terms, first)
+        if term and redis.call('EXISTS', readers) == 0 then
+          local value, px, block, attempt = string.match(term, '^(%S+) (%S+) (%S+) (%S+)$')
+          redis.call('SET', key, value, 'PX', px)
+          local count = '0'
+          if block ~= '0' then
+            local fence = KEYS[7 * i + 7]
+            if redis.call('EXISTS', fence) == 0 then
+              local time = redis.call('TIME')
+              redis.call('SET', fence, time[1] .. string.format('%06d', tonumber(time[2])))
+            end
+            -- exact below 2^53, as in acquire.lua; '%.0f' keeps every digit
+            count = string.format('%.0f', redis.call('INCRBY', fence, block))
+          end
+          redis.call('ZREM', queue, first)
+          redis.call('ZREM', expiries, first)
+          redis.call('HDEL', terms, first)
+          message = first .. ' handed:' .. attempt .. ' ' .. count
+        end
       end
     end
     redis.call('PUBLISH', channel, message)
@@ -49,7 +76,7 @@ end
 local marker_ttl = tonumber(ARGV[2])
 if marker_ttl > 0 then
   for i = 0, n - 1 do
-    redis.call('SET', KEYS[4 * i + 2], '1', 'PX', marker_ttl)
+    redis.call('SET', KEYS[7 * i + 2], '1', 'PX', marker_ttl)
   end
 end
 return 0
