@@ -494,7 +494,8 @@ class Core:
         script_keys: tuple[str, ...]
         if shared:
             (key,) = keys
-            script, script_keys = RELEASE_READ, (readers_key(key), undo_key(key, value))
+            script = RELEASE_READ
+            script_keys = (readers_key(key), undo_key(key, value), *queue_keys(key))
             args: tuple[Any, ...] = (value, marker_ttl, channel(key))
         else:
             script = RELEASE

@@ -111,7 +111,12 @@ class Lock:
         undone on every master; between attempts the task sleeps a jittered
         delay, or less: a waiting acquisition listens for the holder's release
         (announced by the masters) and retries as soon as it is heard, and never
-        sleeps past the holder's remaining TTL.
+        sleeps past the holder's remaining TTL. Waiters of different clients
+        (processes) queue on the masters in arrival order: a release is announced
+        to the first of them only, and if its lease extends itself the masters
+        hand it the key in the release itself (its validity then counts from its
+        last attempt, and the key lives its queue entry's TTL, about a second,
+        until the lease extends it).
 
         Tasks of the same ``AsyncRedlock`` that want the same key queue in
         arrival order, and only the first of them sends attempts to the masters

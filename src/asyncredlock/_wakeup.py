@@ -21,6 +21,8 @@ hears it and only that waiter wakes: when a quorum of masters announced the same
 release (the message carries the released value, or the id of a waiter that left),
 so that its attempt finds the lock free on enough of them.
 One release costs one attempt and one message per master, not one per client.
+When the masters handed that writer the key (see ``release.lua``), the message says
+so, and the writer holds the lease once a quorum of them did, with no attempt.
 Messages on a lock's channel name no waiter (a release with nobody queued, or
 readers first in line) and wake as below; only readers, waiters of several
 resources and the writers of read-write locks listen there.

@@ -337,8 +337,9 @@ async def test_a_master_restarted_without_its_data_mid_queue(
 ) -> None:
     async def restart(ids: list[bytes]) -> None:
         servers[0].restart(kill=True)  # no save on the way down: it comes back empty
+        # it came back empty: no key, no queue (the waiters' attempts may write there
+        # again at once, so that is not checked here)
         await masters.clients[0].connection_pool.disconnect()  # this test's own client
-        assert not await masters.clients[0].exists("restarted")  # the holder's key is gone
 
     order = await take_turns(servers, masters, monkeypatch, "restarted", restart)
     assert order == [0, 1, 2]  # the four others still hold the line

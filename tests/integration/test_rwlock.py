@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -127,6 +128,40 @@ class TestExclusion:
             assert writers.statistics().wakeups >= 1
             await got[0].release()
 
+    @pytest.mark.parametrize("side", ["lock", "fair write"])
+    async def test_a_queued_writer_is_woken_by_the_last_readers_release(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch, side: str
+    ) -> None:
+        """The exclusive lock (the write side of the read-write lock) and a fair
+        writer wait in the masters' queue, listening on their inbox only: the last
+        reader's release is announced there."""
+        async with (
+            AsyncRedlock(servers.urls) as readers,
+            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as writers,
+        ):
+            leases = [await readers.rwlock("page").read(ttl=HANG_GUARD).acquire() for _ in range(2)]
+            monkeypatch.setattr(writers._core, "retry_pause", lambda: HANG_GUARD)
+            waiting = Waiting([writers], monkeypatch)
+            lock = (
+                writers.lock("page", timeout=HANG_GUARD)
+                if side == "lock"
+                else writers.rwlock("page", fair=True).write(timeout=HANG_GUARD)
+            )
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    got: list[Lease] = []
+
+                    async def write() -> None:
+                        got.append(await lock.acquire())
+
+                    tg.start_soon(write)
+                    await waiting.reach(1)
+                    assert writers._core.waker.queues == {}  # the inbox only
+                    for lease in leases:
+                        await lease.release()
+            assert waiting.woken == 1
+            await got[0].release()
+
     async def test_readers_waiting_for_a_writer_all_go_at_its_release(
         self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -154,6 +189,42 @@ class TestExclusion:
             assert waiting.woken == 3  # all of them by the one release
             for lease in got:
                 await lease.release()
+
+    async def test_readers_of_separate_clients_queued_behind_a_writer_go_together(
+        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Fair: the readers of three clients queue behind the writer on the masters;
+        its release (readers first in line) is announced to all of them at once, and
+        they hold the lock together."""
+        async with AsyncRedlock(servers.urls) as writers:
+            writer = await writers.rwlock("shelf", fair=True).write(ttl=HANG_GUARD).acquire()
+            async with contextlib.AsyncExitStack() as stack:
+                readers = [
+                    await stack.enter_async_context(
+                        AsyncRedlock(servers.urls, retry_delay=HANG_GUARD)
+                    )
+                    for _ in range(3)
+                ]
+                for each in readers:
+                    monkeypatch.setattr(each._core, "retry_pause", lambda: HANG_GUARD)
+                waiting = Waiting(readers, monkeypatch)
+                got: list[Lease] = []
+
+                async def read(redlock: AsyncRedlock) -> None:
+                    rw = redlock.rwlock("shelf", fair=True)
+                    got.append(await rw.read(timeout=HANG_GUARD).acquire())
+
+                with anyio.fail_after(HANG_GUARD):
+                    async with anyio.create_task_group() as tg:
+                        for each in readers:
+                            tg.start_soon(read, each)
+                        await waiting.reach(3)
+                        await writer.release()
+                assert len(got) == 3
+                assert all(lease.held for lease in got)  # together
+                assert waiting.woken == 3  # all by the one release
+                for lease in got:
+                    await lease.release()
 
     async def test_writers_of_one_process_never_pass_the_lease_on(
         self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch

@@ -1,7 +1,10 @@
 -- Remove a reader's entry on one master; when it was the last reader, announce it
--- (a writer may be waiting for the readers to leave).
+-- (a writer may be waiting for the readers to leave): to the first waiter of the queue
+-- when that is a writer, on its client's inbox channel (named in its id
+-- 'w:<client>:<random>'; the message is the id and the reader's value), else to
+-- everyone on the lock's channel.
 -- KEYS[1] the readers (value -> server time in ms when the entry lapses), KEYS[2] the
--- attempt's undo marker
+-- attempt's undo marker, KEYS[3] the queue, KEYS[4] the queue's expiries
 -- ARGV[1] the reader's value, ARGV[2] marker ttl in ms (0: leave no marker), ARGV[3]
 -- the channel waiters listen on
 -- Returns 1 when the entry was there and had not lapsed, else 0. The marker is left
@@ -17,7 +20,17 @@ if lapses then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   if redis.call('EXISTS', KEYS[1]) == 0 then
-    redis.call('PUBLISH', ARGV[3], ARGV[1])
+    local channel, message = ARGV[3], ARGV[1]
+    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+      redis.call('ZREM', KEYS[3], gone)
+      redis.call('ZREM', KEYS[4], gone)
+    end
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local client = first and string.match(first, '^w:(%w+):')
+    if client then
+      channel, message = 'asyncredlock:inbox:' .. client, first .. ' ' .. ARGV[1]
+    end
+    redis.call('PUBLISH', channel, message)
   end
   if tonumber(lapses) > now then
     return 1
