@@ -213,6 +213,7 @@ class Lock:
         # read-write lock that is not fair: they also listen on the lock's channel)
         inbox_only = not self.shared and (self.fair or not self._rw)
         acquired = False
+        first = True  # the first attempt of this acquire()
         handed_by: frozenset[int] = frozenset()  # the masters that handed it the lease
         try:
             while True:
@@ -232,13 +233,18 @@ class Lock:
                 impatient = not self.shared and core.clock() - started >= self._patience
                 # hand-over terms only once enrolled: a hand-over is then always heard
                 outcome = await self._attempt(
-                    entry, self.fair or impatient, trace, starts, terms=ticket is not None
+                    entry,
+                    self.fair or impatient,
+                    trace,
+                    starts,
+                    terms=ticket is not None and waker.inbox_ready(),
                 )
                 if isinstance(outcome, Lease):
                     acquired = True
-                    if ticket is None:
+                    if first:
                         contended.pop(self.key, None)  # no contention this time
                     return outcome
+                first = False
                 if deadline - core.clock() <= 0:
                     raise self._failure(outcome)
                 if core.closed:
@@ -318,28 +324,32 @@ class Lock:
         """
         core = self._core
         assert entry.handover is not None
-        handed = dict(ticket.handed)
-        ticket.handed.clear()
-        expiries = sorted(
-            (
-                core.expiry(starts[attempt], entry.handover_ttl)
-                for attempt, _ in handed.values()
-                if attempt in starts
-            ),
-            reverse=True,
-        )
+        now = core.clock()
+        # per master that handed it the key: until when the key surely lives there
+        live: dict[int, tuple[float, int]] = {}
+        for i, (attempt, count) in ticket.handed.items():
+            start = starts.get(attempt)
+            if start is not None and (expiry := core.expiry(start, entry.handover_ttl)) > now:
+                live[i] = (expiry, count)
+        # keys it cannot count on (their attempt forgotten, or as good as expired)
+        core.drop_handed(self.key, entry, [i for i in ticket.handed if i not in live])
+        ticket.handed = {i: ticket.handed[i] for i in live}
+        if len(live) < core.quorum:
+            return None  # the others may still hand it over
+        ticket.handed = {}
+        expiries = sorted((expiry for expiry, _ in live.values()), reverse=True)
         acquired = [_granted() for _ in core.nodes]
         tokens: tuple[int, ...] | None = None
-        usable = len(expiries) >= core.quorum and expiries[core.quorum - 1] > core.clock()
-        if usable and self.fencing:
-            counts = [count for _, count in handed.values()]
+        usable = True
+        if self.fencing:
+            counts = [count for _, count in live.values()]
             tokens = (max(counts),)
             if counts.count(tokens[0]) < core.quorum:
                 second = core.commit_round(self.keys, entry.handover, tokens, acquired)
                 decision = await core.decide(second, classify_commit)
                 usable = decision.yes >= core.quorum
         if not usable or expiries[core.quorum - 1] <= core.clock():
-            core.drop_handed(self.key, entry, handed)
+            core.drop_handed(self.key, entry, live)
             return None
         core.counters.acquisitions += 1
         expires_at = expiries[core.quorum - 1]
@@ -358,7 +368,7 @@ class Lock:
             # third of that is used (a short hold never needs to)
             extend_at=now + (expires_at - now) / 3,
         )
-        return lease, frozenset(handed)
+        return lease, frozenset(live)
 
     async def _attempt(
         self,

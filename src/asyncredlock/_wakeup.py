@@ -67,7 +67,7 @@ class Ticket:
     """One waiting ``acquire()``: its channels (one per resource of its lock), its
     place in each channel's queue, and its wake-up flag."""
 
-    __slots__ = ("cause", "channels", "copies", "event", "everyone", "handed", "waiter")
+    __slots__ = ("causes", "channels", "event", "everyone", "handed", "waiter")
 
     def __init__(
         self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
@@ -78,9 +78,8 @@ class Ticket:
         self.everyone = everyone
         # its id in the masters' queue: a release that names it wakes it
         self.waiter = None if waiter is None else waiter.encode()
-        # the last release (its value) that named it, and how many masters did
-        self.cause = b""
-        self.copies = 0
+        # the latest releases (their value) that named it, and which masters did
+        self.causes: dict[bytes, set[int]] = {}
         # the masters (by index) that handed it the key: the attempt whose hand-over
         # terms they used, and the fence count
         self.handed: dict[int, tuple[str, int]] = {}
@@ -341,10 +340,15 @@ class Waker:
                 return
             # wake it once a quorum of masters announced the same release (or the
             # same waiter leaving): its attempt then finds the lock free on enough
-            if cause != addressed.cause:
-                addressed.cause, addressed.copies = cause, 0
-            addressed.copies += 1
-            if addressed.copies != self.quorum:
+            heard = addressed.causes.get(cause)
+            if heard is None:
+                if len(addressed.causes) >= _CAUSES_KEPT:
+                    del addressed.causes[next(iter(addressed.causes))]
+                heard = addressed.causes[cause] = set()
+            if index in heard:
+                return
+            heard.add(index)
+            if len(heard) != self.quorum:
                 return
             if value != self.last_addressed:
                 self.last_addressed = value
@@ -389,6 +393,11 @@ class Waker:
         for listener in self.listeners:
             if listener is not None:
                 await listener.aclose()
+
+
+#: How many distinct announcements a waiter counts the masters of at once (the
+#: copies of one release may interleave with those of the next few).
+_CAUSES_KEPT = 4
 
 
 def waiter_id(client: str, *, reader: bool) -> str:

@@ -447,3 +447,34 @@ async def test_a_waiter_cancelled_after_it_was_handed_the_key_gives_it_back(
         await next_one.settle()
     assert order == ["next"]
     assert await masters.keys() == [[]] * 5
+
+
+async def test_a_key_queues_from_its_first_attempt_only_while_contended(
+    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose acquire() of a key had to wait brings its place in line from the
+    next acquire()'s first attempt; one that then finds the lock free at once forgets
+    that, and the one after it sends a plain attempt again."""
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock,
+    ):
+        held = await holder.lock("calm").acquire()
+        waiting = Waiting([redlock], monkeypatch)
+        leases: list[Lease] = []
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+
+                async def take() -> None:
+                    leases.append(await redlock.lock("calm", timeout=HANG_GUARD).acquire())
+
+                tg.start_soon(take)
+                await waiting.reach(1)
+                await held.release()
+        await leases[0].release()
+        assert "calm" in redlock._core.contended
+        lease = await redlock.lock("calm", timeout=0).acquire()  # free: granted at once
+        assert "calm" not in redlock._core.contended
+        await lease.release()
+        await redlock.settle()
+    assert await masters.keys() == [[]] * 5
