@@ -246,6 +246,8 @@ class Lock:
                     return outcome
                 first = False
                 if deadline - core.clock() <= 0:
+                    if ticket is not None and len(ticket.handed) >= core.quorum:
+                        continue  # handed the lock meanwhile: take it (top of the loop)
                     raise self._failure(outcome)
                 if core.closed:
                     raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
