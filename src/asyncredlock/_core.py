@@ -391,25 +391,32 @@ class Core:
         Nothing is sent once this ``AsyncRedlock`` is closed: the entries lapse by
         themselves.
         """
-        if self.closed:
-            return
-        keys = (*queue_keys(key), key, terms_key(key))
-        handed = entry.handover if drop and entry.handover is not None else ""
-        args = (entry.waiter, channel(key), handed)
         trace.prune()
-        for i, node in enumerate(self.nodes):
-            if (everywhere or trace.queued[i] or trace.pending[i]) and i not in skip:
-                node.call(DEQUEUE, keys, args)
+        masters = [
+            i
+            for i in range(len(self.nodes))
+            if (everywhere or trace.queued[i] or trace.pending[i]) and i not in skip
+        ]
+        self._dequeue_on(masters, key, entry, drop=drop)
 
     def drop_handed(self, key: str, entry: QueueEntry, masters: Iterable[int]) -> None:
         """Give back, on ``masters``, a key handed to a waiter that cannot use the
         hand-over (too little validity left, or its tokens not committed): deleted,
         the waiter out of the queue there (its next attempt queues it again, in the
         same place), the next waiter announced."""
-        if self.closed or entry.handover is None:
+        if entry.handover is not None:
+            self._dequeue_on(masters, key, entry, drop=True)
+
+    def _dequeue_on(
+        self, masters: Iterable[int], key: str, entry: QueueEntry, *, drop: bool
+    ) -> None:
+        """``dequeue.lua`` for ``entry`` on ``masters`` (by index), deleting the key
+        handed to it with ``drop``; nothing once this ``AsyncRedlock`` is closed."""
+        if self.closed:
             return
         keys = (*queue_keys(key), key, terms_key(key))
-        args = (entry.waiter, channel(key), entry.handover)
+        handed = entry.handover if drop and entry.handover is not None else ""
+        args = (entry.waiter, channel(key), handed)
         for i in masters:
             self.nodes[i].call(DEQUEUE, keys, args)
 

@@ -353,24 +353,38 @@ class Lock:
         if not usable or expiries[core.quorum - 1] <= core.clock():
             core.drop_handed(self.key, entry, live)
             return None
-        core.counters.acquisitions += 1
         expires_at = expiries[core.quorum - 1]
         now = core.clock()
-        lease = Lease(
-            core,
+        # the key lives a hand-over TTL: extended to the lease's own TTL once a third
+        # of that is used (a short hold never needs to)
+        extend_at = now + (expires_at - now) / 3
+        lease = self._lease(entry.handover, expires_at, acquired, tokens, extend_at=extend_at)
+        return lease, frozenset(live)
+
+    def _lease(
+        self,
+        value: str,
+        expires_at: float,
+        acquired: Sequence[asyncio.Future[Reply]],
+        tokens: tuple[int, ...] | None,
+        *,
+        extend_at: float | None = None,
+    ) -> Lease:
+        """The lease of an acquisition that succeeded (counted)."""
+        self._core.counters.acquisitions += 1
+        return Lease(
+            self._core,
             target=self._target,
-            value=entry.handover,
+            value=value,
             ttl=self.ttl,
             expires_at=expires_at,
             acquired=acquired,
             auto_extend=self.auto_extend,
             tokens=tokens,
+            shared=self.shared,
             handoff=not self._rw,
-            # the key lives a hand-over TTL: extended to the lease's own TTL once a
-            # third of that is used (a short hold never needs to)
-            extend_at=now + (expires_at - now) / 3,
+            extend_at=extend_at,
         )
-        return lease, frozenset(live)
 
     async def _attempt(
         self,
@@ -416,19 +430,7 @@ class Lock:
             core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
             raise
         if decision.yes >= core.quorum and expires_at > core.clock():
-            core.counters.acquisitions += 1
-            return Lease(
-                core,
-                target=self._target,
-                value=value,
-                ttl=self.ttl,
-                expires_at=expires_at,
-                acquired=rnd.tasks,
-                auto_extend=self.auto_extend,
-                tokens=tokens,
-                shared=self.shared,
-                handoff=not self._rw,
-            )
+            return self._lease(value, expires_at, rnd.tasks, tokens)
         core.counters.failed_attempts += 1
         core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
         free_in = _free_in(rnd.tasks)

@@ -50,16 +50,16 @@ def _load(name: str, *, needs: tuple[str, ...] = ()) -> Script:
     return Script(name, "".join(_read(helper) for helper in needs) + _read(name))
 
 
-ACQUIRE = _load("acquire")
-ACQUIRE_RW = _load("acquire_rw")
-DEQUEUE = _load("dequeue")
+ACQUIRE = _load("acquire", needs=("queue",))
+ACQUIRE_RW = _load("acquire_rw", needs=("queue",))
+DEQUEUE = _load("dequeue", needs=("queue",))
 COMMIT = _load("commit", needs=("decimal",))
-RELEASE = _load("release")
-RELEASE_READ = _load("release_read")
+RELEASE = _load("release", needs=("queue",))
+RELEASE_READ = _load("release_read", needs=("queue",))
 EXTEND = _load("extend")
 EXTEND_READ = _load("extend_read")
 INSPECT = _load("inspect")
-DELETE = _load("delete")
+DELETE = _load("delete", needs=("queue",))
 FENCED_WRITE = _load("fenced_write", needs=("decimal",))
 
 #: The scripts run on the masters, loaded on every new connection before any call.

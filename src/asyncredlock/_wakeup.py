@@ -59,7 +59,7 @@ logger = logging.getLogger("asyncredlock")
 RECONNECT_DELAY = 0.2
 
 #: The channel of a client's inbox is this prefix and the client's id (the scripts
-#: ``release.lua`` and ``dequeue.lua`` build it from a queued waiter's id).
+#: build it from a queued waiter's id, in ``lua/queue.lua``).
 INBOX_PREFIX = "asyncredlock:inbox:"
 
 
@@ -229,9 +229,8 @@ class Waker:
             for i, node in enumerate(nodes)
         ]
         self.queues: dict[str, collections.deque[Ticket]] = {}
-        # waiters queued on the masters, by id; the last id heard in the inbox
+        # waiters queued on the masters, by id
         self.addressed: dict[bytes, Ticket] = {}
-        self.last_addressed: bytes | None = None
         # per channel: the last release heard, and the waiter it woke
         self.last: dict[str, tuple[bytes, Ticket | None]] = {}
         self.notifications = 0
@@ -350,9 +349,7 @@ class Waker:
             heard.add(index)
             if len(heard) != self.quorum:
                 return
-            if value != self.last_addressed:
-                self.last_addressed = value
-                self.wakeups += 1
+            self.wakeups += 1  # once per announcement: its quorum is reached once
             addressed.event.set()
             return
         queue = self.queues.get(channel)

@@ -26,6 +26,7 @@
 -- release.lua; left alone). queued is 1 when the waiter's entry is in the queue.
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
+-- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -43,10 +44,7 @@ for i = 0, n - 1 do
 end
 local now
 local function clock()
-  if not now then
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  end
+  now = now or now_ms()
   return now
 end
 -- Queue the waiter (or refresh its entry, and its hand-over terms with this
@@ -65,11 +63,7 @@ end
 local queued = 0
 if queue and redis.call('EXISTS', expiries) == 1 then
   -- entries of waiters that stopped asking (gone, or killed)
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', clock())) do
-    redis.call('ZREM', queue, gone)
-    redis.call('ZREM', expiries, gone)
-    redis.call('HDEL', terms, gone)
-  end
+  purge(queue, expiries, terms, clock())
 end
 if handover and redis.call('GET', KEYS[1]) == handover then
   return {0, redis.call('PTTL', KEYS[1]), 0, 4}

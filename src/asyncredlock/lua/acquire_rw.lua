@@ -23,6 +23,7 @@
 -- was already undone here (it arrived late), {0, pttl, 0, 4} when the key was already
 -- handed to this writer (left alone). queued is 1 when the waiter's entry is
 -- in the queue. Both queue keys and the readers key expire with their latest entry.
+-- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -34,11 +35,7 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local reader = ARGV[7] == 'r'
 -- Entries of readers whose lease ran out, and of waiters that stopped asking.
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)) do
-  redis.call('ZREM', KEYS[5], gone)
-  redis.call('ZREM', KEYS[6], gone)
-  redis.call('HDEL', KEYS[7], gone)
-end
+purge(KEYS[5], KEYS[6], KEYS[7], now)
 local handover = not reader and ARGV[9]
 if handover and redis.call('GET', KEYS[1]) == handover then
   return {0, redis.call('PTTL', KEYS[1]), 0, 4}

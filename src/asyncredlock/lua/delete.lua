@@ -5,6 +5,7 @@
 -- KEYS[1] lock key, KEYS[2] the readers of its read-write lock, KEYS[3] its queue,
 -- KEYS[4] the queue's expiries; ARGV[1] the lock's channel
 -- Returns 1 when a writer's key or reader entries were deleted, else 0.
+-- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -15,16 +16,11 @@ if deleted == 0 then
 end
 local channel, message = ARGV[1], value or 'readers'
 if redis.call('EXISTS', KEYS[4]) == 1 then
-  local time = redis.call('TIME')
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
-    redis.call('ZREM', KEYS[3], gone)
-    redis.call('ZREM', KEYS[4], gone)
-  end
+  purge(KEYS[3], KEYS[4], nil, now_ms())
   local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  local client = first and string.match(first, '^w:(%w+):')
-  if client then
-    channel, message = 'asyncredlock:inbox:' .. client, first .. ' left:forced'
+  local writer = inbox(first)
+  if writer then
+    channel, message = writer, first .. ' left:forced'
   end
 end
 redis.call('PUBLISH', channel, message)

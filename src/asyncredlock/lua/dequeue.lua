@@ -13,16 +13,11 @@
 -- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on, ARGV[3] the value
 -- the key was handed to it with, to delete ('': leave the key alone)
 -- Returns 1 when its entry was removed, else 0.
+-- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
-  redis.call('ZREM', KEYS[1], gone)
-  redis.call('ZREM', KEYS[2], gone)
-  redis.call('HDEL', KEYS[4], gone)
-end
+purge(KEYS[1], KEYS[2], KEYS[4], now_ms())
 local handed = ARGV[3] ~= '' and redis.call('GET', KEYS[3]) == ARGV[3]
 if handed then
   redis.call('DEL', KEYS[3])
@@ -54,9 +49,9 @@ if rank > 0 and string.sub(ARGV[1], 1, 2) ~= 'r:' then
 end
 if announce then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-  local client = first and string.match(first, '^w:(%w+):')
-  if client then
-    redis.call('PUBLISH', 'asyncredlock:inbox:' .. client, first .. ' left:' .. ARGV[1])
+  local writer = inbox(first)
+  if writer then
+    redis.call('PUBLISH', writer, first .. ' left:' .. ARGV[1])
   else
     redis.call('PUBLISH', ARGV[2], 'left:' .. ARGV[1])
   end

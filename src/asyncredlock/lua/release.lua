@@ -17,6 +17,7 @@
 -- Returns 1 when all of them were held, else 0. The markers are left when the outcome
 -- of the SET is unknown (its call failed): should that SET still arrive later, the
 -- acquire scripts see them and refuse it.
+-- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -30,19 +31,12 @@ for i = 0, n - 1 do
     local channel, message = ARGV[i + 3], ARGV[1]
     local queue, expiries, terms = KEYS[7 * i + 3], KEYS[7 * i + 4], KEYS[7 * i + 5]
     if redis.call('EXISTS', expiries) == 1 then
-      if not now then
-        local time = redis.call('TIME')
-        now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-      end
-      for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
-        redis.call('ZREM', queue, gone)
-        redis.call('ZREM', expiries, gone)
-        redis.call('HDEL', terms, gone)
-      end
+      now = now or now_ms()
+      purge(queue, expiries, terms, now)
       local first = redis.call('ZRANGE', queue, 0, 0)[1]
-      local client = first and string.match(first, '^w:(%w+):')
-      if client then
-        channel, message = 'asyncredlock:inbox:' .. client, first .. ' ' .. ARGV[1]
+      local writer = inbox(first)
+      if writer then
+        channel, message = writer, first .. ' ' .. ARGV[1]
         local readers = KEYS[7 * i + 6]
         redis.call('ZREMRANGEBYSCORE', readers, '-inf', now)
         local term = redis.call('HGET', terms, first)

@@ -10,6 +10,7 @@
 -- Returns 1 when the entry was there and had not lapsed, else 0. The marker is left
 -- when the outcome of the acquisition was unknown (its call failed): should it still
 -- arrive later, acquire_rw.lua sees the marker and refuses it.
+-- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -21,14 +22,11 @@ if lapses then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   if redis.call('EXISTS', KEYS[1]) == 0 then
     local channel, message = ARGV[3], ARGV[1]
-    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
-      redis.call('ZREM', KEYS[3], gone)
-      redis.call('ZREM', KEYS[4], gone)
-    end
+    purge(KEYS[3], KEYS[4], nil, now)
     local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    local client = first and string.match(first, '^w:(%w+):')
-    if client then
-      channel, message = 'asyncredlock:inbox:' .. client, first .. ' ' .. ARGV[1]
+    local writer = inbox(first)
+    if writer then
+      channel, message = writer, first .. ' ' .. ARGV[1]
     end
     redis.call('PUBLISH', channel, message)
   end
