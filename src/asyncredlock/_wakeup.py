@@ -312,7 +312,10 @@ class Waker:
     async def wait(self, ticket: Ticket, delay: float) -> bool:
         """Wait until ``ticket`` is woken or ``delay`` passed; whether it was woken."""
         try:
-            await asyncio.wait_for(ticket.event.wait(), delay)
+            # (not wait_for: that runs the wait in a task of its own, one loop
+            # iteration more between the release heard and the waiter going)
+            async with asyncio.timeout(delay):
+                await ticket.event.wait()
         except TimeoutError:
             return False
         ticket.event.clear()
