@@ -11,7 +11,7 @@ import asyncio
 import random
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._config import Settings
 from ._gate import Gates
@@ -26,13 +26,25 @@ from ._quorum import (
     TaskTracker,
     Timing,
     Verdict,
+    quorum_of,
 )
 from ._quorum import describe_error as _describe_error
 from ._scripts import ACQUIRE, ACQUIRE_RW, COMMIT, DEQUEUE, RELEASE, RELEASE_READ
 from ._wakeup import Waker
 
-if TYPE_CHECKING:
-    from ._lease import Lease
+
+class Holding(Protocol):
+    """What the engine's owner (``AsyncRedlock``) needs of a lease it keeps in
+    ``Core.held`` (``Lease``, which sits above this module)."""
+
+    keys: tuple[str, ...]
+
+    def _lose(self, decision: Decision | None) -> None:
+        """End the lease lost (its block cancelled), removing what it holds."""
+
+    async def _release_quietly(self) -> None:
+        """Release it, reporting nothing."""
+
 
 __all__ = [
     "TOKEN_BLOCK",
@@ -251,13 +263,13 @@ class Core:
     def __init__(self, nodes: Sequence[Node], settings: Settings) -> None:
         self.nodes = tuple(nodes)
         self.settings = settings
-        self.quorum = len(self.nodes) // 2 + 1
+        self.quorum = quorum_of(len(self.nodes))
         self.tracker = TaskTracker()
         # the last release built by _delete: its keys, value, marker TTL, shared,
         # then the script, its keys and its arguments
         self._last_delete: tuple[Any, ...] = (None, None, None, None, None, None, None)
         self.counters = Counters()
-        self.held: set[Lease] = set()
+        self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closed = False
         self.timing = Timing(
             give_up_silent=True,

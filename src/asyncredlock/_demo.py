@@ -27,6 +27,7 @@ import anyio.to_thread
 from redis.asyncio import Redis
 
 from ._errors import RedlockError
+from ._quorum import quorum_of
 from ._redlock import AsyncRedlock, RedlockStatistics
 from .testing import ServerGroup, ServerProcess
 
@@ -281,7 +282,7 @@ def _compact(response: "httpx.Response") -> str:
 
 
 def _print_setup(out: TextIO, urls: Sequence[str], database_url: str) -> None:
-    quorum = len(urls) // 2 + 1
+    quorum = quorum_of(len(urls))
     print(f"Redlock masters: {len(urls)} servers (quorum {quorum}): {', '.join(urls)}", file=out)
     print(f"Application database: {database_url}", file=out)
 

@@ -17,14 +17,22 @@ import collections
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._keys import Resources
 
-if TYPE_CHECKING:
-    from ._lease import Lease
+__all__ = ["Gates", "Held", "LocalTimeoutError", "Waiter"]
 
-__all__ = ["Gates", "LocalTimeoutError", "Waiter"]
+
+class Held(Protocol):
+    """What the gates need of a lease (``Lease``, which sits above this module)."""
+
+    @property
+    def validity(self) -> float:
+        """Seconds of validity left."""
+
+    def _pass_on(self) -> None:
+        """Hand the lease to the next waiter, or release it (its task gave up)."""
 
 
 class LocalTimeoutError(Exception):
@@ -43,7 +51,7 @@ class Waiter:
     # False for a writer of a read-write lock: it takes the slot, never a lease
     # passed on (readers elsewhere would wait behind a run of local writers)
     handoff: bool = True
-    future: asyncio.Future[Lease | None] = field(
+    future: asyncio.Future[Held | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
@@ -51,7 +59,7 @@ class Waiter:
 @dataclass(slots=True)
 class _Gate:
     # the lease that holds the slot; None while the slot's task is acquiring
-    holder: Lease | None = None
+    holder: Held | None = None
     waiters: collections.deque[Waiter] = field(default_factory=collections.deque)
 
 
@@ -78,11 +86,11 @@ class Gates:
         assert key not in self._gates
         self._gates[key] = _Gate()
 
-    def hold(self, key: str, lease: Lease) -> None:
+    def hold(self, key: str, lease: Held) -> None:
         """The slot's task acquired ``lease``: it holds the slot from now on."""
         self._gates[key].holder = lease
 
-    async def wait(self, key: str, waiter: Waiter, patience: float) -> Lease | None:
+    async def wait(self, key: str, waiter: Waiter, patience: float) -> Held | None:
         """Queue behind the holder of ``key``'s slot for at most ``patience`` seconds.
 
         Returns:
@@ -114,7 +122,7 @@ class Gates:
             raise LocalTimeoutError
         return future.result()
 
-    def successor(self, key: str, holder: Lease) -> Waiter | None:
+    def successor(self, key: str, holder: Held) -> Waiter | None:
         """The next task waiting for ``key``, if ``holder`` may pass its lease to it."""
         gate = self._gates.get(key)
         if gate is None or gate.holder is not holder or self.closed:
@@ -123,7 +131,7 @@ class Gates:
             gate.waiters.popleft()
         return gate.waiters[0] if gate.waiters else None
 
-    def hand(self, key: str, waiter: Waiter, lease: Lease) -> None:
+    def hand(self, key: str, waiter: Waiter, lease: Held) -> None:
         """Deliver ``lease`` to ``waiter`` (the `successor`); the slot goes with it."""
         gate = self._gates[key]
         assert gate.waiters[0] is waiter
@@ -131,7 +139,7 @@ class Gates:
         gate.holder = lease
         waiter.future.set_result(lease)
 
-    def exit(self, key: str, holder: Lease | None = None) -> None:
+    def exit(self, key: str, holder: Held | None = None) -> None:
         """Give up ``key``'s slot: to the next waiting task, or free it.
 
         ``holder``: the lease giving it up (``None``: the acquiring task); a lease

@@ -173,7 +173,7 @@ class Lease:
         if decision is None:
             self.ttl = new_ttl
             return
-        if decision.unavailable(self._core.quorum):
+        if decision.unavailable:
             raise QuorumUnavailableError(
                 f"could not extend {self.resource!r}: too many masters did not answer",
                 resource=self.resource,
@@ -205,7 +205,7 @@ class Lease:
         if self._hand_off():
             return
         decision = await self._release_round()
-        if decision.yes >= self._core.quorum:
+        if decision.reached:
             return
         if not self.lost:
             raise QuorumUnavailableError(
@@ -248,7 +248,7 @@ class Lease:
         wait = max(core.settings.node_timeout, self._expires_at - core.clock())
         decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
         expires_at = core.expiry(start, ttl)
-        if self._state is _State.HELD and decision.yes >= core.quorum and expires_at > core.clock():
+        if self._state is _State.HELD and decision.holds(expires_at, core.clock()):
             self._expires_at = expires_at
             core.counters.extensions += 1
             return None
@@ -279,8 +279,7 @@ class Lease:
             rnd = self._send_release()
             core.counters.releases += 1
             decision = await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
-            quorum = core.quorum
-            if decision.yes < quorum and not decision.unavailable(quorum):
+            if not decision.reached and not decision.unavailable:
                 core.counters.lost += 1
                 self._state = _State.LOST
                 self._loss = decision
@@ -383,7 +382,7 @@ class Lease:
         self._extender = None
         if decision is None:
             self._extend_at(start + self.ttl / 3)
-        elif not decision.unavailable(core.quorum):
+        elif not decision.unavailable:
             self._lose(decision)
         else:
             self._loss = decision
@@ -452,7 +451,7 @@ class Lease:
         if self._state is not _State.HELD or self._hand_off():
             return
         decision = await self._release_round()
-        if decision.unavailable(self._core.quorum):
+        if decision.unavailable:
             logger.warning(
                 "released %r on too few masters; the rest expire with the TTL", self.resource
             )

@@ -10,10 +10,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import anyio
 
+from ._config import check_seconds
 from ._core import (
     Core,
     QueueEntry,
@@ -25,7 +26,7 @@ from ._core import (
 )
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
 from ._gate import LocalTimeoutError, Waiter
-from ._keys import Resources
+from ._keys import Resources, key_slot, lock_key
 from ._lease import Lease
 from ._node import Reply
 from ._quorum import Decision
@@ -95,6 +96,59 @@ class Lock:
         self._rw = rw or fair
         self._patience = patience
         self._entered: dict[asyncio.Task[Any] | None, list[Lease]] = {}
+
+    @classmethod
+    def make(
+        cls,
+        core: Core,
+        names: tuple[str, ...],
+        *,
+        ttl: float | None,
+        timeout: float | None,
+        auto_extend: bool | None,
+        fencing: bool | None,
+        fair: bool,
+        shared: bool = False,
+        rw: bool = False,
+        patience: float = math.inf,
+    ) -> Self:
+        """Check the settings, fill in ``core``'s defaults, and make the lock."""
+        settings = core.settings
+        if core.closed:
+            raise RuntimeError("this AsyncRedlock is closed")
+        keys = tuple(lock_key(settings.prefix, each) for each in names)
+        if len(keys) > 1 and any(node.cluster for node in core.nodes):
+            slots = {key_slot(key) for key in keys}
+            if len(slots) > 1:
+                raise ValueError(
+                    f"the keys of {', '.join(map(repr, names))} are in {len(slots)} cluster"
+                    " slots; a lock on several resources runs one script per master, so"
+                    ' their keys must share a hash tag, e.g. "{order:7}:items"'
+                )
+        ttl = settings.ttl if ttl is None else check_seconds("ttl", ttl)
+        if timeout is None:
+            timeout = settings.timeout
+        timeout = check_seconds("timeout", timeout, allow_zero=True, allow_inf=True)
+        if auto_extend is None:
+            auto_extend = settings.auto_extend
+        elif not isinstance(auto_extend, bool):
+            raise TypeError("auto_extend must be a bool")
+        if fencing is None:
+            fencing = settings.fencing
+        elif not isinstance(fencing, bool):
+            raise TypeError("fencing must be a bool")
+        return cls(
+            core,
+            target=Resources(names, keys),
+            fair=fair,
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            fencing=fencing,
+            shared=shared,
+            rw=rw,
+            patience=patience,
+        )
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} ttl={self.ttl:g}s timeout={self.timeout:g}s>"
@@ -181,10 +235,13 @@ class Lock:
             self._target, self.ttl, self.auto_extend, self.fencing, handoff=not self._rw
         )
         try:
-            return await core.gates.wait(self._slot, waiter, max(0.0, deadline - core.clock()))
+            passed = await core.gates.wait(self._slot, waiter, max(0.0, deadline - core.clock()))
         except LocalTimeoutError:
             counters.timeouts += 1
             raise self._busy_error() from None
+        # the gates hold leases (of this module's kind) without knowing the class
+        assert passed is None or isinstance(passed, Lease)
+        return passed
 
     def _busy_error(self) -> LockTimeoutError:
         wait = "one attempt" if self.timeout == 0 else f"{self.timeout:g} s"
@@ -256,7 +313,7 @@ class Lock:
                     trace = QueueTrace(len(core.nodes))
                 if single:
                     core.mark_contended(self.key)
-                if ticket is None and not outcome.decision.unavailable(core.quorum):
+                if ticket is None and not outcome.decision.unavailable:
                     # Listen for the release, then try again at once: a release
                     # before the subscription is seen by that attempt, one after
                     # it is announced. No wake-up is lost in between. A release
@@ -349,7 +406,7 @@ class Lock:
             if counts.count(tokens[0]) < core.quorum:
                 second = core.commit_round(self.keys, entry.handover, tokens, acquired)
                 decision = await core.decide(second, classify_commit)
-                usable = decision.yes >= core.quorum
+                usable = decision.reached
         if not usable or expiries[core.quorum - 1] <= core.clock():
             core.drop_handed(self.key, entry, live)
             return None
@@ -421,7 +478,7 @@ class Lock:
         tokens: tuple[int, ...] | None = None
         try:
             decision = await core.decide(rnd, classify_acquire)
-            if self.fencing and decision.yes >= core.quorum and expires_at > core.clock():
+            if self.fencing and decision.holds(expires_at, core.clock()):
                 tokens, committed = fence_tokens(rnd.tasks, core.quorum)
                 if not committed:
                     second = core.commit_round(self.keys, value, tokens, rnd.tasks)
@@ -429,12 +486,12 @@ class Lock:
         except BaseException:
             core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
             raise
-        if decision.yes >= core.quorum and expires_at > core.clock():
+        if decision.holds(expires_at, core.clock()):
             return self._lease(value, expires_at, rnd.tasks, tokens)
         core.counters.failed_attempts += 1
         core.undo(self.keys, value, rnd.tasks, self.ttl, shared=self.shared)
         free_in = _free_in(rnd.tasks)
-        if decision.yes >= core.quorum:
+        if decision.reached:
             decision = _expired(decision, core.clock() - start, self.ttl)
             return _Failed(decision, expired=True, free_in=free_in)
         return _Failed(decision, expired=False, free_in=free_in)
@@ -442,7 +499,7 @@ class Lock:
     def _failure(self, failed: _Failed) -> RedlockError:
         decision = failed.decision
         counters = self._core.counters
-        if decision.unavailable(self._core.quorum):
+        if decision.unavailable:
             counters.unavailable += 1
             return QuorumUnavailableError(
                 f"could not lock {self.name!r}: too many masters failed or did not answer",

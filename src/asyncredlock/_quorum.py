@@ -23,7 +23,15 @@ from typing import Any, TypeVar
 from ._errors import NodeOutcome
 from ._node import Node, Reply
 
-__all__ = ["Decision", "NodeSkippedError", "Round", "TaskTracker", "Timing", "Verdict"]
+__all__ = [
+    "Decision",
+    "NodeSkippedError",
+    "Round",
+    "TaskTracker",
+    "Timing",
+    "Verdict",
+    "quorum_of",
+]
 
 logger = logging.getLogger("asyncredlock")
 
@@ -115,6 +123,11 @@ def _log_crash(task: asyncio.Task[Any]) -> None:
         logger.error("asyncredlock background task failed", exc_info=task.exception())
 
 
+def quorum_of(masters: int) -> int:
+    """How many of ``masters`` must agree: a majority, ``masters // 2 + 1``."""
+    return masters // 2 + 1
+
+
 class Decision:
     """The counted replies of one round when its caller stopped waiting.
 
@@ -166,9 +179,25 @@ class Decision:
             f"Decision(yes={self.yes}, no={self.no}, failed={self.failed}, pending={self.pending})"
         )
 
-    def unavailable(self, quorum: int) -> bool:
+    @property
+    def quorum(self) -> int:
+        """How many masters must agree."""
+        return quorum_of(self.masters)
+
+    @property
+    def reached(self) -> bool:
+        """Whether a quorum of masters said yes."""
+        return self.yes >= quorum_of(self.masters)
+
+    def holds(self, expires_at: float, now: float) -> bool:
+        """Redlock's success rule: a quorum granted, and the validity (the moment
+        ``expires_at``, by the clock that reads ``now``) has not run out."""
+        return self.reached and expires_at > now
+
+    @property
+    def unavailable(self) -> bool:
         """Whether failures alone made the quorum unreachable (an outage)."""
-        return self.failed > self.masters - quorum
+        return self.failed > self.masters - quorum_of(self.masters)
 
 
 class Round:

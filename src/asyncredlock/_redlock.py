@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -21,9 +20,10 @@ from redis.backoff import NoBackoff
 from ._config import Settings, check_name, check_seconds
 from ._core import Core, channel, classify_deleted, queue_keys, readers_key
 from ._errors import QuorumUnavailableError
-from ._keys import Resources, aux_key, key_slot, lock_key
+from ._keys import aux_key, lock_key
 from ._lock import Lock
 from ._node import Node, Reply
+from ._quorum import quorum_of
 from ._rwlock import RWLock
 from ._scripts import DELETE, INSPECT
 from ._transport import RedisPyOpener
@@ -129,7 +129,7 @@ class LockState:
     @property
     def holder(self) -> str | None:
         """The holder value found on a majority of masters, or ``None``."""
-        quorum = len(self.nodes) // 2 + 1
+        quorum = quorum_of(len(self.nodes))
         values = [n.holder for n in self.nodes if n.holder is not None]
         for value in set(values):
             if values.count(value) >= quorum:
@@ -292,8 +292,14 @@ class AsyncRedlock:
             raise TypeError("fair must be a bool")
         if fair and len(names) > 1:
             raise ValueError("fair=True takes one resource, not a list of them")
-        return self._make_lock(
-            names, ttl=ttl, timeout=timeout, auto_extend=auto_extend, fencing=fencing, fair=fair
+        return Lock.make(
+            self._core,
+            names,
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            fencing=fencing,
+            fair=fair,
         )
 
     def rwlock(self, name: str, *, fair: bool = False, patience: float = 1.0) -> RWLock:
@@ -324,57 +330,7 @@ class AsyncRedlock:
             raise TypeError("fair must be a bool")
         patience = check_seconds("patience", patience, allow_zero=True, allow_inf=True)
         key = lock_key(self._settings.prefix, name)
-        return RWLock(self, name, key, fair=fair, patience=patience)
-
-    def _make_lock(
-        self,
-        names: tuple[str, ...],
-        *,
-        ttl: float | None,
-        timeout: float | None,
-        auto_extend: bool | None,
-        fencing: bool | None,
-        fair: bool,
-        shared: bool = False,
-        rw: bool = False,
-        patience: float = math.inf,
-    ) -> Lock:
-        """Check the settings, fill in the defaults, and make the lock."""
-        settings = self._settings
-        self._check_open()
-        keys = tuple(lock_key(settings.prefix, each) for each in names)
-        if len(keys) > 1 and any(node.cluster for node in self._core.nodes):
-            slots = {key_slot(key) for key in keys}
-            if len(slots) > 1:
-                raise ValueError(
-                    f"the keys of {', '.join(map(repr, names))} are in {len(slots)} cluster"
-                    " slots; a lock on several resources runs one script per master, so"
-                    ' their keys must share a hash tag, e.g. "{order:7}:items"'
-                )
-        ttl = settings.ttl if ttl is None else check_seconds("ttl", ttl)
-        if timeout is None:
-            timeout = settings.timeout
-        timeout = check_seconds("timeout", timeout, allow_zero=True, allow_inf=True)
-        if auto_extend is None:
-            auto_extend = settings.auto_extend
-        elif not isinstance(auto_extend, bool):
-            raise TypeError("auto_extend must be a bool")
-        if fencing is None:
-            fencing = settings.fencing
-        elif not isinstance(fencing, bool):
-            raise TypeError("fencing must be a bool")
-        return Lock(
-            self._core,
-            target=Resources(names, keys),
-            fair=fair,
-            ttl=ttl,
-            timeout=timeout,
-            auto_extend=auto_extend,
-            fencing=fencing,
-            shared=shared,
-            rw=rw,
-            patience=patience,
-        )
+        return RWLock(self._core, name, key, fair=fair, patience=patience)
 
     async def inspect(self, name: str) -> LockState:
         """Read a lock's state on every master: holder (the writer), time left,
@@ -429,7 +385,7 @@ class AsyncRedlock:
         wait = self._core.timing.max_wait
         deadline = time.monotonic() + wait
         decision = await self._core.decide(rnd, classify_deleted, wait=wait)
-        if decision.unavailable(self.quorum):
+        if decision.unavailable:
             raise QuorumUnavailableError(
                 f"could not force {name!r} free: too many masters failed or did not answer",
                 resource=name,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._lock import Lock
+
 if TYPE_CHECKING:
-    from ._lock import Lock
-    from ._redlock import AsyncRedlock
+    from ._core import Core
 
 __all__ = ["RWLock"]
 
@@ -33,10 +34,8 @@ class RWLock:
         key: The lock key.
     """
 
-    def __init__(
-        self, redlock: AsyncRedlock, name: str, key: str, *, fair: bool, patience: float
-    ) -> None:
-        self._redlock = redlock
+    def __init__(self, core: Core, name: str, key: str, *, fair: bool, patience: float) -> None:
+        self._core = core
         self.name = name
         self.key = key
         self._fair = fair
@@ -83,7 +82,8 @@ class RWLock:
                 negative or NaN.
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
-        return self._redlock._make_lock(
+        return Lock.make(
+            self._core,
             (self.name,),
             ttl=ttl,
             timeout=timeout,
@@ -124,7 +124,8 @@ class RWLock:
                 negative or NaN.
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
-        return self._redlock._make_lock(
+        return Lock.make(
+            self._core,
             (self.name,),
             ttl=ttl,
             timeout=timeout,

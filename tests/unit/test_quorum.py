@@ -173,7 +173,7 @@ class TestRound:
             "held by another holder (1500 ms left)",
             "held by another holder (1500 ms left)",
         ]
-        assert not decision.unavailable(3)
+        assert not decision.unavailable
         assert not rnd.tasks[1].done()
 
     async def test_failures_count_against_the_quorum(self) -> None:
@@ -191,7 +191,7 @@ class TestRound:
             "TimeoutError: no message",
             PENDING,
         ]
-        assert decision.unavailable(2)
+        assert decision.unavailable
 
     async def test_decided_when_every_master_answered(self) -> None:
         masters = FakeMasters(4)  # quorum 3: two yes and two no leave it undecided until the end
@@ -218,7 +218,7 @@ class TestRound:
         # Two masters refused (a holder exists), one is down, two were not waited for:
         # failures alone did not make the quorum unreachable.
         assert (decision.yes, decision.no, decision.failed, decision.pending) == (0, 2, 1, 2)
-        assert not decision.unavailable(3)
+        assert not decision.unavailable
 
     async def test_a_known_reply_needs_no_call(self) -> None:
         masters = FakeMasters(3)
@@ -360,7 +360,7 @@ class TestDecision:
     def test_unavailable_when_failures_alone_exceed_n_minus_quorum(
         self, n: int, failed: int, unavailable: bool
     ) -> None:
-        assert self.decision(n, failed).unavailable(n // 2 + 1) is unavailable
+        assert self.decision(n, failed).unavailable is unavailable
 
 
 class TestTaskTracker:
