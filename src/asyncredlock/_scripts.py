@@ -50,16 +50,16 @@ def _load(name: str, *, needs: tuple[str, ...] = ()) -> Script:
     return Script(name, "".join(_read(helper) for helper in needs) + _read(name))
 
 
-ACQUIRE = _load("acquire", needs=("queue",))
-ACQUIRE_RW = _load("acquire_rw", needs=("queue",))
-DEQUEUE = _load("dequeue", needs=("queue",))
+ACQUIRE = _load("acquire", needs=("clock", "queue", "fence"))
+ACQUIRE_RW = _load("acquire_rw", needs=("clock", "queue", "fence"))
+DEQUEUE = _load("dequeue", needs=("clock", "queue"))
 COMMIT = _load("commit", needs=("decimal",))
-RELEASE = _load("release", needs=("queue",))
-RELEASE_READ = _load("release_read", needs=("queue",))
+RELEASE = _load("release", needs=("clock", "queue", "fence"))
+RELEASE_READ = _load("release_read", needs=("clock", "queue"))
 EXTEND = _load("extend")
-EXTEND_READ = _load("extend_read")
-INSPECT = _load("inspect")
-DELETE = _load("delete", needs=("queue",))
+EXTEND_READ = _load("extend_read", needs=("clock",))
+INSPECT = _load("inspect", needs=("clock",))
+DELETE = _load("delete", needs=("clock", "queue"))
 FENCED_WRITE = _load("fenced_write", needs=("decimal",))
 
 #: The scripts run on the masters, loaded on every new connection before any call.

@@ -26,7 +26,8 @@
 -- release.lua; left alone). queued is 1 when the waiter's entry is in the queue.
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
--- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
+-- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
+-- fence_count() (fence.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -111,15 +112,6 @@ if ARGV[3] == '0' then
 end
 local counts = {1}
 for i = 0, n - 1 do
-  local fence = KEYS[4 * i + 3]
-  if redis.call('EXISTS', fence) == 0 then
-    -- A missing counter (new resource, or a master that lost its data) starts from
-    -- the server's clock in microseconds, far above any count kept before.
-    local time = redis.call('TIME')
-    redis.call('SET', fence, time[1] .. string.format('%06d', tonumber(time[2])))
-  end
-  -- INCRBY's reply passes through a Lua number: exact below 2^53 (microseconds
-  -- until the year 2255, less 64 per acquisition).
-  counts[i + 2] = redis.call('INCRBY', fence, ARGV[3])
+  counts[i + 2] = fence_count(KEYS[4 * i + 3], ARGV[3])
 end
 return counts

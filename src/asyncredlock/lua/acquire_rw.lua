@@ -23,15 +23,15 @@
 -- was already undone here (it arrived late), {0, pttl, 0, 4} when the key was already
 -- handed to this writer (left alone). queued is 1 when the waiter's entry is
 -- in the queue. Both queue keys and the readers key expire with their latest entry.
--- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
+-- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
+-- fence_count() (fence.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {-1}
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 local reader = ARGV[7] == 'r'
 -- Entries of readers whose lease ran out, and of waiters that stopped asking.
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
@@ -89,7 +89,4 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if ARGV[3] == '0' then
   return {1}
 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('SET', KEYS[3], time[1] .. string.format('%06d', tonumber(time[2])))
-end
-return {1, redis.call('INCRBY', KEYS[3], ARGV[3])}
+return {1, fence_count(KEYS[3], ARGV[3])}

@@ -5,7 +5,7 @@
 -- KEYS[1] lock key, KEYS[2] the readers of its read-write lock, KEYS[3] its queue,
 -- KEYS[4] the queue's expiries; ARGV[1] the lock's channel
 -- Returns 1 when a writer's key or reader entries were deleted, else 0.
--- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
+-- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end

@@ -13,7 +13,7 @@
 -- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on, ARGV[3] the value
 -- the key was handed to it with, to delete ('': leave the key alone)
 -- Returns 1 when its entry was removed, else 0.
--- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
+-- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end

@@ -3,11 +3,11 @@
 -- ARGV[1] the reader's value, ARGV[2] ttl in ms
 -- Returns 1 when extended, else 0 (a lapsed entry is removed, never revived: a writer
 -- may have been granted since).
+-- Prepended by _scripts.py: now_ms() (clock.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 local lapses = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not lapses then
   return 0

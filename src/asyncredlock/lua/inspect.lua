@@ -4,8 +4,8 @@
 -- Returns {value or false, pttl, fence counter or false, readers, queue}: readers as
 -- value, ms left, value, ms left, ...; the queue as waiter id, ms left, ... in arrival
 -- order. Entries that lapsed (not yet pruned) are left out.
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- Prepended by _scripts.py: now_ms() (clock.lua).
+local now = now_ms()
 local readers = {}
 local entries = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #entries, 2 do

@@ -17,7 +17,8 @@
 -- Returns 1 when all of them were held, else 0. The markers are left when the outcome
 -- of the SET is unknown (its call failed): should that SET still arrive later, the
 -- acquire scripts see them and refuse it.
--- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
+-- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
+-- fence_count() (fence.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -45,13 +46,8 @@ for i = 0, n - 1 do
           redis.call('SET', key, value, 'PX', px)
           local count = '0'
           if block ~= '0' then
-            local fence = KEYS[7 * i + 7]
-            if redis.call('EXISTS', fence) == 0 then
-              local time = redis.call('TIME')
-              redis.call('SET', fence, time[1] .. string.format('%06d', tonumber(time[2])))
-            end
-            -- exact below 2^53, as in acquire.lua; '%.0f' keeps every digit
-            count = string.format('%.0f', redis.call('INCRBY', fence, block))
+            -- '%.0f' keeps every digit of the count
+            count = string.format('%.0f', fence_count(KEYS[7 * i + 7], block))
           end
           redis.call('ZREM', queue, first)
           redis.call('ZREM', expiries, first)

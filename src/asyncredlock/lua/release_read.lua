@@ -10,12 +10,11 @@
 -- Returns 1 when the entry was there and had not lapsed, else 0. The marker is left
 -- when the outcome of the acquisition was unknown (its call failed): should it still
 -- arrive later, acquire_rw.lua sees the marker and refuses it.
--- now_ms(), purge() and inbox() come from queue.lua, prepended by _scripts.py.
+-- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 local lapses = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if lapses then
   redis.call('ZREM', KEYS[1], ARGV[1])
