@@ -19,13 +19,13 @@ from ._errors import NodeOutcome as NodeOutcome
 from ._errors import QuorumUnavailableError as QuorumUnavailableError
 from ._errors import RedlockError as RedlockError
 from ._errors import StaleTokenError as StaleTokenError
+from ._inspect import LockState as LockState
+from ._inspect import NodeLockState as NodeLockState
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._redlock import AsyncRedlock as AsyncRedlock
-from ._redlock import LockState as LockState
-from ._redlock import NodeLockState as NodeLockState
-from ._redlock import RedlockStatistics as RedlockStatistics
 from ._rwlock import RWLock as RWLock
+from ._stats import RedlockStatistics as RedlockStatistics
 
 __version__ = "0.1.0"
 

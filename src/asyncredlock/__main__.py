@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from ._errors import RedlockError
-from ._redlock import AsyncRedlock, LockState, NodeLockState
+from ._inspect import LockState, NodeLockState
+from ._redlock import AsyncRedlock
 
 __all__ = ["main"]
 

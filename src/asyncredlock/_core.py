@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._config import Settings
 from ._gate import Gates
-from ._keys import aux_key
+from ._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
 from ._node import Node, Reply
+from ._protocol import TOKEN_BLOCK, QueueEntry, QueueTrace, granted, ms
 from ._quorum import (
     Classify,
     Decision,
@@ -25,11 +25,10 @@ from ._quorum import (
     Round,
     TaskTracker,
     Timing,
-    Verdict,
     quorum_of,
 )
-from ._quorum import describe_error as _describe_error
 from ._scripts import ACQUIRE, ACQUIRE_RW, COMMIT, DEQUEUE, RELEASE, RELEASE_READ
+from ._stats import Counters
 from ._wakeup import Waker
 
 
@@ -46,215 +45,11 @@ class Holding(Protocol):
         """Release it, reporting nothing."""
 
 
-__all__ = [
-    "TOKEN_BLOCK",
-    "Core",
-    "Counters",
-    "QueueEntry",
-    "QueueTrace",
-    "channel",
-    "classify_acquire",
-    "classify_commit",
-    "classify_deleted",
-    "classify_flag",
-    "fence_tokens",
-    "may_be_queued",
-    "ms",
-    "readers_key",
-]
-
-
-#: How far a fenced acquisition counts the fence counter up. The acquisition's
-#: token is ``t``; the next acquisition gets at least ``t + TOKEN_BLOCK``, so the
-#: tokens in between are this holder's to give to the tasks it passes the lease
-#: on to (see ``_gate``), at most ``TOKEN_BLOCK - 1`` of them in a row.
-TOKEN_BLOCK = 64
+__all__ = ["CONTENDED_KEYS", "Core", "Holding"]
 
 
 #: How many contended keys a client remembers (see `Core.mark_contended`).
 CONTENDED_KEYS = 1024
-
-#: Why ``acquire.lua`` and ``acquire_rw.lua`` refused (the 4th element of a refusal).
-_WRITER, _READERS, _QUEUE, _HANDED = 1, 2, 3, 4
-
-
-@dataclass(frozen=True, slots=True)
-class QueueEntry:
-    """A waiter that may queue on the masters: its id (``r:...`` for a reader), its
-    arrival score (the same on every master, so they agree on the order), and how
-    long its entry lives unrefreshed; for a writer whose lease extends itself, the
-    value a release may hand it the key with, and for how long (seconds)."""
-
-    waiter: str
-    score: int
-    ttl: float
-    handover: str | None = None
-    handover_ttl: float = 0.0
-
-
-def ms(seconds: float) -> int:
-    """Seconds as whole milliseconds for ``PX``, at least 1."""
-    return max(1, round(seconds * 1000))
-
-
-def channel(key: str) -> str:
-    """The pub/sub channel on which a release of ``key`` is announced."""
-    return aux_key(key, "released")
-
-
-def readers_key(key: str) -> str:
-    """The sorted set of a read-write lock's readers (value -> when it lapses)."""
-    return aux_key(key, "readers")
-
-
-def queue_keys(key: str) -> tuple[str, str]:
-    """The queue of a fair or read-write lock, and its entries' expiries."""
-    return aux_key(key, "queue"), aux_key(key, "queue:expiry")
-
-
-def terms_key(key: str) -> str:
-    """The hand-over terms of a lock's queued waiters (see ``release.lua``)."""
-    return aux_key(key, "queue:terms")
-
-
-def undo_key(key: str, value: str) -> str:
-    """The marker that refuses a late ``SET`` of the attempt holding ``value``."""
-    return aux_key(key, f"undo:{value}")
-
-
-def granted(reply: Reply) -> bool:
-    """Whether an acquire reply says the master took the lock."""
-    return reply.error is None and int(reply.value[0]) == 1
-
-
-def fence_tokens(
-    replies: Sequence[asyncio.Future[Reply]], quorum: int
-) -> tuple[tuple[int, ...], bool]:
-    """The tokens of a fenced first phase, one per resource (the largest counter a
-    master returned for it), and whether a quorum of masters returned exactly
-    these tokens.
-
-    When they did, their commit would change nothing: each holds the keys for this
-    value (they were just set) and its counters are exactly the tokens. The first
-    phase is then the commit, and the second round is skipped.
-    """
-    counts = [
-        tuple(int(count) for count in future.result().value[1:])
-        for future in replies
-        if future.done() and granted(future.result())
-    ]
-    tokens = tuple(max(column) for column in zip(*counts, strict=True))
-    return tokens, sum(1 for each in counts if each == tokens) >= quorum
-
-
-def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
-    """Count an ``acquire.lua`` or ``acquire_rw.lua`` reply toward the quorum."""
-    if reply.error is not None:
-        return Verdict.FAILED, _describe_error(reply)
-    code = int(reply.value[0])
-    if code == 1:
-        return Verdict.YES, "granted"
-    if code == 0:
-        left = int(reply.value[1])
-        why = int(reply.value[3]) if len(reply.value) > 3 else _WRITER
-        if why == _QUEUE:
-            return Verdict.NO, "free, but an earlier waiter is first in the queue"
-        if why == _HANDED:
-            return Verdict.NO, "already handed to this waiter by a release"
-        if why == _READERS:
-            return Verdict.NO, f"held by readers ({left} ms until the last one lapses)"
-        return Verdict.NO, f"held by another holder ({left} ms left)"
-    return Verdict.NO, "attempt already undone here"
-
-
-def may_be_queued(future: asyncio.Future[Reply]) -> bool:
-    """Whether an ``acquire_rw.lua`` call may have left the waiter in the queue:
-    its reply says so, or is unknown (failed, or still out)."""
-    if not future.done():
-        return True
-    reply = future.result()
-    if reply.error is not None:
-        return not isinstance(reply.error, NodeSkippedError)
-    value = reply.value
-    return int(value[0]) == 0 and len(value) > 2 and int(value[2]) == 1
-
-
-def classify_commit(reply: Reply) -> tuple[Verdict, str]:
-    """Count a commit reply (second phase of a fenced acquisition) toward the quorum.
-
-    A master that did not grant the first phase gets no commit: its first-phase
-    reply stands in.
-    """
-    if reply.error is not None:
-        return Verdict.FAILED, _describe_error(reply)
-    if isinstance(reply.value, list):
-        return classify_acquire(reply)
-    code = int(reply.value)
-    if code == 1:
-        return Verdict.YES, "granted, token committed"
-    if code == 0:
-        return Verdict.NO, "granted, but the lock was gone before the commit"
-    return Verdict.NO, "granted, but the fence counter here was already past the token"
-
-
-def classify_flag(reply: Reply) -> tuple[Verdict, str]:
-    """Count a 1/0 script reply (release, extend) toward the quorum."""
-    if reply.error is not None:
-        return Verdict.FAILED, _describe_error(reply)
-    if int(reply.value) == 1:
-        return Verdict.YES, "done"
-    return Verdict.NO, "not held by this lease"
-
-
-def classify_deleted(reply: Reply) -> tuple[Verdict, str]:
-    """Count a force-release reply: any answer is a success (the key is gone)."""
-    if reply.error is not None:
-        return Verdict.FAILED, _describe_error(reply)
-    return Verdict.YES, "deleted" if int(reply.value) == 1 else "no key"
-
-
-class QueueTrace:
-    """Per master, what the attempts of one queueing ``acquire()`` left: whether
-    one may have queued the waiter there, and the calls still out (whose reply
-    will tell). Finished calls are dropped, so a long wait keeps nothing."""
-
-    __slots__ = ("pending", "queued")
-
-    def __init__(self, masters: int) -> None:
-        self.pending: list[list[asyncio.Future[Reply]]] = [[] for _ in range(masters)]
-        self.queued = [False] * masters
-
-    def add(self, replies: Sequence[asyncio.Future[Reply]]) -> None:
-        """Record one attempt's calls (one per master)."""
-        for calls, reply in zip(self.pending, replies, strict=True):
-            calls.append(reply)
-        self.prune()
-
-    def prune(self) -> None:
-        for i, calls in enumerate(self.pending):
-            still_out = []
-            for call in calls:
-                if not call.done():
-                    still_out.append(call)
-                elif may_be_queued(call):
-                    self.queued[i] = True
-            self.pending[i] = still_out
-
-
-@dataclass(slots=True)
-class Counters:
-    """Running totals behind ``AsyncRedlock.statistics()``."""
-
-    attempts: int = 0
-    acquisitions: int = 0
-    failed_attempts: int = 0
-    timeouts: int = 0
-    unavailable: int = 0
-    extensions: int = 0
-    failed_extensions: int = 0
-    releases: int = 0
-    lost: int = 0
-    handoffs: int = 0
 
 
 class Core:

@@ -28,7 +28,8 @@ from redis.asyncio import Redis
 
 from ._errors import RedlockError
 from ._quorum import quorum_of
-from ._redlock import AsyncRedlock, RedlockStatistics
+from ._redlock import AsyncRedlock
+from ._stats import RedlockStatistics
 from .testing import ServerGroup, ServerProcess
 
 if TYPE_CHECKING:

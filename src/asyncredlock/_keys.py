@@ -7,7 +7,18 @@ import itertools
 import string
 from dataclasses import dataclass
 
-__all__ = ["Resources", "aux_key", "has_hash_tag", "key_slot", "lock_key"]
+__all__ = [
+    "Resources",
+    "aux_key",
+    "channel",
+    "has_hash_tag",
+    "key_slot",
+    "lock_key",
+    "queue_keys",
+    "readers_key",
+    "terms_key",
+    "undo_key",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +108,28 @@ def _tag_for_slot(slot: int) -> str:
             if _crc16(tag.encode()) % _SLOTS == slot:
                 return tag
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def channel(key: str) -> str:
+    """The pub/sub channel on which a release of ``key`` is announced."""
+    return aux_key(key, "released")
+
+
+def readers_key(key: str) -> str:
+    """The sorted set of a read-write lock's readers (value -> when it lapses)."""
+    return aux_key(key, "readers")
+
+
+def queue_keys(key: str) -> tuple[str, str]:
+    """The queue of a fair or read-write lock, and its entries' expiries."""
+    return aux_key(key, "queue"), aux_key(key, "queue:expiry")
+
+
+def terms_key(key: str) -> str:
+    """The hand-over terms of a lock's queued waiters (see ``release.lua``)."""
+    return aux_key(key, "queue:terms")
+
+
+def undo_key(key: str, value: str) -> str:
+    """The marker that refuses a late ``SET`` of the attempt holding ``value``."""
+    return aux_key(key, f"undo:{value}")

@@ -11,11 +11,12 @@ from types import TracebackType
 import anyio
 
 from ._config import check_seconds
-from ._core import TOKEN_BLOCK, Core, classify_flag, granted, ms, readers_key
+from ._core import Core
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._gate import Gates
-from ._keys import Resources
+from ._keys import Resources, readers_key
 from ._node import Node, Reply
+from ._protocol import TOKEN_BLOCK, classify_flag, granted, ms
 from ._quorum import Decision, Round
 from ._scripts import EXTEND, EXTEND_READ
 

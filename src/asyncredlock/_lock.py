@@ -15,20 +15,13 @@ from typing import Any, Self
 import anyio
 
 from ._config import check_seconds
-from ._core import (
-    Core,
-    QueueEntry,
-    QueueTrace,
-    channel,
-    classify_acquire,
-    classify_commit,
-    fence_tokens,
-)
+from ._core import Core
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
 from ._gate import LocalTimeoutError, Waiter
-from ._keys import Resources, key_slot, lock_key
+from ._keys import Resources, channel, key_slot, lock_key
 from ._lease import Lease
 from ._node import Reply
+from ._protocol import QueueEntry, QueueTrace, classify_acquire, classify_commit, fence_tokens
 from ._quorum import Decision
 from ._wakeup import Ticket, waiter_id
 

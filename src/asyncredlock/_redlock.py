@@ -7,134 +7,27 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from typing import Self
 
 import anyio
-from redis.asyncio import ConnectionPool, Redis, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis, RedisCluster
 
 from ._config import Settings, check_name, check_seconds
-from ._core import Core, channel, classify_deleted, queue_keys, readers_key
+from ._connect import make_nodes
+from ._core import Core
 from ._errors import QuorumUnavailableError
-from ._keys import aux_key, lock_key
+from ._inspect import LockState, node_state
+from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
 from ._lock import Lock
-from ._node import Node, Reply
-from ._quorum import quorum_of
+from ._protocol import classify_deleted
 from ._rwlock import RWLock
 from ._scripts import DELETE, INSPECT
-from ._transport import RedisPyOpener
+from ._stats import RedlockStatistics
 
-__all__ = ["AsyncRedlock", "LockState", "NodeLockState", "RedlockStatistics"]
+__all__ = ["AsyncRedlock"]
 
 logger = logging.getLogger("asyncredlock")
-
-_SCHEMES = ("redis", "rediss", "unix")
-
-try:  # redis-py >= 7.1 names the library through driver_info
-    from redis.driver_info import DriverInfo
-
-    _NO_CLIENT_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
-except ImportError:  # pragma: no cover - older redis-py
-    _NO_CLIENT_SETINFO = {"lib_name": None, "lib_version": None}
-
-
-@dataclass(frozen=True, slots=True)
-class RedlockStatistics:
-    """Counters and gauges of one ``AsyncRedlock`` (see ``AsyncRedlock.statistics()``).
-
-    Attributes:
-        attempts: Acquisition rounds sent to the masters (including rounds cut
-            short by cancellation, which count in neither of the next two).
-        acquisitions: Attempts that took the lock.
-        failed_attempts: Attempts that did not (contention, outage or validity).
-        timeouts: ``LockTimeoutError`` raised.
-        unavailable: ``QuorumUnavailableError`` raised by acquisition.
-        extensions: Successful extensions (automatic or explicit).
-        failed_extensions: Extension rounds that did not reach a quorum in time.
-        releases: Release rounds started.
-        lost: Leases lost while held (not extended in time, or found taken).
-        handoffs: Leases passed on release straight to the next task of this
-            ``AsyncRedlock`` waiting for the same key, with no call to the masters
-            (counted in neither ``acquisitions`` nor ``releases``).
-        held: Leases held right now.
-        background_tasks: Background tasks running (calls still out, extenders).
-        in_flight: Calls to masters waiting for a reply right now.
-        notifications: Release announcements received from the masters (each
-            release is announced by every master that deleted the key).
-        wakeups: Waiting acquisitions woken by a release announcement (at most
-            one per release), instead of waiting out their retry delay.
-    """
-
-    attempts: int
-    acquisitions: int
-    failed_attempts: int
-    timeouts: int
-    unavailable: int
-    extensions: int
-    failed_extensions: int
-    releases: int
-    lost: int
-    handoffs: int
-    held: int
-    background_tasks: int
-    in_flight: int
-    notifications: int
-    wakeups: int
-
-
-@dataclass(frozen=True, slots=True)
-class NodeLockState:
-    """A lock's state on one master, as ``AsyncRedlock.inspect()`` saw it.
-
-    Attributes:
-        node: The master's display name.
-        holder: The value in the lock key (the holder's random id), or ``None``.
-        ttl: Seconds until the key expires, or ``None`` when there is no key or
-            it has no expiry.
-        fence: The resource's fence counter there, or ``None`` when it has none.
-        error: Why the master could not be read, or ``None``.
-        readers: The readers of the resource's read-write lock there: each
-            reader's value and the seconds until its entry lapses.
-        queue: The waiters queued there for a fair or read-write lock, in
-            arrival order: ``r:...`` for a reader, ``w:...`` for a writer.
-    """
-
-    node: str
-    holder: str | None
-    ttl: float | None
-    fence: int | None
-    error: str | None = None
-    readers: tuple[tuple[str, float], ...] = ()
-    queue: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class LockState:
-    """A lock's state on every master.
-
-    Attributes:
-        resource: The resource name.
-        key: The lock key.
-        nodes: One entry per master, in the order they were given.
-    """
-
-    resource: str
-    key: str
-    nodes: tuple[NodeLockState, ...]
-
-    @property
-    def holder(self) -> str | None:
-        """The holder value found on a majority of masters, or ``None``."""
-        quorum = quorum_of(len(self.nodes))
-        values = [n.holder for n in self.nodes if n.holder is not None]
-        for value in set(values):
-            if values.count(value) >= quorum:
-                return value
-        return None
 
 
 class AsyncRedlock:
@@ -227,7 +120,7 @@ class AsyncRedlock:
             fencing=fencing,
             clock=clock,
         )
-        self._core = Core(_make_nodes(masters, self._settings), self._settings)
+        self._core = Core(make_nodes(masters, self._settings), self._settings)
 
     def __repr__(self) -> str:
         names = ", ".join(node.name for node in self._core.nodes)
@@ -349,7 +242,7 @@ class AsyncRedlock:
         rnd = self._core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
         await asyncio.wait(rnd.tasks, timeout=self._core.timing.max_wait)
         nodes = tuple(
-            _node_state(node.name, task.result() if task.done() else None, self._settings)
+            node_state(node.name, task.result() if task.done() else None, self._settings)
             for node, task in zip(self._core.nodes, rnd.tasks, strict=True)
         )
         return LockState(name, key, nodes)
@@ -465,149 +358,6 @@ class AsyncRedlock:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-
-def _node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:
-    if reply is None:
-        wait = max(settings.node_timeout, settings.socket_timeout)
-        return NodeLockState(name, None, None, None, f"no reply within {wait:g} s")
-    if reply.error is not None:
-        return NodeLockState(name, None, None, None, f"{type(reply.error).__name__}: {reply.error}")
-    value, pttl, fence, readers, queue = reply.value
-    holder = _text(value)
-    ttl = None if holder is None or pttl is None or int(pttl) < 0 else int(pttl) / 1000
-    return NodeLockState(
-        name,
-        holder,
-        ttl,
-        None if fence is None else int(fence),
-        readers=tuple(
-            (str(_text(readers[i])), int(readers[i + 1]) / 1000) for i in range(0, len(readers), 2)
-        ),
-        queue=tuple(str(_text(queue[i])) for i in range(0, len(queue), 2)),
-    )
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _make_nodes(masters: object, settings: Settings) -> list[Node]:
-    if isinstance(masters, str | bytes) or not isinstance(masters, Sequence):
-        raise TypeError("masters must be a sequence of URLs or redis.asyncio clients")
-    if not masters:
-        raise ValueError("masters must name at least one Redis/Valkey master")
-    nodes: list[Node] = []
-    seen: set[object] = set()
-    for master in masters:
-        node, identity = _make_node(master, settings)
-        if identity in seen:
-            raise ValueError(f"master {node.name!r} is given twice")
-        seen.add(identity)
-        nodes.append(node)
-    return nodes
-
-
-def _make_node(master: object, settings: Settings) -> tuple[Node, object]:
-    if isinstance(master, str):
-        return _node_from_url(master, settings)
-    if isinstance(master, RedisCluster):
-        node = Node(_client_name(master), client=master, owned=False)
-        return node, id(master)
-    if isinstance(master, Redis):
-        pool = master.connection_pool
-        kwargs = dict(pool.connection_kwargs)
-        if kwargs.get("socket_connect_timeout") is None:
-            kwargs["socket_connect_timeout"] = settings.socket_timeout
-        opener = RedisPyOpener(pool.connection_class, {**kwargs, **_OWN_CONNECTION})
-        node = _linked(_client_name(master), opener, settings)
-        node.client = master  # kept alive: a Sentinel pool is referenced weakly
-        return node, id(master)
-    raise TypeError(
-        "each master must be a URL string or a redis.asyncio Redis/RedisCluster client, "
-        f"not {type(master).__name__}"
-    )
-
-
-#: What asyncredlock's own connections need, whatever the client they copy:
-#: no retries (the lock retries itself), RESP2 (the replies it parses), and no
-#: health checks (its connection watches itself).
-_OWN_CONNECTION: dict[str, Any] = {
-    "retry": Retry(NoBackoff(), 0),
-    "protocol": 2,
-    "health_check_interval": 0,
-}
-
-
-def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
-    return Node(
-        name,
-        opener=opener,
-        node_timeout=settings.node_timeout,
-        socket_timeout=settings.socket_timeout,
-    )
-
-
-def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
-    parts = urlsplit(url)
-    if parts.scheme not in _SCHEMES:
-        raise ValueError(f"master URL {url!r} must start with redis://, rediss:// or unix://")
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"master URL {url!r} has an invalid port") from exc
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ValueError(f"master URL {url!r} names no host")
-    if parts.scheme == "unix" and not parts.path:
-        raise ValueError(f"master URL {url!r} names no socket path")
-    if parts.scheme != "unix" and port == 0:
-        raise ValueError(f"master URL {url!r} has port 0")
-    if parts.scheme != "unix" and parts.path not in ("", "/") and not _is_db(parts.path):
-        raise ValueError(f"master URL {url!r}: the path must be a database number")
-    # The pool only parses the URL into connection settings; it opens nothing.
-    pool = ConnectionPool.from_url(
-        url,
-        socket_timeout=settings.socket_timeout,
-        socket_connect_timeout=settings.socket_timeout,
-        # One round trip per new connection instead of three (two CLIENT SETINFO).
-        **_NO_CLIENT_SETINFO,
-    )
-    opener = RedisPyOpener(pool.connection_class, {**pool.connection_kwargs, **_OWN_CONNECTION})
-    name = _display(parts)
-    # Two databases of one server are one failure domain: one master, not two.
-    host = (parts.hostname or "").lower()
-    identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
-    return _linked(name, opener, settings), identity
-
-
-def _is_db(path: str) -> bool:
-    return path[1:].isdigit() and path.startswith("/")
-
-
-def _display(parts: SplitResult) -> str:
-    """The URL with any password (and query) removed."""
-    if parts.scheme == "unix":
-        return f"unix://{parts.path}"
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    if parts.username:
-        netloc = f"{parts.username}@{netloc}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _client_name(client: Redis | RedisCluster) -> str:
-    kwargs: dict[str, Any] = getattr(
-        getattr(client, "connection_pool", None), "connection_kwargs", {}
-    )
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}"
-    host, port = kwargs.get("host"), kwargs.get("port")
-    if host is not None:
-        return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
-    return f"{type(client).__name__}@{id(client):x}"
 
 
 def _check_names(name: object) -> tuple[str, ...]:

@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
 from asyncredlock._config import DEFAULTS
-from asyncredlock._core import TOKEN_BLOCK
+from asyncredlock._connect import make_node
 from asyncredlock._node import Node, Reply
-from asyncredlock._redlock import _make_node
+from asyncredlock._protocol import TOKEN_BLOCK
 from asyncredlock._scripts import ACQUIRE, COMMIT, Script
 from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
@@ -242,7 +242,7 @@ class TestProtocolSteps:
         self._clients = {}
         nodes = []
         for url in group.urls:
-            node = _make_node(url, DEFAULTS)[0]
+            node = make_node(url, DEFAULTS)[0]
             self._clients[node] = Redis.from_url(url)
             nodes.append(node)
         return nodes

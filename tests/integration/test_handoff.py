@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from asyncredlock import AsyncRedlock, Lease, LockLostError, LockTimeoutError
-from asyncredlock._core import TOKEN_BLOCK
+from asyncredlock._protocol import TOKEN_BLOCK
 from asyncredlock.testing import ServerGroup
 
 from .conftest import Masters, Queue

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import RedisCluster
 
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError
-from asyncredlock._core import TOKEN_BLOCK
+from asyncredlock._protocol import TOKEN_BLOCK
 from asyncredlock.testing import ServerGroup
 
 from .conftest import Masters, Queue

@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
-from asyncredlock._core import QueueEntry, QueueTrace
+from asyncredlock._protocol import QueueEntry, QueueTrace
 from asyncredlock._wakeup import INBOX_PREFIX
 from asyncredlock.testing import ServerGroup
 

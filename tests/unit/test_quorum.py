@@ -18,8 +18,8 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncredlock import NodeOutcome
-from asyncredlock._core import classify_acquire, classify_flag
 from asyncredlock._node import Node, Reply
+from asyncredlock._protocol import classify_acquire, classify_flag
 from asyncredlock._quorum import (
     Classify,
     Decision,

@@ -1,0 +1,143 @@
+"""The masters an ``AsyncRedlock`` is given (URLs, or redis-py clients) made into
+`Node` objects: one connection of its own per master, set up like the client's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from ._config import Settings
+from ._node import Node
+from ._transport import RedisPyOpener
+
+__all__ = ["make_node", "make_nodes"]
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+try:  # redis-py >= 7.1 names the library through driver_info
+    from redis.driver_info import DriverInfo
+
+    _NO_CLIENT_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
+except ImportError:  # pragma: no cover - older redis-py
+    _NO_CLIENT_SETINFO = {"lib_name": None, "lib_version": None}
+
+
+def make_nodes(masters: object, settings: Settings) -> list[Node]:
+    if isinstance(masters, str | bytes) or not isinstance(masters, Sequence):
+        raise TypeError("masters must be a sequence of URLs or redis.asyncio clients")
+    if not masters:
+        raise ValueError("masters must name at least one Redis/Valkey master")
+    nodes: list[Node] = []
+    seen: set[object] = set()
+    for master in masters:
+        node, identity = make_node(master, settings)
+        if identity in seen:
+            raise ValueError(f"master {node.name!r} is given twice")
+        seen.add(identity)
+        nodes.append(node)
+    return nodes
+
+
+def make_node(master: object, settings: Settings) -> tuple[Node, object]:
+    if isinstance(master, str):
+        return _node_from_url(master, settings)
+    if isinstance(master, RedisCluster):
+        node = Node(_client_name(master), client=master, owned=False)
+        return node, id(master)
+    if isinstance(master, Redis):
+        pool = master.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        if kwargs.get("socket_connect_timeout") is None:
+            kwargs["socket_connect_timeout"] = settings.socket_timeout
+        opener = RedisPyOpener(pool.connection_class, {**kwargs, **_OWN_CONNECTION})
+        node = _linked(_client_name(master), opener, settings)
+        node.client = master  # kept alive: a Sentinel pool is referenced weakly
+        return node, id(master)
+    raise TypeError(
+        "each master must be a URL string or a redis.asyncio Redis/RedisCluster client, "
+        f"not {type(master).__name__}"
+    )
+
+
+#: What asyncredlock's own connections need, whatever the client they copy:
+#: no retries (the lock retries itself), RESP2 (the replies it parses), and no
+#: health checks (its connection watches itself).
+_OWN_CONNECTION: dict[str, Any] = {
+    "retry": Retry(NoBackoff(), 0),
+    "protocol": 2,
+    "health_check_interval": 0,
+}
+
+
+def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
+    return Node(
+        name,
+        opener=opener,
+        node_timeout=settings.node_timeout,
+        socket_timeout=settings.socket_timeout,
+    )
+
+
+def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEMES:
+        raise ValueError(f"master URL {url!r} must start with redis://, rediss:// or unix://")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"master URL {url!r} has an invalid port") from exc
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"master URL {url!r} names no host")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"master URL {url!r} names no socket path")
+    if parts.scheme != "unix" and port == 0:
+        raise ValueError(f"master URL {url!r} has port 0")
+    if parts.scheme != "unix" and parts.path not in ("", "/") and not _is_db(parts.path):
+        raise ValueError(f"master URL {url!r}: the path must be a database number")
+    # The pool only parses the URL into connection settings; it opens nothing.
+    pool = ConnectionPool.from_url(
+        url,
+        socket_timeout=settings.socket_timeout,
+        socket_connect_timeout=settings.socket_timeout,
+        # One round trip per new connection instead of three (two CLIENT SETINFO).
+        **_NO_CLIENT_SETINFO,
+    )
+    opener = RedisPyOpener(pool.connection_class, {**pool.connection_kwargs, **_OWN_CONNECTION})
+    name = _display(parts)
+    # Two databases of one server are one failure domain: one master, not two.
+    host = (parts.hostname or "").lower()
+    identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
+    return _linked(name, opener, settings), identity
+
+
+def _is_db(path: str) -> bool:
+    return path[1:].isdigit() and path.startswith("/")
+
+
+def _display(parts: SplitResult) -> str:
+    """The URL with any password (and query) removed."""
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    if parts.username:
+        netloc = f"{parts.username}@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _client_name(client: Redis | RedisCluster) -> str:
+    kwargs: dict[str, Any] = getattr(
+        getattr(client, "connection_pool", None), "connection_kwargs", {}
+    )
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    host, port = kwargs.get("host"), kwargs.get("port")
+    if host is not None:
+        return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
+    return f"{type(client).__name__}@{id(client):x}"

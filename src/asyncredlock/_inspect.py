@@ -1,0 +1,89 @@
+"""What ``AsyncRedlock.inspect()`` reports: a lock's state on every master."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._config import Settings
+from ._node import Reply
+from ._quorum import quorum_of
+
+__all__ = ["LockState", "NodeLockState", "node_state"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLockState:
+    """A lock's state on one master, as ``AsyncRedlock.inspect()`` saw it.
+
+    Attributes:
+        node: The master's display name.
+        holder: The value in the lock key (the holder's random id), or ``None``.
+        ttl: Seconds until the key expires, or ``None`` when there is no key or
+            it has no expiry.
+        fence: The resource's fence counter there, or ``None`` when it has none.
+        error: Why the master could not be read, or ``None``.
+        readers: The readers of the resource's read-write lock there: each
+            reader's value and the seconds until its entry lapses.
+        queue: The waiters queued there for a fair or read-write lock, in
+            arrival order: ``r:...`` for a reader, ``w:...`` for a writer.
+    """
+
+    node: str
+    holder: str | None
+    ttl: float | None
+    fence: int | None
+    error: str | None = None
+    readers: tuple[tuple[str, float], ...] = ()
+    queue: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """A lock's state on every master.
+
+    Attributes:
+        resource: The resource name.
+        key: The lock key.
+        nodes: One entry per master, in the order they were given.
+    """
+
+    resource: str
+    key: str
+    nodes: tuple[NodeLockState, ...]
+
+    @property
+    def holder(self) -> str | None:
+        """The holder value found on a majority of masters, or ``None``."""
+        quorum = quorum_of(len(self.nodes))
+        values = [n.holder for n in self.nodes if n.holder is not None]
+        for value in set(values):
+            if values.count(value) >= quorum:
+                return value
+        return None
+
+
+def node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:
+    if reply is None:
+        wait = max(settings.node_timeout, settings.socket_timeout)
+        return NodeLockState(name, None, None, None, f"no reply within {wait:g} s")
+    if reply.error is not None:
+        return NodeLockState(name, None, None, None, f"{type(reply.error).__name__}: {reply.error}")
+    value, pttl, fence, readers, queue = reply.value
+    holder = _text(value)
+    ttl = None if holder is None or pttl is None or int(pttl) < 0 else int(pttl) / 1000
+    return NodeLockState(
+        name,
+        holder,
+        ttl,
+        None if fence is None else int(fence),
+        readers=tuple(
+            (str(_text(readers[i])), int(readers[i + 1]) / 1000) for i in range(0, len(readers), 2)
+        ),
+        queue=tuple(str(_text(queue[i])) for i in range(0, len(queue), 2)),
+    )
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
