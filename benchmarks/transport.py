@@ -55,7 +55,8 @@ from urllib.parse import urlsplit
 from _common import environment, publish_between, write_json, write_text
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from asyncredlock._transport import Link, RedisPyOpener, Reply, Stream
+from asyncredlock._connect import RedisPyOpener
+from asyncredlock._transport import Link, Reply, Stream
 from asyncredlock.testing import ServerGroup
 
 HERE = Path(__file__).resolve().parent

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
@@ -13,9 +15,9 @@ from redis.backoff import NoBackoff
 
 from ._config import Settings
 from ._node import Node
-from ._transport import RedisPyOpener
+from ._transport import Stream
 
-__all__ = ["make_node", "make_nodes"]
+__all__ = ["RedisPyOpener", "make_node", "make_nodes"]
 
 _SCHEMES = ("redis", "rediss", "unix")
 
@@ -25,6 +27,55 @@ try:  # redis-py >= 7.1 names the library through driver_info
     _NO_CLIENT_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
 except ImportError:  # pragma: no cover - older redis-py
     _NO_CLIENT_SETINFO = {"lib_name": None, "lib_version": None}
+
+
+class RedisPyOpener:
+    """Opens connections with a redis-py connection class and its settings.
+
+    redis-py connects and runs the handshake (AUTH, SELECT, CLIENT SETNAME...);
+    then the socket is detached from its stream reader and writer and given to
+    ``protocol``: redis-py keeps no reference to it.
+
+    Args:
+        connection_class: A ``redis.asyncio`` connection class (TCP, TLS, unix
+            socket, Sentinel-managed).
+        kwargs: Its constructor arguments.
+    """
+
+    def __init__(self, connection_class: Any, kwargs: dict[str, Any]) -> None:
+        self.connection_class = connection_class
+        self.kwargs = kwargs
+
+    async def __call__(self, protocol: Stream) -> None:
+        connection = self.connection_class(**self.kwargs)
+        try:
+            await connection.connect()
+            reader: asyncio.StreamReader = connection._reader
+            writer: asyncio.StreamWriter = connection._writer
+        except BaseException:
+            _forget(connection, close=True)
+            raise
+        leftover = bytes(getattr(reader, "_buffer", b""))
+        _forget(connection, close=False)
+        transport = cast(asyncio.Transport, writer.transport)
+        protocol.opened_by = writer
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if leftover:
+            protocol.data_received(leftover)
+        if not transport.is_reading():  # a full stream buffer may have paused it
+            transport.resume_reading()
+
+
+def _forget(connection: Any, *, close: bool) -> None:
+    """Make redis-py let go of its socket (closing it, or leaving it to us)."""
+    if close and getattr(connection, "_writer", None) is not None:
+        connection._writer.close()
+    parser = getattr(connection, "_parser", None)
+    if parser is not None:
+        with contextlib.suppress(Exception):
+            parser.on_disconnect()
+    connection._reader = connection._writer = None
 
 
 def make_nodes(masters: object, settings: Settings) -> list[Node]:

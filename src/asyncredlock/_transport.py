@@ -41,7 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["ClosedError", "Link", "Opener", "RedisPyOpener", "Reply", "Stream", "pack"]
+__all__ = ["ClosedError", "Link", "Opener", "Reply", "Stream", "pack"]
 
 logger = logging.getLogger("asyncredlock")
 
@@ -72,55 +72,6 @@ Opener = Callable[[Stream], Awaitable[None]]
 
 #: Called with (index, reply) when a reply is read; see `Link.listen`.
 Hook = Callable[[int, "Reply"], None]
-
-
-class RedisPyOpener:
-    """Opens connections with a redis-py connection class and its settings.
-
-    redis-py connects and runs the handshake (AUTH, SELECT, CLIENT SETNAME...);
-    then the socket is detached from its stream reader and writer and given to
-    ``protocol``: redis-py keeps no reference to it.
-
-    Args:
-        connection_class: A ``redis.asyncio`` connection class (TCP, TLS, unix
-            socket, Sentinel-managed).
-        kwargs: Its constructor arguments.
-    """
-
-    def __init__(self, connection_class: Any, kwargs: dict[str, Any]) -> None:
-        self.connection_class = connection_class
-        self.kwargs = kwargs
-
-    async def __call__(self, protocol: Stream) -> None:
-        connection = self.connection_class(**self.kwargs)
-        try:
-            await connection.connect()
-            reader: asyncio.StreamReader = connection._reader
-            writer: asyncio.StreamWriter = connection._writer
-        except BaseException:
-            _forget(connection, close=True)
-            raise
-        leftover = bytes(getattr(reader, "_buffer", b""))
-        _forget(connection, close=False)
-        transport = cast(asyncio.Transport, writer.transport)
-        protocol.opened_by = writer
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        if leftover:
-            protocol.data_received(leftover)
-        if not transport.is_reading():  # a full stream buffer may have paused it
-            transport.resume_reading()
-
-
-def _forget(connection: Any, *, close: bool) -> None:
-    """Make redis-py let go of its socket (closing it, or leaving it to us)."""
-    if close and getattr(connection, "_writer", None) is not None:
-        connection._writer.close()
-    parser = getattr(connection, "_parser", None)
-    if parser is not None:
-        with contextlib.suppress(Exception):
-            parser.on_disconnect()
-    connection._reader = connection._writer = None
 
 
 #: A request on the wire: the future its reply resolves (``None`` for a request

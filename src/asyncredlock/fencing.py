@@ -27,8 +27,8 @@ from ._errors import StaleTokenError as StaleTokenError
 from ._fencing import FencedStore as FencedStore
 from ._fencing import FencedValue as FencedValue
 from ._fencing import FenceGuard as FenceGuard
-from ._fencing import SQLFence as SQLFence
 from ._fencing import check_token as check_token
+from ._sqlfence import SQLFence as SQLFence
 
 __all__ = [
     "FenceGuard",
