@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["DEFAULTS", "Settings", "check_name", "check_seconds"]
+from ._keys import Resources
+
+__all__ = ["DEFAULTS", "LockSpec", "Settings", "check_name", "check_seconds"]
 
 
 def check_seconds(
@@ -99,3 +101,23 @@ class Settings:
 
 
 DEFAULTS = Settings()
+
+
+@dataclass(frozen=True, slots=True)
+class LockSpec:
+    """What one ``Lock`` takes and how, its settings checked and filled in.
+
+    ``queued``: attempts go through ``acquire_rw.lua`` with a queue entry from
+    the start (a fair lock, or either side of a read-write lock); a writer of a
+    read-write lock queues ahead of later readers after ``patience`` seconds.
+    """
+
+    target: Resources
+    ttl: float
+    timeout: float
+    auto_extend: bool
+    fencing: bool
+    fair: bool = False
+    shared: bool = False
+    queued: bool = False
+    patience: float = math.inf

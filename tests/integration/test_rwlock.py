@@ -18,6 +18,7 @@ from asyncredlock import (
     LockTimeoutError,
     RWLock,
 )
+from asyncredlock._attempt import Acquisition
 from asyncredlock.testing import ServerGroup
 
 from .conftest import Masters, Queue, Waiting
@@ -404,15 +405,16 @@ class TestFairness:
         ):
             reader_waits = Waiting([readers], monkeypatch)
             write_lock = writers.rwlock("doc", **options).write(timeout=HANG_GUARD)
-            attempt = write_lock._attempt
+            attempt = Acquisition._attempt
 
-            async def observed(entry: Any, queue: bool, *args: Any, **kwargs: Any) -> Any:
-                outcome = await attempt(entry, queue, *args, **kwargs)
-                if queue and ("queued", -1) not in events:
+            async def observed(self: Acquisition, queue: bool, **kwargs: Any) -> Any:
+                outcome = await attempt(self, queue, **kwargs)
+                # the writer's attempts (readers are shared)
+                if queue and not self.spec.shared and ("queued", -1) not in events:
                     events.append(("queued", -1))
                 return outcome
 
-            monkeypatch.setattr(write_lock, "_attempt", observed)
+            monkeypatch.setattr(Acquisition, "_attempt", observed)
             read_once = anyio.Event()
             written = anyio.Event()
 

@@ -1,0 +1,398 @@
+"""One ``acquire()`` on the masters: attempts until one takes the lock or the deadline
+passes, the waiter's place in the masters' queue, and its wake-ups in between."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from ._config import LockSpec
+from ._core import Core
+from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
+from ._keys import channel
+from ._lease import Lease
+from ._node import Reply
+from ._protocol import QueueEntry, QueueTrace, classify_acquire, classify_commit, fence_tokens
+from ._quorum import Decision
+from ._wakeup import Ticket, waiter_id
+
+__all__ = ["Acquisition", "make_lease"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """An attempt that did not take the lock: the counted replies, whether a
+    quorum did grant it but too late (validity used up), and in how many seconds
+    the holder's keys expire (``inf`` when not known). Its undo is on its way,
+    ahead of any later attempt on each master's connection."""
+
+    decision: Decision
+    expired: bool
+    free_in: float = math.inf
+
+
+#: How many of its latest attempts a waiter remembers the start of: a master hands
+#: the key over with the terms of the last attempt it saw, one of the latest.
+_ATTEMPTS_KEPT = 32
+
+
+def make_lease(
+    core: Core,
+    spec: LockSpec,
+    value: str,
+    expires_at: float,
+    acquired: Sequence[asyncio.Future[Reply]],
+    tokens: tuple[int, ...] | None,
+    *,
+    extend_at: float | None = None,
+) -> Lease:
+    """The lease of an acquisition that succeeded (counted)."""
+    core.counters.acquisitions += 1
+    return Lease(
+        core,
+        target=spec.target,
+        value=value,
+        ttl=spec.ttl,
+        expires_at=expires_at,
+        acquired=acquired,
+        auto_extend=spec.auto_extend,
+        tokens=tokens,
+        shared=spec.shared,
+        handoff=not spec.queued,
+        extend_at=extend_at,
+    )
+
+
+class Acquisition:
+    """The attempts of one ``acquire()`` on the masters.
+
+    Fair and read-write locks queue from the start; other locks on one resource
+    once refused (the queue orders waiters of different clients), or from the
+    start when this client's last ``acquire()`` of the key had to wait.
+    """
+
+    __slots__ = (
+        "acquired",
+        "arrival",
+        "core",
+        "deadline",
+        "entry",
+        "handed_by",
+        "inbox_only",
+        "key",
+        "single",
+        "spec",
+        "started",
+        "starts",
+        "ticket",
+        "trace",
+    )
+
+    def __init__(self, core: Core, spec: LockSpec, started: float, arrival: int) -> None:
+        self.core = core
+        self.spec = spec
+        self.started = started
+        self.deadline = started + spec.timeout
+        self.arrival = arrival
+        self.key = spec.target.keys[0]
+        self.single = len(spec.target.keys) == 1
+        queues = spec.queued or (self.single and self.key in core.contended)
+        self.entry = self._new_entry() if queues else None
+        self.trace = QueueTrace(len(core.nodes)) if self.entry is not None else None
+        self.ticket: Ticket | None = None
+        # when each attempt that could leave hand-over terms was sent, by its value
+        self.starts: dict[str, float] = {}
+        # whether its wake-ups come through the inbox only (writers, but those of a
+        # read-write lock that is not fair: they also listen on the lock's channel)
+        self.inbox_only = not spec.shared and (spec.fair or not spec.queued)
+        self.acquired = False
+        self.handed_by: frozenset[int] = frozenset()  # the masters that handed it the lease
+
+    async def run(self) -> Lease:
+        """Attempt until one takes the lock or the deadline passes."""
+        try:
+            return await self._attempts()
+        finally:
+            self._leave()
+
+    async def _attempts(self) -> Lease:
+        core, spec = self.core, self.spec
+        first = True  # the first attempt of this acquire()
+        while True:
+            handed = await self._take_handed()
+            if handed is not None:
+                return handed
+            await self._enroll_early()
+            # A writer out of patience queues: readers that come later wait for it.
+            impatient = not spec.shared and core.clock() - self.started >= spec.patience
+            # hand-over terms only once enrolled: a hand-over is then always heard
+            terms = self.ticket is not None and core.waker.inbox_ready()
+            outcome = await self._attempt(spec.fair or impatient, terms=terms)
+            if isinstance(outcome, Lease):
+                self.acquired = True
+                if first:
+                    core.contended.pop(self.key, None)  # no contention this time
+                return outcome
+            first = False
+            if self.deadline - core.clock() <= 0:
+                if self._was_handed():
+                    continue  # handed the lock meanwhile: take it (top of the loop)
+                raise self._failure(outcome)
+            if core.closed:
+                raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
+            self._contended()
+            if self.ticket is None and not outcome.decision.unavailable:
+                await self._enroll()
+                continue
+            await self._pause(outcome)
+
+    def _was_handed(self) -> bool:
+        return self.ticket is not None and len(self.ticket.handed) >= self.core.quorum
+
+    async def _enroll_early(self) -> None:
+        """Its inbox is listened to already: a release after the next attempt
+        (which queues it) is heard, and no retry is needed to catch one before.
+        It is enrolled first, so that none goes unheard."""
+        waker, entry = self.core.waker, self.entry
+        if self.ticket is None and entry is not None and self.inbox_only and waker.inbox_ready():
+            self.ticket = await waker.enroll((), waiter=entry.waiter)
+
+    def _contended(self) -> None:
+        """Refused: a lock on one resource queues from now on, and its next
+        ``acquire()`` here from its first attempt."""
+        if not self.single:
+            return
+        if self.entry is None:
+            self.entry = self._new_entry()
+            self.trace = QueueTrace(len(self.core.nodes))
+        self.core.mark_contended(self.key)
+
+    async def _enroll(self) -> None:
+        """Listen for the release, then try again at once: a release before the
+        subscription is seen by that attempt, one after it is announced. No
+        wake-up is lost in between. A release announces the first writer of the
+        masters' queue to its client's inbox: only that waiter goes. Readers (all
+        woken: several may go at once), waiters of several resources and writers
+        of read-write locks (queued only while a queue exists) also listen on the
+        lock's channel."""
+        core, entry = self.core, self.entry
+        with anyio.move_on_after(max(0.0, self.deadline - core.clock())):
+            broadcast = entry is None or not self.inbox_only
+            channels = [channel(key) for key in self.spec.target.keys] if broadcast else []
+            self.ticket = await core.waker.enroll(
+                channels,
+                everyone=self.spec.shared,
+                waiter=None if entry is None else entry.waiter,
+            )
+
+    async def _pause(self, outcome: _Failed) -> None:
+        """Wait out the retry delay (less if the holder's keys expire sooner, or
+        the deadline comes), or until a release wakes it."""
+        core = self.core
+        pause = max(0.0, min(core.retry_pause(), outcome.free_in, self.deadline - core.clock()))
+        if self.ticket is None:
+            await anyio.sleep(pause)
+        else:
+            await core.waker.wait(self.ticket, pause)
+
+    def _leave(self) -> None:
+        """Out of the wake-ups and, in the background, of the masters' queue.
+
+        A granted waiter may still be listed by the masters that refused; a key
+        handed to it that it is not using is given back; the masters that handed
+        it the lease took it out of their queue already."""
+        core = self.core
+        if self.ticket is not None:
+            core.waker.leave(self.ticket, acquired=self.acquired)
+        if self.entry is not None and self.trace is not None:
+            core.dequeue(
+                self.key,
+                self.entry,
+                self.trace,
+                everywhere=self.spec.fair,
+                drop=not self.handed_by,
+                skip=self.handed_by,
+            )
+
+    def _new_entry(self) -> QueueEntry:
+        """This ``acquire()``'s place in the masters' queue (its entry lives three
+        retry delays and node timeouts unless an attempt refreshes it). A writer
+        whose lease extends itself may be handed the key by a release, for no
+        longer than its entry lives (should it have died, the key frees itself as
+        soon as its entry would have lapsed); its lease then extends it."""
+        settings, spec = self.core.settings, self.spec
+        ttl = max(1.0, 3 * (settings.retry_delay + settings.node_timeout))
+        return QueueEntry(
+            waiter=waiter_id(self.core.waker.client, reader=spec.shared),
+            score=self.arrival,
+            ttl=ttl,
+            handover=None if spec.shared or not spec.auto_extend else secrets.token_hex(16),
+            handover_ttl=min(ttl, spec.ttl),
+        )
+
+    async def _take_handed(self) -> Lease | None:
+        """The lease of a key that a quorum of masters handed to this waiter; or
+        None (then given back where it was handed, unless others may still hand
+        it over).
+
+        A master hands the key over (``release.lua``) with the terms of the last
+        attempt it queued the waiter with, so after that attempt was sent: the key
+        lives there at least until that attempt's start plus the hand-over TTL, by
+        this client's clock (less the drift allowance). The validity is the
+        quorum-th longest of those. With fencing, the token is the largest count a
+        master returned, committed in a second round unless a quorum returned it.
+        """
+        if not self._was_handed():
+            return None
+        core, entry, ticket = self.core, self.entry, self.ticket
+        assert entry is not None
+        assert entry.handover is not None
+        assert ticket is not None
+        live = self._live_hand_overs(entry, ticket)
+        if len(live) < core.quorum:
+            return None  # the others may still hand it over
+        ticket.handed = {}
+        expiries = sorted((expiry for expiry, _ in live.values()), reverse=True)
+        acquired = [_granted() for _ in core.nodes]
+        tokens: tuple[int, ...] | None = None
+        usable = True
+        if self.spec.fencing:
+            counts = [count for _, count in live.values()]
+            tokens = (max(counts),)
+            if counts.count(tokens[0]) < core.quorum:
+                second = core.commit_round(self.spec.target.keys, entry.handover, tokens, acquired)
+                usable = (await core.decide(second, classify_commit)).reached
+        if not usable or expiries[core.quorum - 1] <= core.clock():
+            core.drop_handed(self.key, entry, live)
+            return None
+        expires_at = expiries[core.quorum - 1]
+        now = core.clock()
+        # the key lives a hand-over TTL: extended to the lease's own TTL once a third
+        # of that is used (a short hold never needs to)
+        extend_at = now + (expires_at - now) / 3
+        lease = make_lease(
+            core, self.spec, entry.handover, expires_at, acquired, tokens, extend_at=extend_at
+        )
+        self.acquired, self.handed_by = True, frozenset(live)
+        return lease
+
+    def _live_hand_overs(self, entry: QueueEntry, ticket: Ticket) -> dict[int, tuple[float, int]]:
+        """Per master that handed it the key: until when the key surely lives
+        there, and the fence count. Keys it cannot count on (their attempt
+        forgotten, or as good as expired) are given back."""
+        core = self.core
+        now = core.clock()
+        live: dict[int, tuple[float, int]] = {}
+        for i, (attempt, count) in ticket.handed.items():
+            start = self.starts.get(attempt)
+            if start is not None and (expiry := core.expiry(start, entry.handover_ttl)) > now:
+                live[i] = (expiry, count)
+        core.drop_handed(self.key, entry, [i for i in ticket.handed if i not in live])
+        ticket.handed = {i: ticket.handed[i] for i in live}
+        return live
+
+    async def _attempt(self, queue: bool, *, terms: bool) -> Lease | _Failed:
+        """One round on every master (and, fenced, its commit round when needed)."""
+        core, spec, entry = self.core, self.spec, self.entry
+        value = secrets.token_hex(16)
+        start = core.clock()
+        if not terms and entry is not None and entry.handover is not None:
+            entry = dataclasses.replace(entry, handover=None)
+        if entry is not None and entry.handover is not None:
+            self.starts[value] = start
+            if len(self.starts) > _ATTEMPTS_KEPT:
+                del self.starts[next(iter(self.starts))]
+        core.counters.attempts += 1
+        expires_at = core.expiry(start, spec.ttl)
+        keys = spec.target.keys
+        rnd = core.acquire_round(
+            keys,
+            value,
+            spec.ttl,
+            fencing=spec.fencing,
+            entry=entry,
+            rw=spec.queued,
+            shared=spec.shared,
+            queue=queue,
+        )
+        if self.trace is not None:
+            self.trace.add(rnd.tasks)
+        tokens: tuple[int, ...] | None = None
+        try:
+            decision = await core.decide(rnd, classify_acquire)
+            if spec.fencing and decision.holds(expires_at, core.clock()):
+                tokens, committed = fence_tokens(rnd.tasks, core.quorum)
+                if not committed:
+                    second = core.commit_round(keys, value, tokens, rnd.tasks)
+                    decision = await core.decide(second, classify_commit)
+        except BaseException:
+            core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
+            raise
+        if decision.holds(expires_at, core.clock()):
+            return make_lease(core, spec, value, expires_at, rnd.tasks, tokens)
+        core.counters.failed_attempts += 1
+        core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
+        free_in = _free_in(rnd.tasks)
+        if decision.reached:
+            decision = _expired(decision, core.clock() - start, spec.ttl)
+            return _Failed(decision, expired=True, free_in=free_in)
+        return _Failed(decision, expired=False, free_in=free_in)
+
+    def _failure(self, failed: _Failed) -> RedlockError:
+        decision, spec = failed.decision, self.spec
+        counters = self.core.counters
+        name = spec.target.label
+        if decision.unavailable:
+            counters.unavailable += 1
+            return QuorumUnavailableError(
+                f"could not lock {name!r}: too many masters failed or did not answer",
+                resource=name,
+                outcomes=decision.outcomes,
+            )
+        counters.timeouts += 1
+        wait = "one attempt" if spec.timeout == 0 else f"{spec.timeout:g} s"
+        why = (
+            "the masters answered too slowly for the TTL"
+            if failed.expired
+            else "held by another holder"
+        )
+        return LockTimeoutError(
+            f"could not lock {name!r} within {wait}: {why}",
+            resource=name,
+            outcomes=decision.outcomes,
+        )
+
+
+def _granted() -> asyncio.Future[Reply]:
+    """A settled "granted" reply: what a lease handed over by the masters records
+    for every master, so that its release and extension go to all of them (the
+    scripts change nothing where the key does not hold its value)."""
+    future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    future.set_result(Reply([1]))
+    return future
+
+
+def _free_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
+    """The median time to live the masters reported for another holder's key:
+    about when that holder's lock expires if it is not released."""
+    pttls = sorted(
+        max(0, int(reply.value[1]))
+        for reply in (f.result() for f in replies if f.done())
+        if reply.error is None and int(reply.value[0]) == 0 and int(reply.value[1]) >= 0
+    )
+    if not pttls:
+        return math.inf
+    return pttls[len(pttls) // 2] / 1000
+
+
+def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:
+    """A quorum that came too late: say so in every granting master's outcome."""
+    note = f"granted, but validity was used up ({elapsed:.3f} s elapsed of ttl {ttl:g} s)"
+    outcomes = tuple(NodeOutcome(o.node, False, note) if o.ok else o for o in decision.outcomes)
+    return Decision(0, decision.yes + decision.no, decision.failed, outcomes, decision.pending)
