@@ -56,15 +56,11 @@ def make_lease(
     core.counters.acquisitions += 1
     return Lease(
         core,
-        target=spec.target,
+        spec,
         value=value,
-        ttl=spec.ttl,
         expires_at=expires_at,
         acquired=acquired,
-        auto_extend=spec.auto_extend,
         tokens=tokens,
-        shared=spec.shared,
-        handoff=not spec.queued,
         extend_at=extend_at,
     )
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ._keys import Resources
+from ._config import LockSpec
 
 __all__ = ["Gates", "Held", "LocalTimeoutError", "Waiter"]
 
@@ -44,13 +44,10 @@ class Waiter:
     """One queued ``acquire()``: what a lease passed to it must look like, and where
     the lease (or the slot, ``None``) is delivered."""
 
-    target: Resources
-    ttl: float
-    auto_extend: bool
-    fencing: bool
-    # False for a writer of a read-write lock: it takes the slot, never a lease
-    # passed on (readers elsewhere would wait behind a run of local writers)
-    handoff: bool = True
+    # the lock's settings; a writer of a read-write lock (``spec.queued``) takes
+    # the slot, never a lease passed on (readers elsewhere would wait behind a run
+    # of local writers)
+    spec: LockSpec
     future: asyncio.Future[Held | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )

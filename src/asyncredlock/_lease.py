@@ -10,11 +10,11 @@ from types import TracebackType
 
 import anyio
 
-from ._config import check_seconds
+from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._gate import Gates
-from ._keys import Resources, readers_key
+from ._keys import readers_key
 from ._node import Node, Reply
 from ._protocol import TOKEN_BLOCK, classify_flag, granted, ms
 from ._quorum import Decision, Round
@@ -63,33 +63,29 @@ class Lease:
     def __init__(
         self,
         core: Core,
+        spec: LockSpec,
         *,
-        target: Resources,
         value: str,
-        ttl: float,
         expires_at: float,
         acquired: Sequence[asyncio.Future[Reply]],
-        auto_extend: bool,
         tokens: tuple[int, ...] | None = None,
         first_tokens: tuple[int, ...] | None = None,
         handoffs: int = 0,
-        shared: bool = False,
-        handoff: bool = True,
         extend_at: float | None = None,
     ) -> None:
         self._core = core
-        self.shared = shared
-        self._handoff = handoff  # whether it may be passed on (not a rw writer's)
+        target = spec.target
+        self.shared = spec.shared
+        self._handoff = not spec.queued  # whether it may be passed on (not a rw writer's)
         self._target = target
         self.resource = target.label
         self.resources = target.names
         self.key = target.keys[0]
         self.keys = target.keys
         self.value = value
-        self.ttl = ttl
+        ttl = self.ttl = spec.ttl
         self.tokens = None if tokens is None else dict(zip(target.names, tokens, strict=True))
         self.token = tokens[0] if tokens is not None and len(tokens) == 1 else None
-        self._tokens = tokens
         self._expires_at = expires_at
         # each master's reply to the acquisition: which masters hold something of ours
         self._acquired = tuple(acquired)
@@ -109,7 +105,7 @@ class Lease:
         self._handoffs = handoffs
         self._gates: Gates | None = None  # set while this lease holds its key's slot
         core.held.add(self)
-        if auto_extend:
+        if spec.auto_extend:
             # Extend once a third of the TTL is used up (at once for a lease passed
             # on with less validity than that), or when told.
             self._extend_at(expires_at - 2 * ttl / 3 if extend_at is None else extend_at)
@@ -320,25 +316,26 @@ class Lease:
             return False
         slot = self._target.slot
         waiter = gates.successor(slot, self)
-        if waiter is None or not waiter.auto_extend or not (self._handoff and waiter.handoff):
+        if waiter is None:
+            return False
+        spec = waiter.spec
+        if not spec.auto_extend or not self._handoff or spec.queued:
             return False
         handoffs = self._handoffs + 1
-        if handoffs >= TOKEN_BLOCK or self.validity < waiter.ttl / 2:
+        if handoffs >= TOKEN_BLOCK or self.validity < spec.ttl / 2:
             return False
         tokens: tuple[int, ...] | None = None
-        if waiter.fencing:
+        if spec.fencing:
             if self._first_tokens is None:
                 return False
             tokens = tuple(token + handoffs for token in self._first_tokens)
         core = self._core
         successor = Lease(
             core,
-            target=waiter.target,
+            spec,
             value=self.value,
-            ttl=waiter.ttl,
             expires_at=self._expires_at,
             acquired=self._acquired,
-            auto_extend=True,
             tokens=tokens,
             first_tokens=self._first_tokens,
             handoffs=handoffs,

@@ -186,10 +186,7 @@ class Lock:
         if self.timeout == 0:
             counters.timeouts += 1
             raise self._busy_error()
-        spec = self._spec
-        waiter = Waiter(
-            spec.target, spec.ttl, spec.auto_extend, spec.fencing, handoff=not spec.queued
-        )
+        waiter = Waiter(self._spec)
         try:
             passed = await core.gates.wait(self._slot, waiter, max(0.0, deadline - core.clock()))
         except LocalTimeoutError:

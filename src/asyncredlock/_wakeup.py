@@ -324,37 +324,44 @@ class Waker:
     def _on_message(self, index: int, channel: str, value: bytes) -> None:
         self.notifications += 1
         if channel == self.inbox:
-            # the first writer in the masters' queue: only it goes
-            waiter, _, cause = value.partition(b" ")
-            addressed = self.addressed.get(waiter)
-            if addressed is None:
+            self._on_inbox(index, value)
+        else:
+            self._on_release(channel, value)
+
+    def _on_inbox(self, index: int, value: bytes) -> None:
+        """A message for the first writer in the masters' queue: only it goes."""
+        waiter, _, cause = value.partition(b" ")
+        addressed = self.addressed.get(waiter)
+        if addressed is None:
+            return
+        if cause[:7] == b"handed:":
+            # master ``index`` handed it the key: it goes once a quorum did
+            attempt, _, count = cause[7:].partition(b" ")
+            if not count.isdigit():
+                logger.debug("inbox of %s: unexpected message %r", self.client, value)
                 return
-            if cause[:7] == b"handed:":
-                # master ``index`` handed it the key: it goes once a quorum did
-                attempt, _, count = cause[7:].partition(b" ")
-                if not count.isdigit():
-                    logger.debug("inbox of %s: unexpected message %r", self.client, value)
-                    return
-                addressed.handed[index] = (attempt.decode(), int(count))
-                if len(addressed.handed) == self.quorum:
-                    self.wakeups += 1
-                    addressed.event.set()
-                return
-            # wake it once a quorum of masters announced the same release (or the
-            # same waiter leaving): its attempt then finds the lock free on enough
-            heard = addressed.causes.get(cause)
-            if heard is None:
-                if len(addressed.causes) >= _CAUSES_KEPT:
-                    del addressed.causes[next(iter(addressed.causes))]
-                heard = addressed.causes[cause] = set()
-            if index in heard:
-                return
-            heard.add(index)
-            if len(heard) != self.quorum:
-                return
+            addressed.handed[index] = (attempt.decode(), int(count))
+            if len(addressed.handed) == self.quorum:
+                self.wakeups += 1
+                addressed.event.set()
+            return
+        # wake it once a quorum of masters announced the same release (or the
+        # same waiter leaving): its attempt then finds the lock free on enough
+        heard = addressed.causes.get(cause)
+        if heard is None:
+            if len(addressed.causes) >= _CAUSES_KEPT:
+                del addressed.causes[next(iter(addressed.causes))]
+            heard = addressed.causes[cause] = set()
+        if index in heard:
+            return
+        heard.add(index)
+        if len(heard) == self.quorum:
             self.wakeups += 1  # once per announcement: its quorum is reached once
             addressed.event.set()
-            return
+
+    def _on_release(self, channel: str, value: bytes) -> None:
+        """A release announced on a lock's channel: wake its first waiter (all
+        of them, when readers wait)."""
         queue = self.queues.get(channel)
         last = self.last.get(channel)
         if last is not None and last[0] == value:
