@@ -144,9 +144,9 @@ class TestServerProcess:
         with socket.create_server(("127.0.0.1", 0)) as busy:
             busy_port = busy.getsockname()[1]
             picks = iter([busy_port])
-            real_pick = servers_module._pick_port
+            real_pick = servers_module.pick_port
             monkeypatch.setattr(
-                servers_module, "_pick_port", lambda: next(picks, None) or real_pick()
+                servers_module, "pick_port", lambda: next(picks, None) or real_pick()
             )
             with ServerProcess() as server:
                 assert server.port != busy_port

