@@ -19,7 +19,7 @@ from ._keys import channel
 from ._lease import Lease
 from ._node import Reply
 from ._protocol import QueueEntry, QueueTrace, classify_acquire, classify_commit, fence_tokens
-from ._quorum import Decision
+from ._quorum import Decision, Round
 from ._wakeup import Ticket, waiter_id
 
 __all__ = ["Acquisition", "make_lease"]
@@ -319,14 +319,8 @@ class Acquisition:
         )
         if self.trace is not None:
             self.trace.add(rnd.tasks)
-        tokens: tuple[int, ...] | None = None
         try:
-            decision = await core.decide(rnd, classify_acquire)
-            if spec.fencing and decision.holds(expires_at, core.clock()):
-                tokens, committed = fence_tokens(rnd.tasks, core.quorum)
-                if not committed:
-                    second = core.commit_round(keys, value, tokens, rnd.tasks)
-                    decision = await core.decide(second, classify_commit)
+            decision, tokens = await self._decide(rnd, value, expires_at)
         except BaseException:
             core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
             raise
@@ -339,6 +333,21 @@ class Acquisition:
             decision = _expired(decision, core.clock() - start, spec.ttl)
             return _Failed(decision, expired=True, free_in=free_in)
         return _Failed(decision, expired=False, free_in=free_in)
+
+    async def _decide(
+        self, rnd: Round, value: str, expires_at: float
+    ) -> tuple[Decision, tuple[int, ...] | None]:
+        """The round's decision and, fenced, the tokens; once a quorum granted in
+        time, the decision is that of the commit round, when one is needed."""
+        core, spec = self.core, self.spec
+        decision = await core.decide(rnd, classify_acquire)
+        if not (spec.fencing and decision.holds(expires_at, core.clock())):
+            return decision, None
+        tokens, committed = fence_tokens(rnd.tasks, core.quorum)
+        if not committed:
+            second = core.commit_round(spec.target.keys, value, tokens, rnd.tasks)
+            decision = await core.decide(second, classify_commit)
+        return decision, tokens
 
     def _failure(self, failed: _Failed) -> RedlockError:
         decision, spec = failed.decision, self.spec

@@ -27,7 +27,16 @@ from ._quorum import (
     Timing,
     quorum_of,
 )
-from ._scripts import ACQUIRE, ACQUIRE_RW, COMMIT, DEQUEUE, RELEASE, RELEASE_READ
+from ._scripts import (
+    ACQUIRE,
+    ACQUIRE_RW,
+    COMMIT,
+    DEQUEUE,
+    EXTEND,
+    EXTEND_READ,
+    RELEASE,
+    RELEASE_READ,
+)
 from ._stats import Counters
 from ._wakeup import Waker
 
@@ -254,6 +263,26 @@ class Core:
             return node.call(COMMIT, script_keys, args)
 
         return self.fan_out(make)
+
+    def extend_on(
+        self,
+        node: Node,
+        keys: Sequence[str],
+        acquired: asyncio.Future[Reply],
+        args: tuple[str, int],
+        *,
+        shared: bool = False,
+    ) -> asyncio.Future[Reply] | Reply:
+        """Reset the TTL on one master (``args``: the value and the TTL in ms),
+        behind the holder's earlier calls there on the same connection; a master
+        that refused the lock gets no call."""
+        if acquired.done():
+            reply = acquired.result()
+            if reply.error is None and not granted(reply):
+                return Reply(0)
+        if shared:
+            return node.call(EXTEND_READ, (readers_key(keys[0]),), args)
+        return node.call(EXTEND, keys, args)
 
     def release_on(
         self,

@@ -14,11 +14,9 @@ from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._gate import Gates
-from ._keys import readers_key
 from ._node import Node, Reply
-from ._protocol import TOKEN_BLOCK, classify_flag, granted, ms
+from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
-from ._scripts import EXTEND, EXTEND_READ
 
 __all__ = ["Lease"]
 
@@ -60,6 +58,21 @@ class Lease:
             fencing token.
     """
 
+    # Until set otherwise, per lease:
+    _state = _State.HELD
+    _loss: Decision | None = None
+    _scope: anyio.CancelScope | None = None  # the async with block's
+    # automatic extension: a timer until one is due, a task only while it runs
+    _timer: asyncio.TimerHandle | None = None
+    _extender: asyncio.Task[None] | None = None
+    # set once the lease is known released or lost; the Event is made only when
+    # someone waits on it (wait_lost)
+    _announced = False
+    _ended: asyncio.Event | None = None
+    # how many times the lease was passed on since its acquisition (see `_hand_off`)
+    _handoffs = 0
+    _gates: Gates | None = None  # set while this lease holds its key's slot
+
     def __init__(
         self,
         core: Core,
@@ -69,8 +82,6 @@ class Lease:
         expires_at: float,
         acquired: Sequence[asyncio.Future[Reply]],
         tokens: tuple[int, ...] | None = None,
-        first_tokens: tuple[int, ...] | None = None,
-        handoffs: int = 0,
         extend_at: float | None = None,
     ) -> None:
         self._core = core
@@ -89,21 +100,8 @@ class Lease:
         self._expires_at = expires_at
         # each master's reply to the acquisition: which masters hold something of ours
         self._acquired = tuple(acquired)
-        self._state = _State.HELD
-        self._loss: Decision | None = None
-        self._scope: anyio.CancelScope | None = None
-        # automatic extension: a timer until one is due, a task only while it runs
-        self._timer: asyncio.TimerHandle | None = None
-        self._extender: asyncio.Task[None] | None = None
-        # set once the lease is known released or lost; the Event is made only when
-        # someone waits on it (wait_lost)
-        self._announced = False
-        self._ended: asyncio.Event | None = None
-        # the tokens of the acquisition this lease descends from, and how many times
-        # it was passed on since (see `_hand_off`)
-        self._first_tokens = tokens if first_tokens is None else first_tokens
-        self._handoffs = handoffs
-        self._gates: Gates | None = None  # set while this lease holds its key's slot
+        # the tokens of the acquisition this lease descends from (see `_hand_off`)
+        self._first_tokens = tokens
         core.held.add(self)
         if spec.auto_extend:
             # Extend once a third of the TTL is used up (at once for a lease passed
@@ -238,7 +236,7 @@ class Lease:
                 # do not queue behind calls the master is not answering; the next
                 # extension tries again
                 return Reply(error=TimeoutError("master silent: calls out, nothing heard back"))
-            return self._extend_on(node, self._acquired[i], args)
+            return core.extend_on(node, self.keys, self._acquired[i], args, shared=self.shared)
 
         rnd = core.fan_out(make)
         # Waiting past the validity is pointless: by then the lease is lost anyway.
@@ -251,19 +249,6 @@ class Lease:
             return None
         core.counters.failed_extensions += 1
         return decision
-
-    def _extend_on(
-        self, node: Node, acquired: asyncio.Future[Reply], args: tuple[str, int]
-    ) -> asyncio.Future[Reply] | Reply:
-        """Reset the TTL on one master (behind this lease's earlier calls there, on
-        the same connection); a master that refused the lock gets no call."""
-        if acquired.done():
-            reply = acquired.result()
-            if reply.error is None and not granted(reply):
-                return Reply(0)
-        if self.shared:
-            return node.call(EXTEND_READ, (readers_key(self.key),), args)
-        return node.call(EXTEND, self.keys, args)
 
     async def _release_round(self) -> Decision:
         """Release everywhere; a lease found gone on a majority ends lost, not released.
@@ -337,9 +322,8 @@ class Lease:
             expires_at=self._expires_at,
             acquired=self._acquired,
             tokens=tokens,
-            first_tokens=self._first_tokens,
-            handoffs=handoffs,
         )
+        successor._first_tokens, successor._handoffs = self._first_tokens, handoffs
         successor._gates, self._gates = gates, None
         self._finish(_State.RELEASED)
         core.counters.handoffs += 1

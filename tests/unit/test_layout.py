@@ -1,5 +1,5 @@
-"""The package's modules form layers: no module imports, even only for type
-checking, one that imports it back."""
+"""The package's shape: modules in layers (none imports, even only for type
+checking, one that imports it back), none over 450 lines, no function over 40."""
 
 from __future__ import annotations
 
@@ -80,3 +80,35 @@ def test_a_cycle_is_found() -> None:
 
 def test_no_module_imports_one_that_imports_it_back() -> None:
     assert cycle(graph()) is None
+
+
+def lines_of(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines, its signature included and its docstring left out."""
+    total = (function.end_lineno or function.lineno) - function.lineno + 1
+    if ast.get_docstring(function, clean=False) is not None:
+        first = function.body[0]
+        total -= (first.end_lineno or first.lineno) - first.lineno + 1
+    return total
+
+
+def test_no_module_over_450_lines() -> None:
+    sizes = {module_name(p): len(p.read_text("utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert {name: size for name, size in sizes.items() if size > 450} == {}
+
+
+def test_no_function_over_40_lines() -> None:
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if (size := lines_of(node)) > 40:
+                long[f"{module_name(path)}.{node.name}"] = size
+    assert long == {}
+
+
+def test_a_function_is_measured_without_its_docstring() -> None:
+    source = 'def f():\n    """Doc\n    string."""\n    x = 1\n    return x\n'
+    (function,) = ast.parse(source).body
+    assert isinstance(function, ast.FunctionDef)
+    assert lines_of(function) == 3
