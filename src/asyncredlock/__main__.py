@@ -182,8 +182,8 @@ def _split_urls(text: str) -> list[str]:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ._demo import DemoDependencyError, run_demo
     from .testing import ServerBinaryNotFoundError, ServerStartError
+    from .testing._demo import DemoDependencyError, run_demo
 
     demo = run_demo(masters=args.masters, requests=args.requests, limit=args.limit)
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
-from asyncredlock._demo import DemoResult, run_demo
+from asyncredlock.testing._demo import DemoResult, run_demo
 
 pytestmark = pytest.mark.anyio
 
@@ -125,7 +125,7 @@ async def test_bad_counts_are_refused_before_anything_starts(
 
 def test_importing_the_cli_and_demo_does_not_import_fastapi_or_httpx() -> None:
     code = (
-        "import sys, asyncredlock, asyncredlock.__main__, asyncredlock._demo\n"
+        "import sys, asyncredlock, asyncredlock.__main__, asyncredlock.testing._demo\n"
         "print(sorted({'fastapi', 'httpx'} & set(sys.modules)))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

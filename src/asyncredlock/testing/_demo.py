@@ -26,11 +26,12 @@ import anyio
 import anyio.to_thread
 from redis.asyncio import Redis
 
-from ._errors import RedlockError
-from ._quorum import quorum_of
-from ._redlock import AsyncRedlock
-from ._stats import RedlockStatistics
-from .testing import ServerGroup, ServerProcess
+from .._errors import RedlockError
+from .._quorum import quorum_of
+from .._redlock import AsyncRedlock
+from .._stats import RedlockStatistics
+from ._group import ServerGroup
+from ._servers import ServerProcess
 
 if TYPE_CHECKING:
     import httpx
