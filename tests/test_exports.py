@@ -42,11 +42,13 @@ PUBLIC = {
         "check_token",
     ],
     asyncredlock.testing: [
+        "ClientState",
         "FaultProxy",
         "ServerBinaryNotFoundError",
         "ServerGroup",
         "ServerProcess",
         "ServerStartError",
+        "client_state",
         "find_server_binary",
     ],
 }

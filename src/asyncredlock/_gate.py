@@ -74,6 +74,10 @@ class Gates:
         self._clock = clock
         self.closed = False
 
+    def slots(self) -> dict[str, int]:
+        """The keys whose slot a task holds, each with the tasks queued behind it."""
+        return {key: len(gate.waiters) for key, gate in self._gates.items()}
+
     def busy(self, key: str) -> bool:
         """Whether a task of this ``AsyncRedlock`` holds ``key``'s slot."""
         return key in self._gates

@@ -12,7 +12,7 @@ from redis.asyncio.lock import Lock as RedisPyLock
 
 from asyncredlock import AsyncRedlock, LockTimeoutError, QuorumUnavailableError
 from asyncredlock._node import Node
-from asyncredlock.testing import FaultProxy, ServerGroup
+from asyncredlock.testing import FaultProxy, ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
@@ -139,16 +139,10 @@ class TestCancellation:
                 await redlock.settle()
             stats = [redlock.statistics() for redlock in redlocks]
             # one command connection per master, opened once for the whole storm
-            opened = [[node.link.connections for node in _nodes(r) if node.link] for r in redlocks]
+            opened = [list(client_state(r).connections) for r in redlocks]
             # the one standing subscription per master that waiters listen through
-            listening = [
-                [
-                    int(listener is not None and listener.connection is not None)
-                    for listener in r._core.waker.listeners
-                ]
-                for r in redlocks
-            ]
-            gates = [r._core.gates._gates for r in redlocks]
+            listening = [[int(up) for up in client_state(r).subscribed] for r in redlocks]
+            gates = [client_state(r).slots for r in redlocks]
             library_tasks = [
                 t for t in asyncio.all_tasks() if _from_library(t) and not _is_listener(t)
             ]

@@ -12,7 +12,7 @@ import pytest
 
 from asyncredlock import AsyncRedlock, Lease, LockLostError, LockTimeoutError
 from asyncredlock._protocol import TOKEN_BLOCK
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, client_state
 
 from .conftest import Masters, Queue
 
@@ -154,9 +154,9 @@ async def test_a_waiter_that_gives_up_in_the_queue_gets_a_timeout(
         stats = redlock.statistics()
         assert queue.queued == 1  # timeout=0 did not even queue
         assert (stats.attempts, stats.timeouts) == (1, 2)
-        assert not redlock._core.gates._gates["busy"].waiters
+        assert client_state(redlock).slots == {"busy": 0}  # nobody queued behind it
         await lease.release()
-        assert redlock._core.gates._gates == {}
+        assert client_state(redlock).slots == {}
         await redlock.settle()
         assert await masters.keys() == [[]] * 5
 
@@ -186,7 +186,7 @@ async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(
         await redlock.settle()
         stats = redlock.statistics()
         assert (stats.held, stats.background_tasks) == (0, 0)
-        assert redlock._core.gates._gates == {}
+        assert client_state(redlock).slots == {}
         assert await masters.keys() == [[]] * 5
 
 

@@ -24,7 +24,7 @@ from asyncredlock import (
     LockTimeoutError,
     QuorumUnavailableError,
 )
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
@@ -64,9 +64,7 @@ class TestColdBurst:
                     async with anyio.create_task_group() as tg:
                         for i in range(workers):
                             tg.start_soon(worker, redlock, i)
-                    opened.append(
-                        [node.link.connections for node in redlock._core.nodes if node.link]
-                    )
+                    opened.append(list(client_state(redlock).connections))
         assert (unavailable, timeouts) == (0, 0)
         assert done == workers * cycles * clients
         assert opened == [[1] * 5] * clients  # one connection per master, not per caller
@@ -126,9 +124,9 @@ class TestCloseWithCallsOnAHungMajority:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(call)
                     await anyio.wait_all_tasks_blocked()  # the call waits on the masters
-                    nodes = redlock._core.nodes
-                    assert nodes[1].in_flight
-                    assert nodes[2].in_flight
+                    in_flight = client_state(redlock).in_flight
+                    assert in_flight[1]
+                    assert in_flight[2]
                     await redlock.aclose()
         finally:
             group[1].resume()
@@ -236,8 +234,8 @@ class TestCancellationStorm:
                 for redlock in redlocks:
                     await redlock.settle()
             stats = [redlock.statistics() for redlock in redlocks]
-            opened = [[n.link.connections for n in r._core.nodes if n.link] for r in redlocks]
-            gates = [r._core.gates._gates for r in redlocks]
+            opened = [list(client_state(r).connections) for r in redlocks]
+            gates = [client_state(r).slots for r in redlocks]
         assert sum(s.acquisitions + s.handoffs for s in stats) > 0
         assert sum(s.timeouts for s in stats) == 0  # each acquire() cancelled or leased
         assert [(s.held, s.in_flight, s.background_tasks) for s in stats] == [(0, 0, 0)] * 3
@@ -262,9 +260,7 @@ class TestDemotedMaster:
         async with AsyncRedlock([demoted.url]) as redlock:
             lease = await redlock.lock("demoted", timeout=0).acquire()
             await lease.release()
-            (node,) = redlock._core.nodes
-            assert node.link is not None
-            assert node.link.connections == 1
+            assert client_state(redlock).connections == (1,)
             await direct.clients[0].execute_command("REPLICAOF", primary.host, primary.port)
             try:
                 with pytest.raises(QuorumUnavailableError) as caught:
@@ -274,5 +270,5 @@ class TestDemotedMaster:
                 await direct.clients[0].execute_command("REPLICAOF", "NO", "ONE")
             lease = await redlock.lock("demoted", timeout=0).acquire()
             await lease.release()
-            assert node.link.connections == 2
+            assert client_state(redlock).connections == (2,)
         await direct.aclose()

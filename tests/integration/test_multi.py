@@ -13,7 +13,7 @@ from redis.asyncio import RedisCluster
 
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError
 from asyncredlock._protocol import TOKEN_BLOCK
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, client_state
 
 from .conftest import Masters, Queue
 
@@ -179,8 +179,8 @@ async def test_cancelled_set_acquisitions_leave_nothing(
         await redlock.settle()
         stats = redlock.statistics()
         assert (stats.held, stats.background_tasks, stats.in_flight) == (0, 0, 0)
-        assert redlock._core.gates._gates == {}
-        assert redlock._core.waker.queues == {}
+        state = client_state(redlock)
+        assert (state.slots, state.listening) == ({}, {})
     assert await masters.keys() == [[]] * 5
 
 

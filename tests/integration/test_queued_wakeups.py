@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 from asyncredlock import AsyncRedlock, Lease
 from asyncredlock._protocol import QueueEntry, QueueTrace
 from asyncredlock._wakeup import INBOX_PREFIX
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, client_state
 
 from .conftest import Masters, Waiting
 
@@ -100,7 +100,7 @@ async def test_a_release_is_announced_to_the_first_waiter_only(
                         await previous.release()
                         await got[i].wait()
                         await drain()
-                        inbox = (INBOX_PREFIX + redlock._core.waker.client).encode()
+                        inbox = (INBOX_PREFIX + client_state(redlock).client).encode()
                         # one message, to the first waiter's client, naming it: the
                         # master handed it the key
                         assert len(heard) == 1
@@ -472,9 +472,9 @@ async def test_a_key_queues_from_its_first_attempt_only_while_contended(
                 await waiting.reach(1)
                 await held.release()
         await leases[0].release()
-        assert "calm" in redlock._core.contended
+        assert "calm" in client_state(redlock).contended
         lease = await redlock.lock("calm", timeout=0).acquire()  # free: granted at once
-        assert "calm" not in redlock._core.contended
+        assert "calm" not in client_state(redlock).contended
         await lease.release()
         await redlock.settle()
     assert await masters.keys() == [[]] * 5

@@ -19,7 +19,7 @@ from asyncredlock import (
     RWLock,
 )
 from asyncredlock._attempt import Acquisition
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, client_state
 
 from .conftest import Masters, Queue, Waiting
 
@@ -157,7 +157,7 @@ class TestExclusion:
 
                     tg.start_soon(write)
                     await waiting.reach(1)
-                    assert writers._core.waker.queues == {}  # the inbox only
+                    assert client_state(writers).listening == {}  # the inbox only
                     for lease in leases:
                         await lease.release()
             assert waiting.woken == 1

@@ -13,9 +13,9 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock
+from asyncredlock import AsyncRedlock, Lease
 from asyncredlock._wakeup import Ticket, Waker
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, client_state
 
 from .conftest import Masters, Queue
 
@@ -127,9 +127,14 @@ async def test_a_lost_subscription_still_acquires_and_listens_again(
     ):
         probe = Probe(waiter, monkeypatch)
         lease = await holder.lock("killed", ttl=60.0).acquire()
+        got: list[Lease] = []
+
+        async def wait() -> None:
+            got.append(await waiter.lock("killed", timeout=HANG_GUARD).acquire())
+
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(waiter.lock("killed", timeout=HANG_GUARD).acquire)
+                tg.start_soon(wait)
                 await probe.waiting.wait()
                 for client in masters.clients:
                     await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
@@ -137,8 +142,8 @@ async def test_a_lost_subscription_still_acquires_and_listens_again(
             assert waiter.statistics().held == 1
         stats = waiter.statistics()
         assert stats.failed_attempts >= 2  # it did wait, and was woken without a timer
-        for held in list(waiter._core.held):
-            await held.release()
+        assert len(got) == 1
+        await got[0].release()
 
 
 async def test_local_waiters_queue_behind_the_one_that_listens(
@@ -167,12 +172,11 @@ async def test_local_waiters_queue_behind_the_one_that_listens(
                 await probe.waiting.wait()
                 # it listens in its client's inbox: queued on the masters, it is the
                 # one a release names
-                assert len(redlock._core.waker.addressed) == 1
+                assert client_state(redlock).addressed == 1
                 await lease.release()
         stats = redlock.statistics()
-        assert redlock._core.waker.addressed == {}
-        assert redlock._core.waker.queues == {}
-        assert redlock._core.gates._gates == {}
+        state = client_state(redlock)
+        assert (state.addressed, state.listening, state.slots) == (0, {}, {})
     assert order == list(range(10))
     assert stats.wakeups == 1
     assert (stats.acquisitions, stats.handoffs) == (1, 9)
@@ -221,7 +225,7 @@ async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
         assert got == [True]
         assert waker.addressed == {}
         assert waker.queues == {}
-        assert waiter._core.gates._gates == {}
+        assert client_state(waiter).slots == {}
 
 
 async def test_closing_the_redlock_closes_its_subscriptions(

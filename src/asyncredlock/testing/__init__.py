@@ -2,6 +2,8 @@
 
 - `ServerProcess` / `ServerGroup`: real ``valkey-server`` (or ``redis-server``)
   processes on 127.0.0.1 that can be stopped, killed, paused and restarted.
+- `client_state`: what an ``AsyncRedlock`` keeps in this process (leases held, tasks
+  queued, wake-ups, connections), for tests that check nothing was left behind.
 - `FaultProxy`: a TCP proxy in front of one server that adds delay, blackholes,
   resets or refuses connections at run time.
 - The pytest plugin (`asyncredlock.testing.pytest_plugin`, loaded automatically) provides
@@ -12,16 +14,20 @@
 from ._group import ServerGroup as ServerGroup
 from ._proxy import FaultProxy as FaultProxy
 from ._servers import ServerProcess as ServerProcess
+from ._state import ClientState as ClientState
+from ._state import client_state as client_state
 from ._support import ServerBinaryNotFoundError as ServerBinaryNotFoundError
 from ._support import ServerStartError as ServerStartError
 from ._support import find_server_binary as find_server_binary
 
 __all__ = [
+    "ClientState",
     "FaultProxy",
     "ServerBinaryNotFoundError",
     "ServerGroup",
     "ServerProcess",
     "ServerStartError",
+    "client_state",
     "find_server_binary",
 ]
 

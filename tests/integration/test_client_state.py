@@ -1,0 +1,40 @@
+"""`asyncredlock.testing.client_state`: what one client keeps in this process."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock
+from asyncredlock.testing import ServerGroup, client_state
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_it_takes_an_asyncredlock_only() -> None:
+    with pytest.raises(TypeError, match="takes an AsyncRedlock, not str"):
+        client_state("redis://127.0.0.1")  # type: ignore[arg-type]
+
+
+async def test_a_lease_and_its_queued_task_show_then_leave(servers: ServerGroup) -> None:
+    async with AsyncRedlock(servers.urls) as redlock:
+        fresh = client_state(redlock)
+        assert (fresh.held, fresh.slots, fresh.listening, fresh.addressed) == (0, {}, {}, 0)
+        assert fresh.connections == (0,) * len(servers)  # opened on first use
+        lease = await redlock.lock("shown").acquire()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_take_and_release, redlock)
+            await anyio.wait_all_tasks_blocked()  # it waits behind the lease
+            held = client_state(redlock)
+            assert (held.held, held.slots) == (1, {"shown": 1})
+            assert held.connections == (1,) * len(servers)
+            await lease.release()  # passed to the queued task
+        await redlock.settle()  # the masters the release did not wait for answer
+        after = client_state(redlock)
+        assert (after.held, after.slots, after.in_flight) == (0, {}, (0,) * len(servers))
+        assert len(after.client) > 0
+
+
+async def _take_and_release(redlock: AsyncRedlock) -> None:
+    async with redlock.lock("shown"):
+        pass
