@@ -48,6 +48,7 @@ PUBLIC = {
         "ServerGroup",
         "ServerProcess",
         "ServerStartError",
+        "Waits",
         "client_state",
         "find_server_binary",
     ],

@@ -195,7 +195,9 @@ class Acquisition:
         if self.ticket is None:
             await anyio.sleep(pause)
         else:
-            await core.waker.wait(self.ticket, pause)
+            core.note("waiting")
+            if await core.waker.wait(self.ticket, pause):
+                core.note("woken")
 
     def _leave(self) -> None:
         """Out of the wake-ups and, in the background, of the masters' queue.

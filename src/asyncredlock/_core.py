@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 from ._config import Settings
@@ -87,6 +87,15 @@ class Core:
         # one brings its place in the masters' queue from its first attempt
         self.contended: dict[str, None] = {}
         self.gates = Gates(self.clock)
+        # called with "queued", "waiting" or "woken" as an acquire() starts waiting
+        # behind a task of this client, starts waiting for a release, or is woken
+        # by one (asyncredlock.testing.Waits: tests wait for a waiter to be parked)
+        self.watchers: list[Callable[[str], None]] = []
+
+    def note(self, event: str) -> None:
+        """Tell the watchers (see ``watchers``)."""
+        for watcher in self.watchers:
+            watcher(event)
 
     def mark_contended(self, key: str) -> None:
         """Remember that an ``acquire()`` of ``key`` was refused (the latest

@@ -188,6 +188,7 @@ class Lock:
             raise self._busy_error()
         waiter = Waiter(self._spec)
         try:
+            core.note("queued")
             passed = await core.gates.wait(self._slot, waiter, max(0.0, deadline - core.clock()))
         except LocalTimeoutError:
             counters.timeouts += 1

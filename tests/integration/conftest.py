@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
-import anyio
 import pytest
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock, Lease
-from asyncredlock._gate import Waiter
-from asyncredlock._wakeup import Ticket
-from asyncredlock.testing import ServerGroup
+from asyncredlock import AsyncRedlock
+from asyncredlock.testing import ServerGroup, Waits
 
 
 class Masters:
@@ -68,24 +64,16 @@ class Queue:
     """Counts the acquisitions of one redlock that queued behind another task of
     it (for the same key), and lets a test wait for a count."""
 
-    def __init__(self, redlock: AsyncRedlock, monkeypatch: pytest.MonkeyPatch) -> None:
-        gates = redlock._core.gates
-        original = gates.wait
-        self.queued = 0
-        self._changed = anyio.Event()
+    def __init__(self, redlock: AsyncRedlock) -> None:
+        self._waits = Waits(redlock)
 
-        async def wait(key: str, waiter: Waiter, patience: float) -> Lease | None:
-            self.queued += 1
-            changed, self._changed = self._changed, anyio.Event()
-            changed.set()
-            return await original(key, waiter, patience)
-
-        monkeypatch.setattr(gates, "wait", wait)
+    @property
+    def queued(self) -> int:
+        return self._waits.queued
 
     async def reach(self, count: int) -> None:
         """Return once ``count`` acquisitions have queued."""
-        while self.queued < count:
-            await self._changed.wait()
+        await self._waits.reach(queued=count)
 
 
 class Waiting:
@@ -93,24 +81,17 @@ class Waiting:
     release (a fair or read-write waiter is queued on the masters by then: its
     attempts came before) over several redlocks, and lets a test wait for a count."""
 
-    def __init__(self, redlocks: list[AsyncRedlock], monkeypatch: pytest.MonkeyPatch) -> None:
-        self.entered = 0
-        self.woken = 0  # waits ended by a wake-up, not by their delay
-        self._changed = anyio.Event()
-        for redlock in redlocks:
-            waker = redlock._core.waker
-            original: Callable[[Ticket, float], Any] = waker.wait
+    def __init__(self, redlocks: list[AsyncRedlock]) -> None:
+        self._waits = Waits(*redlocks)
 
-            async def wait(ticket: Ticket, delay: float, _original: Any = original) -> bool:
-                self.entered += 1
-                changed, self._changed = self._changed, anyio.Event()
-                changed.set()
-                woken: bool = await _original(ticket, delay)
-                self.woken += woken
-                return woken
+    @property
+    def entered(self) -> int:
+        return self._waits.waiting
 
-            monkeypatch.setattr(waker, "wait", wait)
+    @property
+    def woken(self) -> int:
+        """Waits ended by a wake-up, not by their delay."""
+        return self._waits.woken
 
     async def reach(self, count: int) -> None:
-        while self.entered < count:
-            await self._changed.wait()
+        await self._waits.reach(count)

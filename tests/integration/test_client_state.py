@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock import AsyncRedlock, Lease
+from asyncredlock.testing import ServerGroup, Waits, client_state
 
 pytestmark = pytest.mark.anyio
 
@@ -38,3 +38,28 @@ async def test_a_lease_and_its_queued_task_show_then_leave(servers: ServerGroup)
 async def _take_and_release(redlock: AsyncRedlock) -> None:
     async with redlock.lock("shown"):
         pass
+
+
+async def test_waits_takes_asyncredlock_clients_only() -> None:
+    with pytest.raises(TypeError, match="takes AsyncRedlock clients, not int"):
+        Waits(1)  # type: ignore[arg-type]
+
+
+async def test_waits_sees_a_waiter_parked_and_woken(servers: ServerGroup) -> None:
+    async with AsyncRedlock(servers.urls) as holder, AsyncRedlock(servers.urls) as other:
+        lease = await holder.lock("parked").acquire()
+        got: list[Lease] = []
+
+        async def wait() -> None:
+            got.append(await other.lock("parked", timeout=10).acquire())
+
+        with Waits(other) as waits, anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                await waits.reach(1)
+                assert (waits.waiting, waits.queued, got) == (1, 0, [])
+                await lease.release()
+        assert waits.woken == 1
+        assert len(got) == 1
+        await got[0].release()
+        assert client_state(other).slots == {}

@@ -25,7 +25,7 @@ async def test_waiters_of_two_processes_acquire_in_arrival_order(
         AsyncRedlock(servers.urls, retry_delay=0.05) as two,
     ):
         held = await holder.lock("fair").acquire()
-        waiting = Waiting([one, two], monkeypatch)
+        waiting = Waiting([one, two])
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 for i in range(8):
@@ -85,7 +85,7 @@ async def test_cancelled_and_timed_out_waiters_leave_no_queue_entry(
         AsyncRedlock(servers.urls, retry_delay=0.05, node_timeout=0.1) as redlock,
     ):
         held = await holder.lock("crowd").acquire()
-        waiting = Waiting([redlock], monkeypatch)
+        waiting = Waiting([redlock])
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 for _ in range(5):

@@ -50,7 +50,7 @@ async def test_waiters_get_the_lease_in_arrival_order_with_no_call_to_the_master
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock, AsyncRedlock(servers.urls) as other:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         first = await redlock.lock("relay").acquire()
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -77,7 +77,7 @@ async def test_a_chain_goes_back_to_the_masters_when_its_tokens_run_out(
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         first = await redlock.lock("long chain").acquire()
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -112,7 +112,7 @@ async def test_a_lease_that_does_not_fit_the_waiter_is_released_and_taken_anew(
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         first = await redlock.lock("misfit", **holder).acquire()
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -129,7 +129,7 @@ async def test_an_unfenced_waiter_in_a_fenced_chain_gets_no_token_and_skips_none
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         first = await redlock.lock("mixed").acquire()
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -145,7 +145,7 @@ async def test_a_waiter_that_gives_up_in_the_queue_gets_a_timeout(
     servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         lease = await redlock.lock("busy").acquire()
         with pytest.raises(LockTimeoutError, match="held by another task of this AsyncRedlock"):
             await redlock.lock("busy", timeout=0).acquire()  # no attempt: it is held here
@@ -165,7 +165,7 @@ async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(
     servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         lock = redlock.lock("handed", timeout=HANG_GUARD)
         first = await lock.acquire()
         doomed = asyncio.create_task(lock.acquire())
@@ -210,7 +210,7 @@ async def test_force_release_in_the_same_process_ends_its_leases_and_serves_the_
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         entered = anyio.Event()
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:

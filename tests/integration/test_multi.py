@@ -13,7 +13,7 @@ from redis.asyncio import RedisCluster
 
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError
 from asyncredlock._protocol import TOKEN_BLOCK
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock.testing import ServerGroup, Waits, client_state
 
 from .conftest import Masters, Queue
 
@@ -73,16 +73,7 @@ async def test_a_set_waits_for_a_release_of_any_of_its_resources(
         AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
     ):
         held = await holder.lock("c", ttl=60.0).acquire()
-        waiting = anyio.Event()
-        waker = waiter._core.waker
-        original = waker.wait
-
-        async def wait(ticket: Any, delay: float) -> bool:
-            waiting.set()
-            woken: bool = await original(ticket, delay)
-            return woken
-
-        monkeypatch.setattr(waker, "wait", wait)
+        waits = Waits(waiter)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 got: list[Lease] = []
@@ -91,7 +82,7 @@ async def test_a_set_waits_for_a_release_of_any_of_its_resources(
                     got.append(await waiter.lock(["a", "b", "c"], timeout=HANG_GUARD).acquire())
 
                 tg.start_soon(take)
-                await waiting.wait()
+                await waits.reach(1)
                 await held.release()
         assert waiter.statistics().wakeups == 1
         await got[0].release()
@@ -146,7 +137,7 @@ async def test_tasks_waiting_for_the_same_set_get_it_passed_on(
     servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock, monkeypatch)
+        queue = Queue(redlock)
         lock = redlock.lock(["p", "q"], timeout=HANG_GUARD)
         first = await lock.acquire()
         nxt = asyncio.create_task(lock.acquire())

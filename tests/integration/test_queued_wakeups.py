@@ -78,7 +78,7 @@ async def test_a_release_is_announced_to_the_first_waiter_only(
             clients(servers.urls, 3, retry_delay=PATIENT) as waiters,
         ):
             held = await holder.lock("line").acquire()
-            waiting = Waiting(waiters, monkeypatch)
+            waiting = Waiting(waiters)
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     for i, redlock in enumerate(waiters):
@@ -145,7 +145,7 @@ async def test_waiters_of_separate_clients_acquire_in_arrival_order(
                         async with redlock.lock("order", timeout=HANG_GUARD):
                             order.append(i)
 
-                    waiting = Waiting([redlock], monkeypatch)
+                    waiting = Waiting([redlock])
                     tg.start_soon(take)
                     await waiting.reach(1)  # queued (on a quorum) before the next one comes
                 lengths = [len(q) for q in await queues(masters, "order")]
@@ -173,7 +173,7 @@ async def test_a_waiter_leaving_first_in_line_announces_the_next(
         AsyncRedlock(servers.urls) as other,
         AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock,
     ):
-        waiting = Waiting([redlock], monkeypatch)
+        waiting = Waiting([redlock])
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 leases: list[Lease] = []
@@ -203,7 +203,7 @@ async def test_a_cancelled_waiter_leaves_the_line_and_the_next_goes(
         clients(servers.urls, 2, retry_delay=PATIENT) as (first, second),
     ):
         held = await holder.lock("leave").acquire()
-        waiting = Waiting([first, second], monkeypatch)
+        waiting = Waiting([first, second])
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 doomed = anyio.CancelScope()
@@ -235,18 +235,15 @@ CHILD = textwrap.dedent(
     """
     import asyncio, sys
     from asyncredlock import AsyncRedlock
+    from asyncredlock.testing import Waits
 
     async def main() -> None:
         async with AsyncRedlock(sys.argv[1:]) as redlock:
-            waker = redlock._core.waker
-            wait = waker.wait
-
-            async def announced(ticket, delay):
-                print("queued", flush=True)  # its attempts queued it on the masters
-                return await wait(ticket, delay)
-
-            waker.wait = announced
-            await redlock.lock("killed", timeout=600).acquire()
+            waits = Waits(redlock)
+            waiter = asyncio.create_task(redlock.lock("killed", timeout=600).acquire())
+            await waits.reach(1)
+            print("queued", flush=True)  # its attempts queued it on the masters
+            await waiter
 
     asyncio.run(main())
     """
@@ -306,7 +303,7 @@ async def take_turns(
         clients(servers.urls, 3, retry_delay=0.05) as waiters,
     ):
         held = await holder.lock(name).acquire()
-        waiting = Waiting(waiters, monkeypatch)
+        waiting = Waiting(waiters)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 for i, redlock in enumerate(waiters):
@@ -380,7 +377,7 @@ async def test_a_handed_key_lives_the_entry_ttl_until_the_lease_extends_it(
         AsyncRedlock(servers.urls) as redlock,
     ):
         held = await holder.lock("handed").acquire()
-        waiting = Waiting([redlock], monkeypatch)
+        waiting = Waiting([redlock])
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 leases: list[Lease] = []
@@ -419,7 +416,7 @@ async def test_a_waiter_cancelled_after_it_was_handed_the_key_gives_it_back(
         for listener in deaf._core.waker.listeners:
             assert listener is not None
             monkeypatch.setattr(listener, "on_message", lambda *message: None)
-        waiting = Waiting([deaf, next_one], monkeypatch)
+        waiting = Waiting([deaf, next_one])
         order: list[str] = []
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -460,7 +457,7 @@ async def test_a_key_queues_from_its_first_attempt_only_while_contended(
         AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock,
     ):
         held = await holder.lock("calm").acquire()
-        waiting = Waiting([redlock], monkeypatch)
+        waiting = Waiting([redlock])
         leases: list[Lease] = []
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:

@@ -111,7 +111,7 @@ class TestExclusion:
             leases = [await readers.rwlock("page").read(ttl=HANG_GUARD).acquire() for _ in range(3)]
             # no retry before the hang guard: only the release's announcement wakes it
             monkeypatch.setattr(writers._core, "retry_pause", lambda: HANG_GUARD)
-            waiting = Waiting([writers], monkeypatch)
+            waiting = Waiting([writers])
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     got: list[Lease] = []
@@ -142,7 +142,7 @@ class TestExclusion:
         ):
             leases = [await readers.rwlock("page").read(ttl=HANG_GUARD).acquire() for _ in range(2)]
             monkeypatch.setattr(writers._core, "retry_pause", lambda: HANG_GUARD)
-            waiting = Waiting([writers], monkeypatch)
+            waiting = Waiting([writers])
             lock = (
                 writers.lock("page", timeout=HANG_GUARD)
                 if side == "lock"
@@ -173,7 +173,7 @@ class TestExclusion:
             writer = await writers.rwlock("page").write(ttl=HANG_GUARD).acquire()
             # no retry before the hang guard: only the release's announcement wakes them
             monkeypatch.setattr(readers._core, "retry_pause", lambda: HANG_GUARD)
-            waiting = Waiting([readers], monkeypatch)
+            waiting = Waiting([readers])
             got: list[Lease] = []
 
             async def read() -> None:
@@ -208,7 +208,7 @@ class TestExclusion:
                 ]
                 for each in readers:
                     monkeypatch.setattr(each._core, "retry_pause", lambda: HANG_GUARD)
-                waiting = Waiting(readers, monkeypatch)
+                waiting = Waiting(readers)
                 got: list[Lease] = []
 
                 async def read(redlock: AsyncRedlock) -> None:
@@ -234,7 +234,7 @@ class TestExclusion:
         readers elsewhere may take the lock (a run of hand-offs would starve them)."""
         async with AsyncRedlock(servers.urls) as redlock:
             rw = redlock.rwlock("doc", patience=math.inf)
-            queue = Queue(redlock, monkeypatch)
+            queue = Queue(redlock)
             first = await rw.write().acquire()
             writes = 1
 
@@ -338,8 +338,8 @@ class TestFairness:
             AsyncRedlock(urls, retry_delay=0.05) as third,
         ):
             held = [await first.rwlock("doc", **options).read().acquire() for _ in range(2)]
-            writer_waits = Waiting([second], monkeypatch)
-            reader_waits = Waiting([third], monkeypatch)
+            writer_waits = Waiting([second])
+            reader_waits = Waiting([third])
 
             async def write() -> None:
                 async with second.rwlock("doc", **options).write(timeout=HANG_GUARD):
@@ -403,7 +403,7 @@ class TestFairness:
             AsyncRedlock(urls, retry_delay=0.05) as readers,
             AsyncRedlock(urls, retry_delay=0.05) as writers,
         ):
-            reader_waits = Waiting([readers], monkeypatch)
+            reader_waits = Waiting([readers])
             write_lock = writers.rwlock("doc", **options).write(timeout=HANG_GUARD)
             attempt = Acquisition._attempt
 

@@ -6,16 +6,12 @@ guard was woken, not its timer. The counters in ``statistics()`` say by what.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import anyio
 import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
-from asyncredlock._wakeup import Ticket, Waker
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock.testing import ServerGroup, Waits, client_state
 
 from .conftest import Masters, Queue
 
@@ -23,30 +19,6 @@ pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 NEVER = 3600.0  # a retry delay no test waits out
-
-
-class Probe:
-    """Signals when a waiter of one redlock starts waiting for a release.
-
-    ``waiting`` is set when a waiter enters its wait (after its attempt right after
-    subscribing failed); `next()` arms a fresh event for the next time.
-    """
-
-    def __init__(self, redlock: AsyncRedlock, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.waiting = anyio.Event()
-        waker = redlock._core.waker
-        original: Callable[[Ticket, float], Any] = waker.wait
-
-        async def wait(ticket: Ticket, delay: float) -> bool:
-            self.waiting.set()
-            woken: bool = await original(ticket, delay)
-            return woken
-
-        monkeypatch.setattr(waker, "wait", wait)
-
-    def next(self) -> anyio.Event:
-        self.waiting = anyio.Event()
-        return self.waiting
 
 
 async def test_a_waiter_acquires_on_release_not_on_its_timer(
@@ -57,7 +29,7 @@ async def test_a_waiter_acquires_on_release_not_on_its_timer(
         AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
     ):
         lease = await holder.lock("handoff", ttl=60.0).acquire()
-        probe = Probe(waiter, monkeypatch)
+        probe = Waits(waiter)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 got: list[int | None] = []
@@ -68,7 +40,7 @@ async def test_a_waiter_acquires_on_release_not_on_its_timer(
                     await taken.release()
 
                 tg.start_soon(wait_for_it)
-                await probe.waiting.wait()
+                await probe.reach(1)
                 await lease.release()
         stats = waiter.statistics()
     assert len(got) == 1
@@ -87,11 +59,11 @@ async def test_force_release_wakes_waiters(
         AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
     ):
         await holder.lock("forced", ttl=60.0, auto_extend=False).acquire()
-        probe = Probe(waiter, monkeypatch)
+        probe = Waits(waiter)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(waiter.lock("forced", timeout=HANG_GUARD).acquire)
-                await probe.waiting.wait()
+                await probe.reach(1)
                 assert await holder.force_release("forced") == 5
         assert waiter.statistics().wakeups == 1
 
@@ -125,7 +97,7 @@ async def test_a_lost_subscription_still_acquires_and_listens_again(
         AsyncRedlock(servers.urls) as holder,
         AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
     ):
-        probe = Probe(waiter, monkeypatch)
+        probe = Waits(waiter)
         lease = await holder.lock("killed", ttl=60.0).acquire()
         got: list[Lease] = []
 
@@ -135,7 +107,7 @@ async def test_a_lost_subscription_still_acquires_and_listens_again(
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait)
-                await probe.waiting.wait()
+                await probe.reach(1)
                 for client in masters.clients:
                     await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
                 await lease.release()
@@ -158,7 +130,7 @@ async def test_local_waiters_queue_behind_the_one_that_listens(
         AsyncRedlock(servers.urls, retry_delay=NEVER) as redlock,
     ):
         lease = await holder.lock("queue", ttl=60.0).acquire()
-        probe = Probe(redlock, monkeypatch)
+        probe = Waits(redlock)
 
         async def worker(i: int) -> None:
             async with redlock.lock("queue", timeout=HANG_GUARD):
@@ -169,7 +141,7 @@ async def test_local_waiters_queue_behind_the_one_that_listens(
             async with anyio.create_task_group() as tg:
                 for i in range(10):
                     tg.start_soon(worker, i)
-                await probe.waiting.wait()
+                await probe.reach(1)
                 # it listens in its client's inbox: queued on the masters, it is the
                 # one a release names
                 assert client_state(redlock).addressed == 1
@@ -193,9 +165,8 @@ async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
         AsyncRedlock(servers.urls, retry_delay=NEVER, node_timeout=5.0) as waiter,
     ):
         lease = await holder.lock("cancelled", ttl=60.0).acquire()
-        waker: Waker = waiter._core.waker
-        probe = Probe(waiter, monkeypatch)
-        queue = Queue(waiter, monkeypatch)
+        probe = Waits(waiter)
+        queue = Queue(waiter)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 first = anyio.CancelScope()
@@ -212,10 +183,10 @@ async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
                     await taken.release()
 
                 tg.start_soon(doomed)
-                await probe.waiting.wait()  # doomed listens for the release
+                await probe.reach(1)  # doomed listens for the release
                 tg.start_soon(patient)
                 await queue.reach(1)  # patient waits behind it
-                assert len(waker.addressed) == 1
+                assert client_state(waiter).addressed == 1
                 # Doomed, the one listening, is cancelled: it gives its turn to patient
                 # as it leaves. (Cancelled after the release instead, it may already
                 # hold the lease: the release hands it the key, and acquire() returns
@@ -223,9 +194,8 @@ async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
                 first.cancel()
                 await lease.release()
         assert got == [True]
-        assert waker.addressed == {}
-        assert waker.queues == {}
-        assert client_state(waiter).slots == {}
+        state = client_state(waiter)
+        assert (state.addressed, state.listening, state.slots) == (0, {}, {})
 
 
 async def test_closing_the_redlock_closes_its_subscriptions(
@@ -235,7 +205,7 @@ async def test_closing_the_redlock_closes_its_subscriptions(
     async with AsyncRedlock(servers.urls) as holder:
         lease = await holder.lock("closing", ttl=60.0).acquire()
         waiter = AsyncRedlock(servers.urls, retry_delay=NEVER)
-        probe = Probe(waiter, monkeypatch)
+        probe = Waits(waiter)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 scope = anyio.CancelScope()
@@ -245,7 +215,7 @@ async def test_closing_the_redlock_closes_its_subscriptions(
                         await waiter.lock("closing", timeout=HANG_GUARD).acquire()
 
                 tg.start_soon(wait)
-                await probe.waiting.wait()
+                await probe.reach(1)
                 clients = await direct.client_list(_type="pubsub")
                 assert len(clients) >= 1
                 scope.cancel()

@@ -4,6 +4,8 @@
   processes on 127.0.0.1 that can be stopped, killed, paused and restarted.
 - `client_state`: what an ``AsyncRedlock`` keeps in this process (leases held, tasks
   queued, wake-ups, connections), for tests that check nothing was left behind.
+- `Waits`: wait until ``acquire()`` calls are parked (queued behind another task, or
+  waiting for a release) instead of sleeping.
 - `FaultProxy`: a TCP proxy in front of one server that adds delay, blackholes,
   resets or refuses connections at run time.
 - The pytest plugin (`asyncredlock.testing.pytest_plugin`, loaded automatically) provides
@@ -19,6 +21,7 @@ from ._state import client_state as client_state
 from ._support import ServerBinaryNotFoundError as ServerBinaryNotFoundError
 from ._support import ServerStartError as ServerStartError
 from ._support import find_server_binary as find_server_binary
+from ._waits import Waits as Waits
 
 __all__ = [
     "ClientState",
@@ -27,6 +30,7 @@ __all__ = [
     "ServerGroup",
     "ServerProcess",
     "ServerStartError",
+    "Waits",
     "client_state",
     "find_server_binary",
 ]

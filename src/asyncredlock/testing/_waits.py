@@ -1,0 +1,75 @@
+"""`Waits`: wait until acquisitions are parked, instead of sleeping in a test."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Self
+
+from .._redlock import AsyncRedlock
+
+__all__ = ["Waits"]
+
+
+class Waits:
+    """Counts the ``acquire()`` calls of some ``AsyncRedlock`` clients as they start
+    to wait, so that a test can wait until a waiter is parked before it releases,
+    kills or cancels something (no sleep standing in for "long enough").
+
+    Use as a context manager (it stops counting at exit), or call `close`.
+
+    Attributes:
+        queued: Calls that started waiting behind another task of the same client
+            for the same key.
+        waiting: Waits for a release announced by the masters (a call that waits
+            several times counts each time; it failed an attempt first, and a
+            waiter that queues on the masters is queued there by then).
+        woken: Waits that a release announcement ended (not their retry delay).
+
+    Raises:
+        TypeError: An argument is not an ``AsyncRedlock``.
+    """
+
+    def __init__(self, *redlocks: AsyncRedlock) -> None:
+        for redlock in redlocks:
+            if not isinstance(redlock, AsyncRedlock):
+                raise TypeError(f"Waits() takes AsyncRedlock clients, not {type(redlock).__name__}")
+        self.queued = self.waiting = self.woken = 0
+        self._changed = asyncio.Event()
+        self._cores = [redlock._core for redlock in redlocks]
+        for core in self._cores:
+            core.watchers.append(self._note)
+
+    def _note(self, event: str) -> None:
+        if event == "queued":
+            self.queued += 1
+        elif event == "waiting":
+            self.waiting += 1
+        elif event == "woken":
+            self.woken += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def reach(self, waiting: int = 0, *, queued: int = 0) -> None:
+        """Return once at least ``waiting`` waits for a release and ``queued`` waits
+        behind another task have started (bound it with a timeout of your own)."""
+        while self.waiting < waiting or self.queued < queued:
+            await self._changed.wait()
+
+    def close(self) -> None:
+        """Stop counting."""
+        for core in self._cores:
+            if self._note in core.watchers:
+                core.watchers.remove(self._note)
+        self._cores = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
