@@ -262,6 +262,7 @@ class Core:
         refused get no call: their first-phase reply stands in (see
         `classify_commit`).
         """
+        self.counters.commits += 1
         script_keys = [each for key in keys for each in (key, aux_key(key, "fence"))]
         args = (value, *(str(token) for token in tokens))
 

@@ -303,6 +303,7 @@ class AsyncRedlock:
             releases=c.releases,
             lost=c.lost,
             handoffs=c.handoffs,
+            commits=c.commits,
             **self._core.describe(),
         )
 

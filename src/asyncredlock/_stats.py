@@ -21,6 +21,7 @@ class Counters:
     releases: int = 0
     lost: int = 0
     handoffs: int = 0
+    commits: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class RedlockStatistics:
         handoffs: Leases passed on release straight to the next task of this
             ``AsyncRedlock`` waiting for the same key, with no call to the masters
             (counted in neither ``acquisitions`` nor ``releases``).
+        commits: Second rounds sent to commit a fencing token (skipped when a
+            quorum of masters counted the same token in the first).
         held: Leases held right now.
         background_tasks: Background tasks running (calls still out, extenders).
         in_flight: Calls to masters waiting for a reply right now.
@@ -60,6 +63,7 @@ class RedlockStatistics:
     releases: int
     lost: int
     handoffs: int
+    commits: int
     held: int
     background_tasks: int
     in_flight: int

@@ -46,7 +46,11 @@ async def test_waits_takes_asyncredlock_clients_only() -> None:
 
 
 async def test_waits_sees_a_waiter_parked_and_woken(servers: ServerGroup) -> None:
-    async with AsyncRedlock(servers.urls) as holder, AsyncRedlock(servers.urls) as other:
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        # no retry timer ends its wait first: only the release does
+        AsyncRedlock(servers.urls, retry_delay=30) as other,
+    ):
         lease = await holder.lock("parked").acquire()
         got: list[Lease] = []
 

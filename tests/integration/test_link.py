@@ -4,12 +4,15 @@ only for calls it made, and goes on reading when a hook fails."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock
+from asyncredlock._config import DEFAULTS
+from asyncredlock._connect import make_node
 from asyncredlock._node import Reply
 from asyncredlock._transport import Link
 from asyncredlock.testing import ServerGroup
@@ -19,10 +22,15 @@ pytestmark = pytest.mark.anyio
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 
 
-def _link(redlock: AsyncRedlock) -> Link:
-    link = redlock._core.nodes[0].link
-    assert link is not None
-    return link
+@contextlib.asynccontextmanager
+async def _link(url: str) -> AsyncIterator[Link]:
+    """A master's connection, made as an AsyncRedlock makes it, closed at exit."""
+    node, _ = make_node(url, DEFAULTS)
+    assert node.link is not None
+    try:
+        yield node.link
+    finally:
+        await node.aclose()
 
 
 class TestReplyHooks:
@@ -30,8 +38,7 @@ class TestReplyHooks:
         self, servers: ServerGroup
     ) -> None:
         seen: list[tuple[str, Any]] = []
-        async with AsyncRedlock(servers.urls) as redlock:
-            link = _link(redlock)
+        async with _link(servers.urls[0]) as link:
             future = link.call(("PING",))
             future.add_done_callback(lambda f: seen.append(("callback", f.result().value)))
             assert link.listen(future, lambda i, reply: seen.append((f"hook {i}", reply.value)), 7)
@@ -42,8 +49,7 @@ class TestReplyHooks:
     async def test_only_an_unresolved_call_made_here_takes_a_hook(
         self, servers: ServerGroup
     ) -> None:
-        async with AsyncRedlock(servers.urls) as redlock:
-            link = _link(redlock)
+        async with _link(servers.urls[0]) as link:
             foreign: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
             assert not link.listen(foreign, lambda i, reply: None, 0)
             foreign.cancel()
@@ -56,8 +62,7 @@ class TestReplyHooks:
 
     async def test_an_unlistened_hook_is_not_called(self, servers: ServerGroup) -> None:
         called: list[int] = []
-        async with AsyncRedlock(servers.urls) as redlock:
-            link = _link(redlock)
+        async with _link(servers.urls[0]) as link:
             future = link.call(("PING",))
             assert link.listen(future, lambda i, reply: called.append(i), 0)
             link.unlisten(future)
@@ -73,8 +78,7 @@ class TestReplyHooks:
         previous = loop.get_exception_handler()
         loop.set_exception_handler(lambda loop, context: reported.append(context))
         try:
-            async with AsyncRedlock(servers.urls) as redlock:
-                link = _link(redlock)
+            async with _link(servers.urls[0]) as link:
 
                 def broken(i: int, reply: Reply) -> None:
                     raise RuntimeError("hook broke")

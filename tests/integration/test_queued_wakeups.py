@@ -20,7 +20,8 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
-from asyncredlock._protocol import QueueEntry, QueueTrace
+from asyncredlock._keys import channel, queue_keys, terms_key
+from asyncredlock._scripts import DEQUEUE, evalsha
 from asyncredlock._wakeup import INBOX_PREFIX
 from asyncredlock.testing import ServerGroup, client_state
 
@@ -169,10 +170,7 @@ async def test_a_waiter_leaving_first_in_line_announces_the_next(
         now_ms = seconds * 1000 + micros // 1000
         await client.zadd("{turn}:queue", {ghost: 0})
         await client.zadd("{turn}:queue:expiry", {ghost: now_ms + 1000 * PATIENT})
-    async with (
-        AsyncRedlock(servers.urls) as other,
-        AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock,
-    ):
+    async with AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock:
         waiting = Waiting([redlock])
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -185,12 +183,12 @@ async def test_a_waiter_leaving_first_in_line_announces_the_next(
                 await waiting.reach(1)
                 assert [q[0] for q in await queues(masters, "turn")] == [ghost.encode()] * 5
                 # the first waiter's client gives up: what its acquire() does on exit
-                trace = QueueTrace(5)
-                other._core.dequeue("turn", QueueEntry(ghost, 0, 1.0), trace, everywhere=True)
+                keys = (*queue_keys("turn"), "turn", terms_key("turn"))
+                for client in masters.clients:
+                    await evalsha(client, DEQUEUE, keys, (ghost, channel("turn"), ""))
         assert waiting.woken == 1
         await leases[0].release()
         await redlock.settle()
-        await other.settle()
     assert await masters.keys() == [[]] * 5
 
 

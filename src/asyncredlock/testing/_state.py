@@ -29,6 +29,9 @@ class ClientState:
         connections: Per master, the command connections opened so far (``None``
             for a Redis Cluster master, reached through its client).
         in_flight: Per master, the calls sent there and not answered yet.
+        silent: Per master, whether it is judged silent (calls out, nothing heard
+            back for ``node_timeout``): acquisitions send it nothing until it
+            answers.
         subscribed: Per master, whether its subscription connection is open.
     """
 
@@ -40,6 +43,7 @@ class ClientState:
     contended: tuple[str, ...]
     connections: tuple[int | None, ...]
     in_flight: tuple[int, ...]
+    silent: tuple[bool, ...]
     subscribed: tuple[bool, ...]
 
 
@@ -62,6 +66,7 @@ def client_state(redlock: AsyncRedlock) -> ClientState:
         contended=tuple(core.contended),
         connections=tuple(None if n.link is None else n.link.connections for n in core.nodes),
         in_flight=tuple(node.in_flight for node in core.nodes),
+        silent=tuple(node.silent for node in core.nodes),
         subscribed=tuple(
             listener is not None and listener.connection is not None for listener in waker.listeners
         ),
