@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from ._keys import Resources
 
-__all__ = ["DEFAULTS", "LockSpec", "Settings", "check_name", "check_seconds"]
+__all__ = ["DEFAULTS", "LockSpec", "Role", "Settings", "check_name", "check_seconds"]
 
 
 def check_seconds(
@@ -103,21 +104,37 @@ class Settings:
 DEFAULTS = Settings()
 
 
+class Role(enum.Enum):
+    """What a lock's holder is: alone (``lock()``), or one side of a read-write lock."""
+
+    EXCLUSIVE = "exclusive"
+    READER = "reader"
+    WRITER = "writer"
+
+
 @dataclass(frozen=True, slots=True)
 class LockSpec:
-    """What one ``Lock`` takes and how, its settings checked and filled in.
-
-    ``queued``: attempts go through ``acquire_rw.lua`` with a queue entry from
-    the start (a fair lock, or either side of a read-write lock); a writer of a
-    read-write lock queues ahead of later readers after ``patience`` seconds.
-    """
+    """What one ``Lock`` takes and how, its settings checked and filled in: the
+    resources, the settings, its role, whether waiters are served in arrival
+    order, and (a writer of an unfair read-write lock) after how many seconds of
+    waiting it queues ahead of later readers."""
 
     target: Resources
     ttl: float
     timeout: float
     auto_extend: bool
     fencing: bool
+    role: Role = Role.EXCLUSIVE
     fair: bool = False
-    shared: bool = False
-    queued: bool = False
     patience: float = math.inf
+
+    @property
+    def shared(self) -> bool:
+        """Held together with other holders of the role (a reader)."""
+        return self.role is Role.READER
+
+    @property
+    def queued(self) -> bool:
+        """Attempts go through ``acquire_rw.lua`` with a queue entry from the
+        start: a fair lock, or either side of a read-write lock."""
+        return self.fair or self.role is not Role.EXCLUSIVE

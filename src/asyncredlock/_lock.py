@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from ._attempt import Acquisition
-from ._config import LockSpec, check_seconds
+from ._config import LockSpec, Role, check_seconds
 from ._core import Core
 from ._errors import LockTimeoutError
 from ._gate import LocalTimeoutError, Waiter
@@ -76,8 +76,7 @@ class Lock:
         auto_extend: bool | None,
         fencing: bool | None,
         fair: bool,
-        shared: bool = False,
-        rw: bool = False,
+        role: Role = Role.EXCLUSIVE,
         patience: float = math.inf,
     ) -> Self:
         """Check the settings, fill in ``core``'s defaults, and make the lock."""
@@ -99,8 +98,7 @@ class Lock:
             auto_extend=_flag("auto_extend", auto_extend, settings.auto_extend),
             fencing=_flag("fencing", fencing, settings.fencing),
             fair=fair,
-            shared=shared,
-            queued=rw or fair,
+            role=role,
             patience=patience,
         )
         return cls(core, spec)

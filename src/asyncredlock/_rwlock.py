@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._config import Role
 from ._lock import Lock
 
 if TYPE_CHECKING:
@@ -90,8 +91,7 @@ class RWLock:
             auto_extend=auto_extend,
             fencing=False,
             fair=self.fair,
-            shared=True,
-            rw=True,
+            role=Role.READER,
         )
 
     def write(
@@ -132,6 +132,6 @@ class RWLock:
             auto_extend=auto_extend,
             fencing=fencing,
             fair=self.fair,
-            rw=True,
+            role=Role.WRITER,
             patience=self.patience,
         )
