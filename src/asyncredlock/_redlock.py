@@ -291,21 +291,7 @@ class AsyncRedlock:
 
     def statistics(self) -> RedlockStatistics:
         """A snapshot of this ``AsyncRedlock``'s counters and gauges."""
-        c = self._core.counters
-        return RedlockStatistics(
-            attempts=c.attempts,
-            acquisitions=c.acquisitions,
-            failed_attempts=c.failed_attempts,
-            timeouts=c.timeouts,
-            unavailable=c.unavailable,
-            extensions=c.extensions,
-            failed_extensions=c.failed_extensions,
-            releases=c.releases,
-            lost=c.lost,
-            handoffs=c.handoffs,
-            commits=c.commits,
-            **self._core.describe(),
-        )
+        return RedlockStatistics(**self._core.counters.totals(), **self._core.describe())
 
     async def settle(self) -> None:
         """Wait until no call to any master is still out.

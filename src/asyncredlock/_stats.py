@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 __all__ = ["Counters", "RedlockStatistics"]
 
@@ -22,6 +22,10 @@ class Counters:
     lost: int = 0
     handoffs: int = 0
     commits: int = 0
+
+    def totals(self) -> dict[str, int]:
+        """Every total, by name (the counters of ``RedlockStatistics``)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 @dataclass(frozen=True, slots=True)
