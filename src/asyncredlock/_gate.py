@@ -91,20 +91,20 @@ class Gates:
         """The slot's task acquired ``lease``: it holds the slot from now on."""
         self._gates[key].holder = lease
 
-    async def wait(self, key: str, waiter: Waiter, patience: float) -> Held | None:
-        """Queue behind the holder of ``key``'s slot for at most ``patience`` seconds.
+    async def wait(self, key: str, waiter: Waiter, within: float) -> Held | None:
+        """Queue behind the holder of ``key``'s slot for at most ``within`` seconds.
 
         Returns:
             A lease passed on by the previous holder, or ``None``: the slot is
             now the caller's, to acquire on the masters and then `exit`.
 
         Raises:
-            LocalTimeoutError: ``patience`` ran out first.
+            LocalTimeoutError: ``within`` ran out first.
         """
         gate = self._gates[key]
         gate.waiters.append(waiter)
         future = waiter.future
-        deadline = self._clock() + patience
+        deadline = self._clock() + within
         try:
             while not future.done() and (remaining := deadline - self._clock()) > 0:
                 holder = gate.holder

@@ -240,7 +240,7 @@ class Round:
         Every call counts as failed once ``timing.max_wait`` has passed.
         Cancelling this await leaves the calls running; they stay in ``tasks``.
         """
-        waiter = _Waiter(self, quorum, classify, timing)
+        waiter = _Tally(self, quorum, classify, timing)
         try:
             await waiter.run()
         finally:
@@ -262,12 +262,12 @@ class _Waiting:
 
     def __init__(self, max_wait: float) -> None:
         self.max_wait = max_wait
-        self.waiting: dict[_Waiter, float] = {}  # insertion order is deadline order
+        self.waiting: dict[_Tally, float] = {}  # insertion order is deadline order
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watched: Sequence[Node] = ()
 
-    def add(self, waiter: _Waiter, loop: asyncio.AbstractEventLoop) -> None:
+    def add(self, waiter: _Tally, loop: asyncio.AbstractEventLoop) -> None:
         due = loop.time() + self.max_wait
         self.waiting[waiter] = due
         if self._timer is None or self._loop is not loop:
@@ -278,7 +278,7 @@ class _Waiting:
                 node.watch(self._silent)
             self._watched = nodes
 
-    def discard(self, waiter: _Waiter) -> None:
+    def discard(self, waiter: _Tally) -> None:
         self.waiting.pop(waiter, None)
 
     def _silent(self) -> None:
@@ -320,7 +320,7 @@ class Timing:
         object.__setattr__(self, "rounds", _Waiting(self.max_wait))
 
 
-class _Waiter:
+class _Tally:
     """Counts one round's replies as they arrive and says when it is decided."""
 
     def __init__(self, rnd: Round, quorum: int, classify: Classify, timing: Timing) -> None:

@@ -212,17 +212,17 @@ class Waker:
     Args:
         nodes: The masters; cluster masters get no listener (their waiters rely
             on the retry delay).
-        patience: How long `enroll` waits for masters to confirm a subscription.
+        confirm_within: How long `enroll` waits for masters to confirm a subscription.
         quorum: How many confirmations `enroll` waits for: a release deletes on
             a quorum of masters, so a quorum of subscriptions shares a master
             with every release.
     """
 
-    def __init__(self, nodes: Sequence[Node], patience: float, quorum: int) -> None:
+    def __init__(self, nodes: Sequence[Node], confirm_within: float, quorum: int) -> None:
         #: this client's id in its waiters' ids, and its inbox channel
         self.client = secrets.token_hex(6)
         self.inbox = INBOX_PREFIX + self.client
-        self.patience = patience
+        self.confirm_within = confirm_within
         self.quorum = quorum
         self.listeners = [
             _Listener(node, i, self._on_message, self._on_lost) if node.opener is not None else None
@@ -246,7 +246,7 @@ class Waker:
         may then be empty.
 
         Returns once a quorum of masters confirmed every subscription, or after
-        ``patience``.
+        ``confirm_within``.
         """
         ticket = Ticket(channels, everyone=everyone, waiter=waiter)
         if ticket.waiter is not None:
@@ -261,7 +261,7 @@ class Waker:
                 for channel in (*inbox, *ticket.channels)
             ]
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.patience
+            deadline = loop.time() + self.confirm_within
             for each in confirmations:
                 await _wait_for_some(each, self.quorum, max(0.0, deadline - loop.time()))
         except BaseException:
@@ -422,12 +422,10 @@ def _wake_first(queue: Iterable[Ticket]) -> Ticket | None:
     return None
 
 
-async def _wait_for_some(
-    futures: Sequence[asyncio.Future[None]], need: int, patience: float
-) -> None:
-    """Wait until ``need`` of ``futures`` succeeded, all ended, or ``patience`` passed."""
+async def _wait_for_some(futures: Sequence[asyncio.Future[None]], need: int, within: float) -> None:
+    """Wait until ``need`` of ``futures`` succeeded, all ended, or ``within`` seconds passed."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
+    deadline = loop.time() + within
     while sum(1 for f in futures if f.done() and not f.cancelled()) < need:
         pending = [f for f in futures if not f.done()]
         remaining = deadline - loop.time()

@@ -158,7 +158,7 @@ async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
     servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A loaded machine may take longer than the default node_timeout to confirm the
-    # subscriptions (enroll's patience); the patient waiter's wake-up would then be
+    # subscriptions (enroll waits for them to confirm); the patient waiter's wake-up would then be
     # lost, and with retry_delay=NEVER it would sleep out the doomed attempt's TTL.
     async with (
         AsyncRedlock(servers.urls) as holder,
