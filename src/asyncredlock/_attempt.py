@@ -18,7 +18,14 @@ from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, Redl
 from ._keys import channel
 from ._lease import Lease
 from ._node import Reply
-from ._protocol import QueueEntry, QueueTrace, classify_acquire, classify_commit, fence_tokens
+from ._protocol import (
+    QueueEntry,
+    QueueTrace,
+    classify_acquire,
+    classify_commit,
+    fence_tokens,
+    holder_expires_in,
+)
 from ._quorum import Decision, Round
 from ._wakeup import Ticket, waiter_id
 
@@ -330,7 +337,7 @@ class Acquisition:
             return make_lease(core, spec, value, expires_at, rnd.tasks, tokens)
         core.counters.failed_attempts += 1
         core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
-        free_in = _free_in(rnd.tasks)
+        free_in = holder_expires_in(rnd.tasks)
         if decision.reached:
             decision = _expired(decision, core.clock() - start, spec.ttl)
             return _Failed(decision, expired=True, free_in=free_in)
@@ -383,19 +390,6 @@ def _granted() -> asyncio.Future[Reply]:
     future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
     future.set_result(Reply([1]))
     return future
-
-
-def _free_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
-    """The median time to live the masters reported for another holder's key:
-    about when that holder's lock expires if it is not released."""
-    pttls = sorted(
-        max(0, int(reply.value[1]))
-        for reply in (f.result() for f in replies if f.done())
-        if reply.error is None and int(reply.value[0]) == 0 and int(reply.value[1]) >= 0
-    )
-    if not pttls:
-        return math.inf
-    return pttls[len(pttls) // 2] / 1000
 
 
 def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:

@@ -4,6 +4,7 @@ refusal codes, verdicts for the quorum, fence tokens, and the waiter's queue ent
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ __all__ = [
     "classify_flag",
     "fence_tokens",
     "granted",
+    "holder_expires_in",
     "may_be_queued",
     "ms",
 ]
@@ -99,6 +101,21 @@ def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
             return Verdict.NO, f"held by readers ({left} ms until the last one lapses)"
         return Verdict.NO, f"held by another holder ({left} ms left)"
     return Verdict.NO, "attempt already undone here"
+
+
+def holder_expires_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
+    """From an acquisition round's replies: the median time to live the refusing
+    masters reported for another holder's key (``acquire.lua``'s second element),
+    about when that holder's lock expires if it is not released; ``inf`` when
+    none reported one."""
+    pttls = sorted(
+        max(0, int(reply.value[1]))
+        for reply in (f.result() for f in replies if f.done())
+        if reply.error is None and int(reply.value[0]) == 0 and int(reply.value[1]) >= 0
+    )
+    if not pttls:
+        return math.inf
+    return pttls[len(pttls) // 2] / 1000
 
 
 def may_be_queued(future: asyncio.Future[Reply]) -> bool:
