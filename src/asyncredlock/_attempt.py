@@ -199,12 +199,11 @@ class Acquisition:
         the deadline comes), or until a release wakes it."""
         core = self.core
         pause = max(0.0, min(core.retry_pause(), outcome.free_in, self.deadline - core.clock()))
+        core.note("waiting")
         if self.ticket is None:
             await anyio.sleep(pause)
-        else:
-            core.note("waiting")
-            if await core.waker.wait(self.ticket, pause):
-                core.note("woken")
+        elif await core.waker.wait(self.ticket, pause):
+            core.note("woken")
 
     def _leave(self) -> None:
         """Out of the wake-ups and, in the background, of the masters' queue.
@@ -333,7 +332,7 @@ class Acquisition:
         except BaseException:
             core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
             raise
-        if decision.holds(expires_at, core.clock()):
+        if decision.holds(expires_at, core.clock):
             return make_lease(core, spec, value, expires_at, rnd.tasks, tokens)
         core.counters.failed_attempts += 1
         core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
@@ -350,7 +349,7 @@ class Acquisition:
         time, the decision is that of the commit round, when one is needed."""
         core, spec = self.core, self.spec
         decision = await core.decide(rnd, classify_acquire)
-        if not (spec.fencing and decision.holds(expires_at, core.clock())):
+        if not (spec.fencing and decision.holds(expires_at, core.clock)):
             return decision, None
         tokens, committed = fence_tokens(rnd.tasks, core.quorum)
         if not committed:
@@ -396,4 +395,11 @@ def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:
     """A quorum that came too late: say so in every granting master's outcome."""
     note = f"granted, but validity was used up ({elapsed:.3f} s elapsed of ttl {ttl:g} s)"
     outcomes = tuple(NodeOutcome(o.node, False, note) if o.ok else o for o in decision.outcomes)
-    return Decision(0, decision.yes + decision.no, decision.failed, outcomes, decision.pending)
+    return Decision(
+        0,
+        decision.yes + decision.no,
+        decision.failed,
+        outcomes,
+        decision.pending,
+        quorum=decision.quorum,
+    )

@@ -88,14 +88,21 @@ class Core:
         self.contended: dict[str, None] = {}
         self.gates = Gates(self.clock)
         # called with "queued", "waiting" or "woken" as an acquire() starts waiting
-        # behind a task of this client, starts waiting for a release, or is woken
-        # by one (asyncredlock.testing.Waits: tests wait for a waiter to be parked)
+        # behind a task of this client, starts waiting between attempts (for a
+        # release, or its retry delay), or is woken by a release
+        # (asyncredlock.testing.Waits: tests wait for a waiter to be parked)
         self.watchers: list[Callable[[str], None]] = []
 
     def note(self, event: str) -> None:
-        """Tell the watchers (see ``watchers``)."""
+        """Tell the watchers (see ``watchers``); one that fails is reported to the
+        event loop's exception handler, never to the acquire() that told it."""
         for watcher in self.watchers:
-            watcher(event)
+            try:
+                watcher(event)
+            except Exception as exc:
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": f"asyncredlock watcher {watcher!r} failed", "exception": exc}
+                )
 
     def mark_contended(self, key: str) -> None:
         """Remember that an ``acquire()`` of ``key`` was refused (the latest

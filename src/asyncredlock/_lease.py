@@ -243,7 +243,7 @@ class Lease:
         wait = max(core.settings.node_timeout, self._expires_at - core.clock())
         decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
         expires_at = core.expiry(start, ttl)
-        if self._state is _State.HELD and decision.holds(expires_at, core.clock()):
+        if self._state is _State.HELD and decision.holds(expires_at, core.clock):
             self._expires_at = expires_at
             core.counters.extensions += 1
             return None

@@ -139,9 +139,11 @@ class Decision:
             when first read: only errors and failures need them).
         pending: Masters whose reply was still on its way when the round was
             decided without it (counted neither as yes, no nor failed).
+        quorum: How many masters must agree (a majority of them, unless the
+            round was decided with another quorum).
     """
 
-    __slots__ = ("_describe", "_outcomes", "failed", "masters", "no", "pending", "yes")
+    __slots__ = ("_describe", "_outcomes", "failed", "masters", "no", "pending", "quorum", "yes")
 
     def __init__(
         self,
@@ -152,6 +154,7 @@ class Decision:
         pending: int = 0,
         *,
         masters: int | None = None,
+        quorum: int | None = None,
     ) -> None:
         self.yes = yes
         self.no = no
@@ -165,6 +168,7 @@ class Decision:
         else:
             self._outcomes = outcomes
             self.masters = len(outcomes)
+        self.quorum = quorum_of(self.masters) if quorum is None else quorum
 
     @property
     def outcomes(self) -> tuple[NodeOutcome, ...]:
@@ -180,24 +184,20 @@ class Decision:
         )
 
     @property
-    def quorum(self) -> int:
-        """How many masters must agree."""
-        return quorum_of(self.masters)
-
-    @property
     def reached(self) -> bool:
         """Whether a quorum of masters said yes."""
-        return self.yes >= quorum_of(self.masters)
+        return self.yes >= self.quorum
 
-    def holds(self, expires_at: float, now: float) -> bool:
+    def holds(self, expires_at: float, clock: Callable[[], float]) -> bool:
         """Redlock's success rule: a quorum granted, and the validity (the moment
-        ``expires_at``, by the clock that reads ``now``) has not run out."""
-        return self.reached and expires_at > now
+        ``expires_at``, by ``clock``, read only once a quorum granted) has not run
+        out."""
+        return self.yes >= self.quorum and expires_at > clock()
 
     @property
     def unavailable(self) -> bool:
         """Whether failures alone made the quorum unreachable (an outage)."""
-        return self.failed > self.masters - quorum_of(self.masters)
+        return self.failed > self.masters - self.quorum
 
 
 class Round:
@@ -407,7 +407,8 @@ class _Tally:
         """The counts now; the per-master accounts are worked out when read (from
         this waiter, which `stop` has frozen)."""
         yes, no, failed, n = self.yes, self.no, self.failed, len(self.replies)
-        return Decision(yes, no, failed, self.describe, n - yes - no - failed, masters=n)
+        pending = n - yes - no - failed
+        return Decision(yes, no, failed, self.describe, pending, masters=n, quorum=self.quorum)
 
     def describe(self) -> tuple[NodeOutcome, ...]:
         """What each master answered, in the masters' order."""

@@ -46,8 +46,6 @@ class RedlockStatistics:
         handoffs: Leases passed on release straight to the next task of this
             ``AsyncRedlock`` waiting for the same key, with no call to the masters
             (counted in neither ``acquisitions`` nor ``releases``).
-        commits: Second rounds sent to commit a fencing token (skipped when a
-            quorum of masters counted the same token in the first).
         held: Leases held right now.
         background_tasks: Background tasks running (calls still out, extenders).
         in_flight: Calls to masters waiting for a reply right now.
@@ -55,6 +53,8 @@ class RedlockStatistics:
             release is announced by every master that deleted the key).
         wakeups: Waiting acquisitions woken by a release announcement (at most
             one per release), instead of waiting out their retry delay.
+        commits: Second rounds sent to commit a fencing token (skipped when a
+            quorum of masters counted the same token in the first).
     """
 
     attempts: int
@@ -67,9 +67,9 @@ class RedlockStatistics:
     releases: int
     lost: int
     handoffs: int
-    commits: int
     held: int
     background_tasks: int
     in_flight: int
     notifications: int
     wakeups: int
+    commits: int

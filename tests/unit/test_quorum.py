@@ -362,6 +362,31 @@ class TestDecision:
     ) -> None:
         assert self.decision(n, failed).unavailable is unavailable
 
+    def test_the_success_rule_needs_a_quorum_and_validity_left(self) -> None:
+        reads: list[float] = []
+
+        def clock() -> float:
+            reads.append(5.0)
+            return 5.0
+
+        outcomes = tuple(NodeOutcome(f"m{i}", i < 3, "x") for i in range(5))
+        granted = Decision(3, 2, 0, outcomes)
+        assert (granted.quorum, granted.reached) == (3, True)
+        assert granted.holds(6.0, clock)
+        assert not granted.holds(5.0, clock)  # validity used up exactly
+        assert len(reads) == 2
+        refused = Decision(2, 3, 0, outcomes)
+        assert not refused.reached
+        assert not refused.holds(6.0, clock)
+        assert len(reads) == 2  # no quorum: the clock is not even read
+
+    def test_a_round_decided_with_another_quorum_keeps_it(self) -> None:
+        outcomes = tuple(NodeOutcome(f"m{i}", False, "x") for i in range(5))
+        decision = Decision(2, 0, 3, outcomes, quorum=2)
+        assert (decision.reached, decision.unavailable) == (True, False)
+        majority = Decision(2, 0, 3, outcomes)  # 3 of 5
+        assert (majority.reached, majority.unavailable) == (False, True)
+
 
 class TestTaskTracker:
     async def test_settle_waits_for_followed_calls_and_jobs_started_meanwhile(

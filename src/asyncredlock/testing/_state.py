@@ -17,10 +17,12 @@ class ClientState:
 
     Attributes:
         client: The id that names this client's waiters on the masters
-            (``w:<client>:...``) and its inbox channel.
+            (``w:<client>:...`` for a writer, ``r:<client>:...`` for a reader) and
+            its inbox channel (``asyncredlock:inbox:<client>``).
         held: Leases held.
         slots: The keys whose slot a task of this client holds (acquiring, or
-            holding the lease), each with the number of its tasks queued behind it.
+            holding the lease), each with the number of its tasks queued behind it;
+            a lock on several resources has one slot, its keys joined by ``"\0"``.
         listening: The lock channels that ``acquire()`` calls of this client wait
             on for a release, each with the number of them.
         addressed: ``acquire()`` calls waiting for their own id in the inbox.

@@ -16,14 +16,16 @@ class Waits:
     to wait, so that a test can wait until a waiter is parked before it releases,
     kills or cancels something (no sleep standing in for "long enough").
 
-    Use as a context manager (it stops counting at exit), or call `close`.
+    Counting starts when it is made (make it before the waiters start) and stops
+    at the end of its ``with`` block, or at `close`.
 
     Attributes:
         queued: Calls that started waiting behind another task of the same client
             for the same key.
-        waiting: Waits for a release announced by the masters (a call that waits
-            several times counts each time; it failed an attempt first, and a
-            waiter that queues on the masters is queued there by then).
+        waiting: Waits between attempts: for a release announced by the masters,
+            or the retry delay (a call that waits several times counts each time;
+            it failed an attempt first, and a waiter that queues on the masters is
+            queued there by then).
         woken: Waits that a release announcement ended (not their retry delay).
 
     Raises:
