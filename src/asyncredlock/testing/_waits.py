@@ -53,8 +53,9 @@ class Waits:
         self._changed = asyncio.Event()
 
     async def reach(self, waiting: int = 0, *, queued: int = 0) -> None:
-        """Return once at least ``waiting`` waits for a release and ``queued`` waits
-        behind another task have started (bound it with a timeout of your own)."""
+        """Return once at least ``waiting`` waits between attempts and ``queued``
+        waits behind another task have started (bound it with a timeout of your
+        own)."""
         while self.waiting < waiting or self.queued < queued:
             await self._changed.wait()
 
