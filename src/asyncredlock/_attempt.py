@@ -209,19 +209,19 @@ class Acquisition:
         """Out of the wake-ups and, in the background, of the masters' queue.
 
         A granted waiter may still be listed by the masters that refused; a key
-        handed to it that it is not using is given back; the masters that handed
-        it the lease took it out of their queue already."""
+        handed to it that it is not using is given back. The masters that handed
+        it the lease took it out of their queue already, and the others most
+        likely are handing it over too: a lease handed over takes its entry out
+        with its release instead (no call now, none in vain)."""
         core = self.core
         if self.ticket is not None:
             core.waker.leave(self.ticket, acquired=self.acquired)
-        if self.entry is not None and self.trace is not None:
+        if self.entry is not None and self.trace is not None and not self.handed_by:
             core.dequeue(
                 self.key,
                 self.entry,
                 self.trace,
                 everywhere=self.spec.fair,
-                drop=not self.handed_by,
-                skip=self.handed_by,
             )
 
     def _new_entry(self) -> QueueEntry:
@@ -283,6 +283,7 @@ class Acquisition:
         lease = make_lease(
             core, self.spec, entry.handover, expires_at, acquired, tokens, extend_at=extend_at
         )
+        lease._waiter = entry.waiter  # its release takes the entry out where it is left
         self.acquired, self.handed_by = True, frozenset(live)
         return lease
 

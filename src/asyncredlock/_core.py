@@ -70,8 +70,8 @@ class Core:
         self.quorum = quorum_of(len(self.nodes))
         self.tracker = TaskTracker()
         # the last release built by _delete: its keys, value, marker TTL, shared,
-        # then the script, its keys and its arguments
-        self._last_delete: tuple[Any, ...] = (None, None, None, None, None, None, None)
+        # waiter, then the script, its keys and its arguments
+        self._last_delete: tuple[Any, ...] = (None,) * 8
         self.counters = Counters()
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closed = False
@@ -310,6 +310,7 @@ class Core:
         ttl: float,
         *,
         shared: bool = False,
+        waiter: str = "",
     ) -> asyncio.Future[Reply] | Reply:
         """Compare-and-delete on one master, ordered behind the ``SET`` it undoes.
 
@@ -320,7 +321,9 @@ class Core:
         ``SET`` should it still arrive. While the ``SET``'s reply is out, the
         release goes at once behind it; if both then fail, it is sent once more,
         with the marker, on the next connection. A reader (``shared``) removes its
-        entry from the readers instead.
+        entry from the readers instead. ``waiter``: the id a lease handed over by
+        the masters was queued as; its entry leaves the queue wherever it is still
+        listed (the masters that did not hand the key over).
         """
         if acquired.done():
             reply = acquired.result()
@@ -328,8 +331,9 @@ class Core:
                 return Reply(0)
             if isinstance(reply.error, NodeSkippedError):  # never sent there
                 return Reply(0)
-            return self._delete(node, keys, value, 0 if reply.error is None else ms(ttl), shared)
-        first = self._delete(node, keys, value, 0, shared)
+            marker = 0 if reply.error is None else ms(ttl)
+            return self._delete(node, keys, value, marker, shared, waiter)
+        first = self._delete(node, keys, value, 0, shared, waiter)
         result: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
 
         def settle(_: object) -> None:
@@ -338,19 +342,25 @@ class Core:
             if reply.error is None or not unknown or self.closed:
                 result.set_result(reply)
                 return
-            again = self._delete(node, keys, value, ms(ttl), shared)
+            again = self._delete(node, keys, value, ms(ttl), shared, waiter)
             again.add_done_callback(lambda done: result.set_result(done.result()))
 
         first.add_done_callback(settle)
         return self.tracker.follow(result)
 
     def _delete(
-        self, node: Node, keys: Sequence[str], value: str, marker_ttl: int, shared: bool
+        self,
+        node: Node,
+        keys: Sequence[str],
+        value: str,
+        marker_ttl: int,
+        shared: bool,
+        waiter: str = "",
     ) -> asyncio.Future[Reply]:
         last = self._last_delete
-        if last[0] is keys and last[1] is value and last[2] == marker_ttl and last[3] == shared:
+        if last[0] is keys and last[1] is value and last[2:5] == (marker_ttl, shared, waiter):
             # the same release to the next master of the round: built once
-            return node.call(last[4], last[5], last[6])
+            return node.call(last[5], last[6], last[7])
         script_keys: tuple[str, ...]
         if shared:
             (key,) = keys
@@ -371,8 +381,8 @@ class Core:
                     aux_key(key, "fence"),
                 )
             )
-            args = (value, marker_ttl, *(channel(key) for key in keys))
-        self._last_delete = (keys, value, marker_ttl, shared, script, script_keys, args)
+            args = (value, marker_ttl, *(channel(key) for key in keys), waiter)
+        self._last_delete = (keys, value, marker_ttl, shared, waiter, script, script_keys, args)
         return node.call(script, script_keys, args)
 
     def undo(

@@ -71,6 +71,7 @@ class Lease:
     _ended: asyncio.Event | None = None
     # how many times the lease was passed on since its acquisition (see `_hand_off`)
     _handoffs = 0
+    _waiter = ""  # the id it was queued as, if handed over: leaves every queue on release
     _gates: Gates | None = None  # set while this lease holds its key's slot
 
     def __init__(
@@ -272,10 +273,11 @@ class Lease:
 
     def _send_release(self) -> Round:
         """Compare-and-delete on every master, each behind this lease's calls there."""
-        core = self._core
+        core, keys, value, ttl = self._core, self.keys, self.value, self.ttl
+        shared, waiter, acquired = self.shared, self._waiter, self._acquired
         return core.fan_out(
             lambda i, node: core.release_on(
-                node, self.keys, self.value, self._acquired[i], self.ttl, shared=self.shared
+                node, keys, value, acquired[i], ttl, shared=shared, waiter=waiter
             )
         )
 
@@ -324,6 +326,7 @@ class Lease:
             tokens=tokens,
         )
         successor._first_tokens, successor._handoffs = self._first_tokens, handoffs
+        successor._waiter = self._waiter
         successor._gates, self._gates = gates, None
         self._finish(_State.RELEASED)
         core.counters.handoffs += 1
@@ -440,8 +443,5 @@ class Lease:
 
     def _lost_error(self) -> RedlockError:
         outcomes = self._loss.outcomes if self._loss else ()
-        return LockLostError(
-            f"the lease on {self.resource!r} was lost while its block ran",
-            resource=self.resource,
-            outcomes=outcomes,
-        )
+        message = f"the lease on {self.resource!r} was lost while its block ran"
+        return LockLostError(message, resource=self.resource, outcomes=outcomes)

@@ -473,3 +473,37 @@ async def test_a_key_queues_from_its_first_attempt_only_while_contended(
         await lease.release()
         await redlock.settle()
     assert await masters.keys() == [[]] * 5
+
+
+async def test_a_lease_handed_over_takes_its_entry_out_where_it_was_not_handed(
+    servers: ServerGroup, masters: Masters
+) -> None:
+    """One master cannot hand the key over (the holder's key there is gone): the
+    waiter takes the lease from the other four, and its entry, still listed on that
+    master, leaves with its release, not with a call of its own right away."""
+    async with (
+        AsyncRedlock(servers.urls) as holder,
+        AsyncRedlock(servers.urls, retry_delay=PATIENT) as waiter,
+    ):
+        held = await holder.lock("partly").acquire()
+        waiting = Waiting([waiter])
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                got: list[Lease] = []
+
+                async def take() -> None:
+                    got.append(await waiter.lock("partly", timeout=HANG_GUARD).acquire())
+
+                tg.start_soon(take)
+                await waiting.reach(1)
+                await masters.clients[4].delete("partly")  # master 4 has nothing to hand
+                await held.release()
+        (lease,) = got
+        assert lease.held
+        await waiter.settle()
+        listed = [len(queue) for queue in await queues(masters, "partly")]
+        assert listed == [0, 0, 0, 0, 1]  # handed over on 0-3; still queued on 4
+        await lease.release()
+        await waiter.settle()
+        assert await queues(masters, "partly") == [[]] * 5
+    assert await masters.keys() == [[]] * 5

@@ -5,7 +5,9 @@
 -- entry lapses), the queued waiters' hand-over terms (waiter id -> 'value px block
 -- attempt'), the readers of its read-write lock, its fence counter
 -- ARGV[1] the holder's value, ARGV[2] marker ttl in ms (0: leave no marker),
--- ARGV[3..] per resource, the channel waiters listen on
+-- ARGV[3..] per resource, the channel waiters listen on; after them, the waiter id
+-- the holder was handed the lock as ('' if none): its entry, still listed by the
+-- masters that did not hand it over, leaves every queue first
 -- Deletes every resource that holds the value. When the first waiter of its queue is a
 -- writer that left hand-over terms and no reader holds the resource, the key is set at
 -- once to that waiter's value for px ms (with fencing, the fence counted up by block),
@@ -25,8 +27,14 @@ end
 local n = #KEYS / 7
 local held = 0
 local now
+local holder = ARGV[3 + n]
 for i = 0, n - 1 do
   local key = KEYS[7 * i + 1]
+  if holder ~= '' then
+    redis.call('ZREM', KEYS[7 * i + 3], holder)
+    redis.call('ZREM', KEYS[7 * i + 4], holder)
+    redis.call('HDEL', KEYS[7 * i + 5], holder)
+  end
   if redis.call('GET', key) == ARGV[1] then
     redis.call('DEL', key)
     local channel, message = ARGV[i + 3], ARGV[1]
