@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from ._config import Settings
@@ -207,8 +207,6 @@ class Core:
         trace: QueueTrace,
         *,
         everywhere: bool,
-        drop: bool = True,
-        skip: Collection[int] = (),
     ) -> None:
         """Take a waiter whose ``acquire()`` ended out of the queue, in the background.
 
@@ -217,19 +215,16 @@ class Core:
         (a fair lock) or only where an attempt queued it or its outcome is not
         known yet (other locks, whose attempts queue only once refused, or, for
         a read-write lock, while a queue exists or a writer is out of patience).
-        With ``drop``, a key a release handed the waiter is deleted (it is not
-        going to use it). Where the lock is free and the waiter was first in line,
-        the next one is announced. Masters in ``skip`` (by index) get nothing.
-        Nothing is sent once this ``AsyncRedlock`` is closed: the entries lapse by
+        A key a release handed the waiter is deleted (it is not going to use it).
+        Where the lock is free and the waiter was first in line, the next one is
+        announced. Nothing is sent once this ``AsyncRedlock`` is closed: the entries lapse by
         themselves.
         """
         trace.prune()
         masters = [
-            i
-            for i in range(len(self.nodes))
-            if (everywhere or trace.queued[i] or trace.pending[i]) and i not in skip
+            i for i in range(len(self.nodes)) if everywhere or trace.queued[i] or trace.pending[i]
         ]
-        self._dequeue_on(masters, key, entry, drop=drop)
+        self._dequeue_on(masters, key, entry)
 
     def drop_handed(self, key: str, entry: QueueEntry, masters: Iterable[int]) -> None:
         """Give back, on ``masters``, a key handed to a waiter that cannot use the
@@ -237,17 +232,15 @@ class Core:
         the waiter out of the queue there (its next attempt queues it again, in the
         same place), the next waiter announced."""
         if entry.handover is not None:
-            self._dequeue_on(masters, key, entry, drop=True)
+            self._dequeue_on(masters, key, entry)
 
-    def _dequeue_on(
-        self, masters: Iterable[int], key: str, entry: QueueEntry, *, drop: bool
-    ) -> None:
-        """``dequeue.lua`` for ``entry`` on ``masters`` (by index), deleting the key
-        handed to it with ``drop``; nothing once this ``AsyncRedlock`` is closed."""
+    def _dequeue_on(self, masters: Iterable[int], key: str, entry: QueueEntry) -> None:
+        """``dequeue.lua`` for ``entry`` on ``masters`` (by index), deleting a key
+        handed to it; nothing once this ``AsyncRedlock`` is closed."""
         if self.closed:
             return
         keys = (*queue_keys(key), key, terms_key(key))
-        handed = entry.handover if drop and entry.handover is not None else ""
+        handed = "" if entry.handover is None else entry.handover
         args = (entry.waiter, channel(key), handed)
         for i in masters:
             self.nodes[i].call(DEQUEUE, keys, args)
