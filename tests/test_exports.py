@@ -44,13 +44,17 @@ PUBLIC = {
     asyncredlock.testing: [
         "ClientState",
         "FaultProxy",
+        "HeldCalls",
         "ServerBinaryNotFoundError",
         "ServerGroup",
         "ServerProcess",
         "ServerStartError",
         "Waits",
         "client_state",
+        "deafened",
         "find_server_binary",
+        "hold_calls",
+        "whole_retry_delay",
     ],
 }
 

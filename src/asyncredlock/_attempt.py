@@ -136,7 +136,10 @@ class Acquisition:
             impatient = not spec.shared and core.clock() - self.started >= spec.patience
             # hand-over terms only once enrolled: a hand-over is then always heard
             terms = self.ticket is not None and core.waker.inbox_ready()
-            outcome = await self._attempt(spec.fair or impatient, terms=terms)
+            ahead = spec.fair or impatient
+            outcome = await self._attempt(ahead, terms=terms)
+            if ahead and not spec.shared:
+                core.note("ahead")
             if isinstance(outcome, Lease):
                 self.acquired = True
                 if first:

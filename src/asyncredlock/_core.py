@@ -89,7 +89,8 @@ class Core:
         self.gates = Gates(self.clock)
         # called with "queued", "waiting" or "woken" as an acquire() starts waiting
         # behind a task of this client, starts waiting between attempts (for a
-        # release, or its retry delay), or is woken by a release
+        # release, or its retry delay), or is woken by a release; "ahead" once an
+        # attempt kept a writer's (or a fair lock's) place in the masters' queue
         # (asyncredlock.testing.Waits: tests wait for a waiter to be parked)
         self.watchers: list[Callable[[str], None]] = []
 

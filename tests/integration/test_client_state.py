@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from asyncredlock import AsyncRedlock, Lease
-from asyncredlock.testing import ServerGroup, Waits, client_state
+from asyncredlock.testing import ServerGroup, Waits, client_state, whole_retry_delay
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +48,6 @@ async def test_waits_takes_asyncredlock_clients_only() -> None:
 async def test_waits_sees_a_waiter_parked_and_woken(servers: ServerGroup) -> None:
     async with (
         AsyncRedlock(servers.urls) as holder,
-        # no retry timer ends its wait first: only the release does
         AsyncRedlock(servers.urls, retry_delay=30) as other,
     ):
         lease = await holder.lock("parked").acquire()
@@ -57,7 +56,8 @@ async def test_waits_sees_a_waiter_parked_and_woken(servers: ServerGroup) -> Non
         async def wait() -> None:
             got.append(await other.lock("parked", timeout=10).acquire())
 
-        with Waits(other) as waits, anyio.fail_after(10):
+        # no retry ends its wait first (it would come after 30 s): only the release
+        with Waits(other) as waits, whole_retry_delay(other), anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait)
                 await waits.reach(1)

@@ -16,7 +16,7 @@ HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 
 
 async def test_waiters_of_two_processes_acquire_in_arrival_order(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     order: list[int] = []
     async with (
@@ -78,7 +78,7 @@ async def test_a_dead_waiter_leaves_the_queue_within_its_entry_ttl(
 
 
 async def test_cancelled_and_timed_out_waiters_leave_no_queue_entry(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     async with (
         AsyncRedlock(servers.urls) as holder,

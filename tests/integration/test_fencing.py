@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import math
@@ -10,7 +9,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import pytest
@@ -19,10 +17,10 @@ from redis.asyncio import Redis
 from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
 from asyncredlock._config import DEFAULTS
 from asyncredlock._connect import make_node
-from asyncredlock._node import Node, Reply
+from asyncredlock._node import Node
 from asyncredlock._protocol import TOKEN_BLOCK
-from asyncredlock._scripts import ACQUIRE, COMMIT, Script
-from asyncredlock.testing import ServerGroup
+from asyncredlock._scripts import ACQUIRE, COMMIT
+from asyncredlock.testing import ServerGroup, hold_calls
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
@@ -313,7 +311,6 @@ class TestCommitRound:
         self,
         servers: ServerGroup,
         masters: Masters,
-        monkeypatch: pytest.MonkeyPatch,
         skewed: bool,
     ) -> None:
         async with AsyncRedlock(servers.urls) as redlock:
@@ -349,13 +346,10 @@ class TestCancellationBetweenPhases:
         self,
         servers: ServerGroup,
         masters: Masters,
-        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """Commits are held back until the acquirer is cancelled, then let through:
         the lock key is undone, the late commits change nothing, the next acquirer
         gets the lock at once with a larger token."""
-        reached = anyio.Event()
-        gate = anyio.Event()
         async with (
             AsyncRedlock(servers.urls) as redlock,
             AsyncRedlock(servers.urls) as other,
@@ -364,14 +358,13 @@ class TestCancellationBetweenPhases:
             await previous.release()
             await other.settle()
             await masters.skew_fences("phases")  # so that the commit round runs
-            hold_back_commits(redlock._core.nodes, reached, gate, monkeypatch)
-            with anyio.fail_after(HANG_GUARD):
+            with hold_calls(redlock, "commit") as commits, anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(redlock.lock("phases").acquire)
-                    await reached.wait()  # the first phase won; a commit was sent
+                    await commits.reached.wait()  # the first phase won; a commit is due
                     assert await masters.holding("phases") >= 3
                     tg.cancel_scope.cancel()
-                gate.set()
+                commits.let_go()
                 await redlock.settle()
             assert await masters.keys() == [[]] * 5
             assert redlock.statistics().held == 0
@@ -387,16 +380,12 @@ class TestCancellationBetweenPhases:
         self,
         servers: ServerGroup,
         masters: Masters,
-        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """The lock key vanishes between the phases (an expiry): every commit is
         refused, the attempt fails and is undone everywhere."""
-        reached = anyio.Event()
-        gate = anyio.Event()
         async with AsyncRedlock(servers.urls) as redlock:
             await masters.skew_fences("expired")  # so that the commit round runs
-            hold_back_commits(redlock._core.nodes, reached, gate, monkeypatch)
-            with anyio.fail_after(HANG_GUARD):
+            with hold_calls(redlock, "commit") as commits, anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
 
                     async def acquire() -> None:
@@ -407,42 +396,10 @@ class TestCancellationBetweenPhases:
                         assert any("gone before the commit" in o.detail for o in outcomes)
 
                     tg.start_soon(acquire)
-                    await reached.wait()
+                    await commits.reached.wait()
                     for client in masters.clients:
                         await client.delete("expired")
-                    gate.set()
+                    commits.let_go()
                 await redlock.settle()
             assert await masters.keys() == [[]] * 5
             assert redlock.statistics().acquisitions == 0
-
-
-def hold_back_commits(
-    nodes: Sequence[Node],
-    reached: anyio.Event,
-    gate: anyio.Event,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Make every commit call wait for ``gate`` before it is sent; set ``reached``
-    when the first one is about to be. The servers still run every command."""
-    for node in nodes:
-        original = node.call
-
-        def call(
-            script: Script,
-            keys: Sequence[str],
-            args: Sequence[Any],
-            _original: Any = original,
-        ) -> asyncio.Future[Reply]:
-            if script is not COMMIT:
-                reply: asyncio.Future[Reply] = _original(script, keys, args)
-                return reply
-
-            async def later() -> Reply:
-                reached.set()
-                await gate.wait()
-                sent: Reply = await _original(script, keys, args)
-                return sent
-
-            return asyncio.ensure_future(later())
-
-        monkeypatch.setattr(node, "call", call)

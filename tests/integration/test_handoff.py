@@ -46,7 +46,7 @@ async def queue_behind(
 
 
 async def test_waiters_get_the_lease_in_arrival_order_with_no_call_to_the_masters(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock, AsyncRedlock(servers.urls) as other:
@@ -73,7 +73,7 @@ async def test_waiters_get_the_lease_in_arrival_order_with_no_call_to_the_master
 
 
 async def test_a_chain_goes_back_to_the_masters_when_its_tokens_run_out(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup,
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock:
@@ -106,7 +106,6 @@ async def test_a_chain_goes_back_to_the_masters_when_its_tokens_run_out(
 )
 async def test_a_lease_that_does_not_fit_the_waiter_is_released_and_taken_anew(
     servers: ServerGroup,
-    monkeypatch: pytest.MonkeyPatch,
     holder: dict[str, Any],
     waiter: dict[str, Any],
 ) -> None:
@@ -125,7 +124,7 @@ async def test_a_lease_that_does_not_fit_the_waiter_is_released_and_taken_anew(
 
 
 async def test_an_unfenced_waiter_in_a_fenced_chain_gets_no_token_and_skips_none(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup,
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock:
@@ -142,7 +141,7 @@ async def test_an_unfenced_waiter_in_a_fenced_chain_gets_no_token_and_skips_none
 
 
 async def test_a_waiter_that_gives_up_in_the_queue_gets_a_timeout(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     async with AsyncRedlock(servers.urls) as redlock:
         queue = Queue(redlock)
@@ -162,7 +161,7 @@ async def test_a_waiter_that_gives_up_in_the_queue_gets_a_timeout(
 
 
 async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     async with AsyncRedlock(servers.urls) as redlock:
         queue = Queue(redlock)
@@ -206,7 +205,7 @@ async def test_a_lease_that_runs_out_unreleased_lets_the_next_task_acquire(
 
 
 async def test_force_release_in_the_same_process_ends_its_leases_and_serves_the_queue(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup,
 ) -> None:
     leases: list[Lease] = []
     async with AsyncRedlock(servers.urls) as redlock:

@@ -63,9 +63,7 @@ async def test_a_partly_available_set_is_taken_by_nobody(
         await lease.release()
 
 
-async def test_a_set_waits_for_a_release_of_any_of_its_resources(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_set_waits_for_a_release_of_any_of_its_resources(servers: ServerGroup) -> None:
     """With no timer to save it, only the announcement of the release of "c" can
     hand the set over."""
     async with (
@@ -133,9 +131,7 @@ async def test_overlapping_sets_never_hold_a_resource_twice(servers: ServerGroup
         assert tokens[name] == sorted(set(tokens[name])), name  # in holding order
 
 
-async def test_tasks_waiting_for_the_same_set_get_it_passed_on(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_tasks_waiting_for_the_same_set_get_it_passed_on(servers: ServerGroup) -> None:
     async with AsyncRedlock(servers.urls) as redlock:
         queue = Queue(redlock)
         lock = redlock.lock(["p", "q"], timeout=HANG_GUARD)

@@ -23,7 +23,7 @@ from asyncredlock import AsyncRedlock, Lease
 from asyncredlock._keys import channel, queue_keys, terms_key
 from asyncredlock._scripts import DEQUEUE, evalsha
 from asyncredlock._wakeup import INBOX_PREFIX
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock.testing import ServerGroup, client_state, deafened
 
 from .conftest import Masters, Waiting
 
@@ -49,7 +49,7 @@ async def clients(
 
 
 async def test_a_release_is_announced_to_the_first_waiter_only(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     """Three clients wait in line; each release hands the key to the first waiter and
     publishes one message per master, to the inbox of that waiter's client; the lock's
@@ -128,7 +128,7 @@ async def test_a_release_is_announced_to_the_first_waiter_only(
 
 
 async def test_waiters_of_separate_clients_acquire_in_arrival_order(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     """Without fair=True: the waiters that try on their own timer meanwhile are refused
     while an earlier waiter is queued, so the order holds."""
@@ -159,7 +159,7 @@ async def test_waiters_of_separate_clients_acquire_in_arrival_order(
 
 
 async def test_a_waiter_leaving_first_in_line_announces_the_next(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     """The lock is free but a waiter of another client is first in line: the next
     waiter is refused; when the first one leaves (cancelled, or out of time), its
@@ -193,7 +193,7 @@ async def test_a_waiter_leaving_first_in_line_announces_the_next(
 
 
 async def test_a_cancelled_waiter_leaves_the_line_and_the_next_goes(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     order: list[str] = []
     async with (
@@ -286,7 +286,6 @@ async def test_a_killed_process_delays_the_next_waiter_by_its_entry_not_the_ttl(
 async def take_turns(
     servers: ServerGroup,
     masters: Masters,
-    monkeypatch: pytest.MonkeyPatch,
     name: str,
     tamper: Callable[[list[bytes]], Awaitable[None]],
 ) -> list[int]:
@@ -336,7 +335,7 @@ async def test_a_master_restarted_without_its_data_mid_queue(
         # again at once, so that is not checked here)
         await masters.clients[0].connection_pool.disconnect()  # this test's own client
 
-    order = await take_turns(servers, masters, monkeypatch, "restarted", restart)
+    order = await take_turns(servers, masters, "restarted", restart)
     assert order == [0, 1, 2]  # the four others still hold the line
 
 
@@ -347,7 +346,7 @@ async def test_a_minority_of_masters_lost_the_queue(
         for client in masters.clients[:2]:
             await client.delete("{lost}:queue", "{lost}:queue:expiry")
 
-    order = await take_turns(servers, masters, monkeypatch, "lost", lose)
+    order = await take_turns(servers, masters, "lost", lose)
     assert order == [0, 1, 2]
 
 
@@ -363,12 +362,12 @@ async def test_a_waiter_queued_on_a_minority_only(
             await client.zrem("{minority}:queue", ids[0])
             await client.zrem("{minority}:queue:expiry", ids[0])
 
-    order = await take_turns(servers, masters, monkeypatch, "minority", strand)
+    order = await take_turns(servers, masters, "minority", strand)
     assert sorted(order) == [0, 1, 2]
 
 
 async def test_a_handed_key_lives_the_entry_ttl_until_the_lease_extends_it(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     async with (
         AsyncRedlock(servers.urls) as holder,
@@ -401,7 +400,7 @@ async def test_a_handed_key_lives_the_entry_ttl_until_the_lease_extends_it(
 
 
 async def test_a_waiter_cancelled_after_it_was_handed_the_key_gives_it_back(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     """The masters hand the key over while the waiter is being cancelled (here: its
     inbox misses the news): leaving, it deletes the key it was handed, and the next
@@ -411,12 +410,9 @@ async def test_a_waiter_cancelled_after_it_was_handed_the_key_gives_it_back(
         clients(servers.urls, 2, retry_delay=PATIENT) as (deaf, next_one),
     ):
         held = await holder.lock("giveback").acquire()
-        for listener in deaf._core.waker.listeners:
-            assert listener is not None
-            monkeypatch.setattr(listener, "on_message", lambda *message: None)
         waiting = Waiting([deaf, next_one])
         order: list[str] = []
-        with anyio.fail_after(HANG_GUARD):
+        with deafened(deaf), anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 doomed = anyio.CancelScope()
 
@@ -445,7 +441,7 @@ async def test_a_waiter_cancelled_after_it_was_handed_the_key_gives_it_back(
 
 
 async def test_a_key_queues_from_its_first_attempt_only_while_contended(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     """A client whose acquire() of a key had to wait brings its place in line from the
     next acquire()'s first attempt; one that then finds the lock free at once forgets

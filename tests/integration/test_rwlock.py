@@ -18,8 +18,7 @@ from asyncredlock import (
     LockTimeoutError,
     RWLock,
 )
-from asyncredlock._attempt import Acquisition
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock.testing import ServerGroup, Waits, client_state, whole_retry_delay
 
 from .conftest import Masters, Queue, Waiting
 
@@ -102,17 +101,16 @@ class TestExclusion:
         assert exclusive.token < writer.token < after.token
 
     async def test_a_writer_waits_for_the_last_reader_and_is_woken_by_its_release(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
         async with (
             AsyncRedlock(servers.urls) as readers,
             AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as writers,
         ):
             leases = [await readers.rwlock("page").read(ttl=HANG_GUARD).acquire() for _ in range(3)]
-            # no retry before the hang guard: only the release's announcement wakes it
-            monkeypatch.setattr(writers._core, "retry_pause", lambda: HANG_GUARD)
             waiting = Waiting([writers])
-            with anyio.fail_after(HANG_GUARD):
+            # no retry before the hang guard: only the release's announcement wakes it
+            with whole_retry_delay(writers), anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     got: list[Lease] = []
 
@@ -131,7 +129,7 @@ class TestExclusion:
 
     @pytest.mark.parametrize("side", ["lock", "fair write"])
     async def test_a_queued_writer_is_woken_by_the_last_readers_release(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch, side: str
+        self, servers: ServerGroup, side: str
     ) -> None:
         """The exclusive lock (the write side of the read-write lock) and a fair
         writer wait in the masters' queue, listening on their inbox only: the last
@@ -141,14 +139,13 @@ class TestExclusion:
             AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as writers,
         ):
             leases = [await readers.rwlock("page").read(ttl=HANG_GUARD).acquire() for _ in range(2)]
-            monkeypatch.setattr(writers._core, "retry_pause", lambda: HANG_GUARD)
             waiting = Waiting([writers])
             lock = (
                 writers.lock("page", timeout=HANG_GUARD)
                 if side == "lock"
                 else writers.rwlock("page", fair=True).write(timeout=HANG_GUARD)
             )
-            with anyio.fail_after(HANG_GUARD):
+            with whole_retry_delay(writers), anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     got: list[Lease] = []
 
@@ -164,22 +161,21 @@ class TestExclusion:
             await got[0].release()
 
     async def test_readers_waiting_for_a_writer_all_go_at_its_release(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
         async with (
             AsyncRedlock(servers.urls) as writers,
             AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as readers,
         ):
             writer = await writers.rwlock("page").write(ttl=HANG_GUARD).acquire()
-            # no retry before the hang guard: only the release's announcement wakes them
-            monkeypatch.setattr(readers._core, "retry_pause", lambda: HANG_GUARD)
             waiting = Waiting([readers])
             got: list[Lease] = []
 
             async def read() -> None:
                 got.append(await readers.rwlock("page").read(timeout=HANG_GUARD).acquire())
 
-            with anyio.fail_after(HANG_GUARD):
+            # no retry before the hang guard: only the release's announcement wakes them
+            with whole_retry_delay(readers), anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     for _ in range(3):
                         tg.start_soon(read)
@@ -192,7 +188,7 @@ class TestExclusion:
                 await lease.release()
 
     async def test_readers_of_separate_clients_queued_behind_a_writer_go_together(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
         """Fair: the readers of three clients queue behind the writer on the masters;
         its release (readers first in line) is announced to all of them at once, and
@@ -206,8 +202,6 @@ class TestExclusion:
                     )
                     for _ in range(3)
                 ]
-                for each in readers:
-                    monkeypatch.setattr(each._core, "retry_pause", lambda: HANG_GUARD)
                 waiting = Waiting(readers)
                 got: list[Lease] = []
 
@@ -215,7 +209,7 @@ class TestExclusion:
                     rw = redlock.rwlock("shelf", fair=True)
                     got.append(await rw.read(timeout=HANG_GUARD).acquire())
 
-                with anyio.fail_after(HANG_GUARD):
+                with whole_retry_delay(*readers), anyio.fail_after(HANG_GUARD):
                     async with anyio.create_task_group() as tg:
                         for each in readers:
                             tg.start_soon(read, each)
@@ -228,7 +222,7 @@ class TestExclusion:
                     await lease.release()
 
     async def test_writers_of_one_process_never_pass_the_lease_on(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
         """They queue in the process, but each write goes back to the masters, where
         readers elsewhere may take the lock (a run of hand-offs would starve them)."""
@@ -326,9 +320,7 @@ class TestReaderLeases:
 
 
 class TestFairness:
-    async def _scenario(
-        self, urls: Sequence[str], monkeypatch: pytest.MonkeyPatch, **options: Any
-    ) -> list[str]:
+    async def _scenario(self, urls: Sequence[str], **options: Any) -> list[str]:
         """Two readers hold; a writer arrives and waits; a third reader arrives and
         waits or reads; then the first readers leave. The order of the last two."""
         order: list[str] = []
@@ -363,25 +355,25 @@ class TestFairness:
         return order
 
     async def test_fair_a_writer_goes_before_readers_that_came_after_it(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
-        assert await self._scenario(servers.urls, monkeypatch, fair=True) == [
+        assert await self._scenario(servers.urls, fair=True) == [
             "writer",
             "reader",
         ]
 
     async def test_unfair_a_writer_out_of_patience_goes_before_later_readers(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
-        assert await self._scenario(servers.urls, monkeypatch, patience=0) == [
+        assert await self._scenario(servers.urls, patience=0) == [
             "writer",
             "reader",
         ]
 
     async def test_without_patience_readers_overtake_a_waiting_writer(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
-        assert await self._scenario(servers.urls, monkeypatch, patience=math.inf) == [
+        assert await self._scenario(servers.urls, patience=math.inf) == [
             "reader",
             "writer",
         ]
@@ -389,7 +381,6 @@ class TestFairness:
     async def _stream(
         self,
         urls: Sequence[str],
-        monkeypatch: pytest.MonkeyPatch,
         options: dict[str, Any],
         limit: float = math.inf,
     ) -> list[tuple[str, int]]:
@@ -404,24 +395,23 @@ class TestFairness:
             AsyncRedlock(urls, retry_delay=0.05) as writers,
         ):
             reader_waits = Waiting([readers])
+            writer_waits = Waits(writers)
             write_lock = writers.rwlock("doc", **options).write(timeout=HANG_GUARD)
-            attempt = Acquisition._attempt
 
-            async def observed(self: Acquisition, queue: bool, **kwargs: Any) -> Any:
-                outcome = await attempt(self, queue, **kwargs)
-                # the writer's attempts (readers are shared)
-                if queue and not self.spec.shared and ("queued", -1) not in events:
+            def log(event: tuple[str, int]) -> None:
+                # the writer's first attempt that queued it ahead of later readers
+                # was decided before this event
+                if writer_waits.ahead and ("queued", -1) not in events:
                     events.append(("queued", -1))
-                return outcome
+                events.append(event)
 
-            monkeypatch.setattr(Acquisition, "_attempt", observed)
             read_once = anyio.Event()
             written = anyio.Event()
 
             async def write() -> None:
                 await read_once.wait()
                 async with write_lock:
-                    events.append(("write", -1))
+                    log(("write", -1))
                 written.set()
 
             async def stream() -> None:
@@ -431,14 +421,14 @@ class TestFairness:
                 i = 0
                 while not written.is_set() and i < limit:
                     i += 1
-                    events.append(("arrive", i))
+                    log(("arrive", i))
                     waits = reader_waits.entered
                     got: list[Lease] = []
                     reading = anyio.Event()
 
                     async def read(n: int, out: list[Lease] = got, done: Any = reading) -> None:
                         out.append(await rw.read(timeout=HANG_GUARD).acquire())
-                        events.append(("read", n))
+                        log(("read", n))
                         done.set()
 
                     async with anyio.create_task_group() as tg:
@@ -457,11 +447,11 @@ class TestFairness:
 
     @pytest.mark.parametrize("options", [{"fair": True}, {}], ids=["fair", "default patience"])
     async def test_a_stream_of_overlapping_readers_does_not_starve_a_writer(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+        self, servers: ServerGroup, options: dict[str, Any]
     ) -> None:
         """The writer gets in while readers keep coming, and no reader that arrived
         after the writer queued reads before it (counted, not timed)."""
-        events = await self._stream(servers.urls, monkeypatch, options)
+        events = await self._stream(servers.urls, options)
         queued = events.index(("queued", -1))
         wrote = events.index(("write", -1))
         late = {n for kind, n in events[queued:] if kind == "arrive"}
@@ -470,11 +460,11 @@ class TestFairness:
             assert any(kind == "read" for kind, _ in events[:queued])
 
     async def test_without_patience_a_stream_of_readers_starves_the_writer(
-        self, servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
+        self, servers: ServerGroup
     ) -> None:
         """The control: readers first (``patience=inf``), the writer gets in only
         once the stream of 30 readers has ended."""
-        events = await self._stream(servers.urls, monkeypatch, {"patience": math.inf}, limit=30)
+        events = await self._stream(servers.urls, {"patience": math.inf}, limit=30)
         assert ("queued", -1) not in events
         reads = [i for i, (kind, _) in enumerate(events) if kind == "read"]
         assert len(reads) == 30

@@ -21,9 +21,7 @@ HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 NEVER = 3600.0  # a retry delay no test waits out
 
 
-async def test_a_waiter_acquires_on_release_not_on_its_timer(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_waiter_acquires_on_release_not_on_its_timer(servers: ServerGroup) -> None:
     async with (
         AsyncRedlock(servers.urls) as holder,
         AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
@@ -51,9 +49,7 @@ async def test_a_waiter_acquires_on_release_not_on_its_timer(
     assert stats.attempts == 2
 
 
-async def test_force_release_wakes_waiters(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_force_release_wakes_waiters(servers: ServerGroup) -> None:
     async with (
         AsyncRedlock(servers.urls) as holder,
         AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
@@ -87,7 +83,7 @@ async def test_an_expiring_lease_is_retried_at_its_ttl_not_the_retry_delay(
 
 
 async def test_a_lost_subscription_still_acquires_and_listens_again(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     """The subscription connections are killed on every master while a waiter
     waits, with no retry timer to save it: the loss wakes it, and so does each
@@ -118,9 +114,7 @@ async def test_a_lost_subscription_still_acquires_and_listens_again(
         await got[0].release()
 
 
-async def test_local_waiters_queue_behind_the_one_that_listens(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_local_waiters_queue_behind_the_one_that_listens(servers: ServerGroup) -> None:
     """Ten tasks of one process wait for a lock held elsewhere: only the first
     listens and retries; the release wakes it, and the others get the lock from it
     in turn (no timer to save them: a lost wake-up would hang the test)."""
@@ -154,9 +148,7 @@ async def test_local_waiters_queue_behind_the_one_that_listens(
     assert (stats.acquisitions, stats.handoffs) == (1, 9)
 
 
-async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
-    servers: ServerGroup, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(servers: ServerGroup) -> None:
     # A loaded machine may take longer than the default node_timeout to confirm the
     # subscriptions (enroll waits for them to confirm); the patient waiter's wake-up would then be
     # lost, and with retry_delay=NEVER it would sleep out the doomed attempt's TTL.
@@ -199,7 +191,7 @@ async def test_a_cancelled_waiter_passes_its_turn_to_the_next_in_line(
 
 
 async def test_closing_the_redlock_closes_its_subscriptions(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    servers: ServerGroup, masters: Masters
 ) -> None:
     direct: Redis = masters.clients[0]
     async with AsyncRedlock(servers.urls) as holder:

@@ -6,6 +6,9 @@
   queued, wake-ups, connections), for tests that check nothing was left behind.
 - `Waits`: wait until ``acquire()`` calls are parked (queued behind another task, or
   waiting for a release) instead of sleeping.
+- `whole_retry_delay`, `deafened`, `hold_calls`: faults inside a client (retries
+  without jitter, release announcements lost, calls of one script held back before
+  they are sent), for tests that need them at a point of their choosing.
 - `FaultProxy`: a TCP proxy in front of one server that adds delay, blackholes,
   resets or refuses connections at run time.
 - The pytest plugin (`asyncredlock.testing.pytest_plugin`, loaded automatically) provides
@@ -13,6 +16,10 @@
   fixtures.
 """
 
+from ._faults import HeldCalls as HeldCalls
+from ._faults import deafened as deafened
+from ._faults import hold_calls as hold_calls
+from ._faults import whole_retry_delay as whole_retry_delay
 from ._group import ServerGroup as ServerGroup
 from ._proxy import FaultProxy as FaultProxy
 from ._servers import ServerProcess as ServerProcess
@@ -26,13 +33,17 @@ from ._waits import Waits as Waits
 __all__ = [
     "ClientState",
     "FaultProxy",
+    "HeldCalls",
     "ServerBinaryNotFoundError",
     "ServerGroup",
     "ServerProcess",
     "ServerStartError",
     "Waits",
     "client_state",
+    "deafened",
     "find_server_binary",
+    "hold_calls",
+    "whole_retry_delay",
 ]
 
 for _name in __all__:

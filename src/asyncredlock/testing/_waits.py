@@ -27,6 +27,10 @@ class Waits:
             it failed an attempt first, and a waiter that queues on the masters is
             queued there by then).
         woken: Waits that a release announcement ended (not their retry delay).
+        ahead: Attempts of a writer, or of a fair lock, that keep its place in
+            the masters' queue ahead of later arrivals (readers of a read-write
+            lock included): every attempt of a fair one, and an unfair writer's
+            once its ``patience`` has run out. Counted once the attempt is decided.
 
     Raises:
         TypeError: An argument is not an ``AsyncRedlock``.
@@ -36,7 +40,7 @@ class Waits:
         for redlock in redlocks:
             if not isinstance(redlock, AsyncRedlock):
                 raise TypeError(f"Waits() takes AsyncRedlock clients, not {type(redlock).__name__}")
-        self.queued = self.waiting = self.woken = 0
+        self.queued = self.waiting = self.woken = self.ahead = 0
         self._changed = asyncio.Event()
         self._cores = [redlock._core for redlock in redlocks]
         for core in self._cores:
@@ -49,6 +53,8 @@ class Waits:
             self.waiting += 1
         elif event == "woken":
             self.woken += 1
+        elif event == "ahead":
+            self.ahead += 1
         self._changed.set()
         self._changed = asyncio.Event()
 
