@@ -182,11 +182,11 @@ class Core:
         exists.
         """
         # per resource: lock key, undo marker, fence counter, readers
-        script_keys = [
+        script_keys = tuple(
             each
             for key in keys
             for each in (key, undo_key(key, value), aux_key(key, "fence"), readers_key(key))
-        ]
+        )
         block = str(TOKEN_BLOCK) if fencing and not shared else "0"
         args: tuple[str | int, ...] = (value, ms(ttl), block)
         script = ACQUIRE
@@ -264,7 +264,7 @@ class Core:
         `classify_commit`).
         """
         self.counters.commits += 1
-        script_keys = [each for key in keys for each in (key, aux_key(key, "fence"))]
+        script_keys = tuple(each for key in keys for each in (key, aux_key(key, "fence")))
         args = (value, *(str(token) for token in tokens))
 
         def make(i: int, node: Node) -> asyncio.Future[Reply] | Reply:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._scripts import SCRIPTS, Script, evalsha
-from ._transport import ClosedError, Link, Opener, Reply
+from ._transport import ClosedError, Link, Opener, Reply, pack
 
 __all__ = ["Node", "Reply"]
 
@@ -87,8 +87,8 @@ class Node:
         Calls to one master run there in the order they were made.
         """
         if self.link is not None:
-            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-            return self.link.call(command, script.source)
+            command, packed = _LAST.pack(script, keys, args)
+            return self.link.call(command, script.source, packed=packed)
         task = asyncio.get_running_loop().create_task(_through(self.client, script, keys, args))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -126,6 +126,36 @@ class Node:
             await asyncio.wait(tasks)
         if self.owned and self.client is not None:
             await self.client.aclose()
+
+
+class _LastPacked:
+    """The last ``EVALSHA`` built and packed, kept for the next master.
+
+    A round sends the same script with the same keys and arguments (the same
+    tuple objects) to every master: it is packed once, not once per master.
+    Tuples only (of strings and numbers), so that being the same object means
+    holding the same command.
+    """
+
+    __slots__ = ("_entry",)
+
+    def __init__(self) -> None:
+        self._entry: tuple[Script, object, object, tuple[Any, ...], bytes] | None = None
+
+    def pack(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[tuple[Any, ...], bytes]:
+        entry = self._entry  # one read: consistent even if another thread replaces it
+        if entry is not None and entry[0] is script and entry[1] is keys and entry[2] is args:
+            return entry[3], entry[4]
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        packed = pack(*command)
+        if type(keys) is tuple and type(args) is tuple:
+            self._entry = (script, keys, args, command, packed)
+        return command, packed
+
+
+_LAST = _LastPacked()
 
 
 async def _through(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:

@@ -230,15 +230,19 @@ class Link:
 
     # -- calls -------------------------------------------------------------------
 
-    def call(self, args: tuple[Any, ...], source: str | None = None) -> asyncio.Future[Reply]:
+    def call(
+        self, args: tuple[Any, ...], source: str | None = None, *, packed: bytes | None = None
+    ) -> asyncio.Future[Reply]:
         """Send a command; the future resolves with its `Reply`, and never raises.
 
         Args:
             args: The command and its arguments.
             source: For an ``EVALSHA``: the script, sent by ``EVAL`` instead if
                 the master answers ``NOSCRIPT``.
+            packed: ``args`` already in RESP (packed once for several masters).
         """
-        packed = _pack(args)
+        if packed is None:
+            packed = _pack(args)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         if self.closed:
