@@ -38,6 +38,30 @@ if #KEYS == 7 then
   queue, expiries, terms = KEYS[5], KEYS[6], KEYS[7]
 end
 local handover = ARGV[7]
+-- Take it at once when none of these exist: a lock key, the attempt's undo marker,
+-- readers, the queue (the common case, in one call)
+local function grant()
+  for i = 0, n - 1 do
+    redis.call('SET', KEYS[4 * i + 1], ARGV[1], 'PX', ARGV[2])
+  end
+  if ARGV[3] == '0' then
+    return {1}
+  end
+  local counts = {1}
+  for i = 0, n - 1 do
+    counts[i + 2] = fence_count(KEYS[4 * i + 3], ARGV[3])
+  end
+  return counts
+end
+if n == 1 then
+  if queue then
+    if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4], queue, expiries) == 0 then
+      return grant()
+    end
+  elseif redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) == 0 then
+    return grant()
+  end
+end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 2]) == 1 then
     return {-1}
@@ -104,14 +128,4 @@ if queue and redis.call('EXISTS', queue) == 1 then
   redis.call('ZREM', expiries, waiter)
   redis.call('HDEL', terms, waiter)
 end
-for i = 0, n - 1 do
-  redis.call('SET', KEYS[4 * i + 1], ARGV[1], 'PX', ARGV[2])
-end
-if ARGV[3] == '0' then
-  return {1}
-end
-local counts = {1}
-for i = 0, n - 1 do
-  counts[i + 2] = fence_count(KEYS[4 * i + 3], ARGV[3])
-end
-return counts
+return grant()

@@ -5,10 +5,13 @@
 -- microseconds, far above any count kept before. INCRBY's reply passes through a Lua
 -- number: exact below 2^53 (microseconds until the year 2255, less 64 per
 -- acquisition).
+-- A count equal to the block means the counter was missing (or 0, which a counter
+-- that starts from the clock never is): it is then raised by the clock as well.
 local function fence_count(fence, block)
-  if redis.call('EXISTS', fence) == 0 then
+  local count = redis.call('INCRBY', fence, block)
+  if count == tonumber(block) then
     local time = redis.call('TIME')
-    redis.call('SET', fence, time[1] .. string.format('%06d', tonumber(time[2])))
+    count = redis.call('INCRBY', fence, time[1] .. string.format('%06d', tonumber(time[2])))
   end
-  return redis.call('INCRBY', fence, block)
+  return count
 end
