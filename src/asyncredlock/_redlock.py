@@ -13,7 +13,7 @@ from typing import Self
 import anyio
 from redis.asyncio import Redis, RedisCluster
 
-from ._config import Settings, check_name, check_seconds
+from ._config import DEFAULTS, Settings, check_name, check_seconds
 from ._connect import make_nodes
 from ._core import Core
 from ._errors import QuorumUnavailableError
@@ -88,17 +88,17 @@ class AsyncRedlock:
         self,
         masters: Sequence[str | Redis | RedisCluster],
         *,
-        ttl: float = 10.0,
-        timeout: float = 10.0,
-        node_timeout: float = 0.1,
-        retry_delay: float = 0.2,
-        drift_factor: float = 0.01,
-        prefix: str = "",
+        ttl: float = DEFAULTS.ttl,
+        timeout: float = DEFAULTS.timeout,
+        node_timeout: float = DEFAULTS.node_timeout,
+        retry_delay: float = DEFAULTS.retry_delay,
+        drift_factor: float = DEFAULTS.drift_factor,
+        prefix: str = DEFAULTS.prefix,
         max_connections: int | None = None,
-        socket_timeout: float = 5.0,
-        auto_extend: bool = True,
-        fencing: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        socket_timeout: float = DEFAULTS.socket_timeout,
+        auto_extend: bool = DEFAULTS.auto_extend,
+        fencing: bool = DEFAULTS.fencing,
+        clock: Callable[[], float] = DEFAULTS.clock,
     ) -> None:
         if max_connections is not None:
             warnings.warn(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import socket
 from collections.abc import Iterator
@@ -94,6 +96,13 @@ class TestSettings:
             True,
         )
         assert DEFAULTS.fencing is True
+
+    def test_asyncredlock_takes_every_default_from_settings(self) -> None:
+        parameters = inspect.signature(AsyncRedlock).parameters
+        settings = [field.name for field in dataclasses.fields(Settings)]
+        assert set(settings) <= set(parameters)
+        for name in settings:
+            assert parameters[name].default == getattr(DEFAULTS, name), name
 
     def test_frozen(self) -> None:
         settings = Settings()
