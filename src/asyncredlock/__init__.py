@@ -25,23 +25,29 @@ from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._redlock import AsyncRedlock as AsyncRedlock
 from ._rwlock import RWLock as RWLock
+from ._stats import LeaseStatistics as LeaseStatistics
+from ._stats import LockStatistics as LockStatistics
 from ._stats import RedlockStatistics as RedlockStatistics
+from ._stats import RWLockStatistics as RWLockStatistics
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncRedlock",
     "Lease",
+    "LeaseStatistics",
     "Lock",
     "LockLostError",
     "LockNotOwnedError",
     "LockState",
+    "LockStatistics",
     "LockTimeoutError",
     "MissingRecordError",
     "NodeLockState",
     "NodeOutcome",
     "QuorumUnavailableError",
     "RWLock",
+    "RWLockStatistics",
     "RedlockError",
     "RedlockStatistics",
     "StaleTokenError",

@@ -27,6 +27,7 @@ from ._protocol import (
     holder_expires_in,
 )
 from ._quorum import Decision, Round
+from ._stats import LockCounters, Taken
 from ._wakeup import Ticket, waiter_id
 
 __all__ = ["Acquisition", "make_lease"]
@@ -57,6 +58,7 @@ def make_lease(
     acquired: Sequence[asyncio.Future[Reply]],
     tokens: tuple[int, ...] | None,
     *,
+    taken: Taken,
     extend_at: float | None = None,
 ) -> Lease:
     """The lease of an acquisition that succeeded (counted)."""
@@ -67,6 +69,7 @@ def make_lease(
         value=value,
         expires_at=expires_at,
         acquired=acquired,
+        taken=taken,
         tokens=tokens,
         extend_at=extend_at,
     )
@@ -83,7 +86,9 @@ class Acquisition:
     __slots__ = (
         "acquired",
         "arrival",
+        "attempts",
         "core",
+        "counters",
         "deadline",
         "entry",
         "handed_by",
@@ -97,8 +102,11 @@ class Acquisition:
         "trace",
     )
 
-    def __init__(self, core: Core, spec: LockSpec, started: float, arrival: int) -> None:
+    def __init__(
+        self, core: Core, spec: LockSpec, started: float, arrival: int, counters: LockCounters
+    ) -> None:
         self.core = core
+        self.counters = counters  # the Lock's
         self.spec = spec
         self.started = started
         self.deadline = started + spec.timeout
@@ -116,6 +124,7 @@ class Acquisition:
         self.inbox_only = not spec.shared and (spec.fair or not spec.queued)
         self.acquired = False
         self.handed_by: frozenset[int] = frozenset()  # the masters that handed it the lease
+        self.attempts = 0  # rounds sent to the masters
 
     async def run(self) -> Lease:
         """Attempt until one takes the lock or the deadline passes."""
@@ -283,12 +292,13 @@ class Acquisition:
         # the key lives a hand-over TTL: extended to the lease's own TTL once a third
         # of that is used (a short hold never needs to)
         extend_at = now + (expires_at - now) / 3
-        lease = make_lease(
-            core, self.spec, entry.handover, expires_at, acquired, tokens, extend_at=extend_at
-        )
-        lease._waiter = entry.waiter  # its release takes the entry out where it is left
         self.acquired, self.handed_by = True, frozenset(live)
-        return lease
+        # its release takes the entry out where it is left
+        taken = Taken("hand-over", self.attempts, self.started, entry.waiter)
+        value = entry.handover
+        return make_lease(
+            core, self.spec, value, expires_at, acquired, tokens, taken=taken, extend_at=extend_at
+        )
 
     def _live_hand_overs(self, entry: QueueEntry, ticket: Ticket) -> dict[int, tuple[float, int]]:
         """Per master that handed it the key: until when the key surely lives
@@ -313,10 +323,10 @@ class Acquisition:
         if not terms and entry is not None and entry.handover is not None:
             entry = dataclasses.replace(entry, handover=None)
         if entry is not None and entry.handover is not None:
-            self.starts[value] = start
-            if len(self.starts) > _ATTEMPTS_KEPT:
-                del self.starts[next(iter(self.starts))]
+            self._remember(value, start)
         core.counters.attempts += 1
+        self.counters.attempts += 1
+        self.attempts += 1
         expires_at = core.expiry(start, spec.ttl)
         keys = spec.target.keys
         rnd = core.acquire_round(
@@ -337,7 +347,8 @@ class Acquisition:
             core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
             raise
         if decision.holds(expires_at, core.clock):
-            return make_lease(core, spec, value, expires_at, rnd.tasks, tokens)
+            taken = Taken("attempt", self.attempts, self.started)
+            return make_lease(core, spec, value, expires_at, rnd.tasks, tokens, taken=taken)
         core.counters.failed_attempts += 1
         core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
         free_in = holder_expires_in(rnd.tasks)
@@ -345,6 +356,12 @@ class Acquisition:
             decision = _expired(decision, core.clock() - start, spec.ttl)
             return _Failed(decision, expired=True, free_in=free_in)
         return _Failed(decision, expired=False, free_in=free_in)
+
+    def _remember(self, value: str, start: float) -> None:
+        """When the attempt holding ``value`` was sent: it may leave hand-over terms."""
+        self.starts[value] = start
+        if len(self.starts) > _ATTEMPTS_KEPT:
+            del self.starts[next(iter(self.starts))]
 
     async def _decide(
         self, rnd: Round, value: str, expires_at: float

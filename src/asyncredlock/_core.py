@@ -275,25 +275,48 @@ class Core:
 
         return self.fan_out(make)
 
-    def extend_on(
+    def extend_round(
         self,
-        node: Node,
         keys: Sequence[str],
-        acquired: asyncio.Future[Reply],
+        acquired: Sequence[asyncio.Future[Reply]],
         args: tuple[str, int],
         *,
         shared: bool = False,
-    ) -> asyncio.Future[Reply] | Reply:
-        """Reset the TTL on one master (``args``: the value and the TTL in ms),
-        behind the holder's earlier calls there on the same connection; a master
-        that refused the lock gets no call."""
-        if acquired.done():
-            reply = acquired.result()
-            if reply.error is None and not granted(reply):
-                return Reply(0)
-        if shared:
-            return node.call(EXTEND_READ, (readers_key(keys[0]),), args)
-        return node.call(EXTEND, keys, args)
+    ) -> Round:
+        """Reset a lease's TTL on every master (``args``: its value and the TTL in
+        ms), behind the holder's earlier calls there on the same connection. A
+        master that refused the lock gets no call, nor does a silent one: the
+        call would queue behind calls it is not answering (the next extension
+        tries again)."""
+        script, script_keys = (EXTEND_READ, (readers_key(keys[0]),)) if shared else (EXTEND, keys)
+
+        def make(i: int, node: Node) -> asyncio.Future[Reply] | Reply:
+            if node.silent:
+                return Reply(error=TimeoutError("master silent: calls out, nothing heard back"))
+            if acquired[i].done():
+                reply = acquired[i].result()
+                if reply.error is None and not granted(reply):
+                    return Reply(0)
+            return node.call(script, script_keys, args)
+
+        return self.fan_out(make)
+
+    def release_round(
+        self,
+        keys: Sequence[str],
+        value: str,
+        acquired: Sequence[asyncio.Future[Reply]],
+        ttl: float,
+        *,
+        shared: bool = False,
+        waiter: str = "",
+    ) -> Round:
+        """`release_on` every master: a lease's release."""
+        return self.fan_out(
+            lambda i, node: self.release_on(
+                node, keys, value, acquired[i], ttl, shared=shared, waiter=waiter
+            )
+        )
 
     def release_on(
         self,

@@ -48,6 +48,9 @@ class Waiter:
     # the slot, never a lease passed on (readers elsewhere would wait behind a run
     # of local writers)
     spec: LockSpec
+    # when its acquire() was called (the lease's clock): a lease passed on counts
+    # its wait from there
+    started: float
     future: asyncio.Future[Held | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )

@@ -14,9 +14,10 @@ from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._gate import Gates
-from ._node import Node, Reply
+from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
+from ._stats import LeaseRecord, LeaseStatistics, Taken
 
 __all__ = ["Lease"]
 
@@ -71,7 +72,6 @@ class Lease:
     _ended: asyncio.Event | None = None
     # how many times the lease was passed on since its acquisition (see `_hand_off`)
     _handoffs = 0
-    _waiter = ""  # the id it was queued as, if handed over: leaves every queue on release
     _gates: Gates | None = None  # set while this lease holds its key's slot
 
     def __init__(
@@ -82,10 +82,14 @@ class Lease:
         value: str,
         expires_at: float,
         acquired: Sequence[asyncio.Future[Reply]],
+        taken: Taken,
         tokens: tuple[int, ...] | None = None,
         extend_at: float | None = None,
     ) -> None:
         self._core = core
+        self._record = LeaseRecord(taken, core.clock())  # for statistics()
+        # the id it was queued as, if handed over: its entry leaves every queue on release
+        self._waiter = taken.waiter
         target = spec.target
         self.shared = spec.shared
         self._handoff = not spec.queued  # whether it may be passed on (not a rw writer's)
@@ -132,6 +136,10 @@ class Lease:
     def lost(self) -> bool:
         """Whether the lease was lost: not extended in time, or taken away."""
         return self._state is _State.LOST
+
+    def statistics(self) -> LeaseStatistics:
+        """How this lease was taken, and kept so far (see `LeaseStatistics`)."""
+        return self._record.snapshot(self._core.clock())
 
     async def wait_lost(self) -> bool:
         """Wait until the lease ends, by loss or by release.
@@ -231,15 +239,7 @@ class Lease:
         core = self._core
         start = core.clock()
         args = (self.value, ms(ttl))
-
-        def make(i: int, node: Node) -> asyncio.Future[Reply] | Reply:
-            if node.silent:
-                # do not queue behind calls the master is not answering; the next
-                # extension tries again
-                return Reply(error=TimeoutError("master silent: calls out, nothing heard back"))
-            return core.extend_on(node, self.keys, self._acquired[i], args, shared=self.shared)
-
-        rnd = core.fan_out(make)
+        rnd = core.extend_round(self.keys, self._acquired, args, shared=self.shared)
         # Waiting past the validity is pointless: by then the lease is lost anyway.
         wait = max(core.settings.node_timeout, self._expires_at - core.clock())
         decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
@@ -247,8 +247,10 @@ class Lease:
         if self._state is _State.HELD and decision.holds(expires_at, core.clock):
             self._expires_at = expires_at
             core.counters.extensions += 1
+            self._record.extensions += 1
             return None
         core.counters.failed_extensions += 1
+        self._record.failed_extensions += 1
         return decision
 
     async def _release_round(self) -> Decision:
@@ -273,12 +275,8 @@ class Lease:
 
     def _send_release(self) -> Round:
         """Compare-and-delete on every master, each behind this lease's calls there."""
-        core, keys, value, ttl = self._core, self.keys, self.value, self.ttl
-        shared, waiter, acquired = self.shared, self._waiter, self._acquired
-        return core.fan_out(
-            lambda i, node: core.release_on(
-                node, keys, value, acquired[i], ttl, shared=shared, waiter=waiter
-            )
+        return self._core.release_round(
+            self.keys, self.value, self._acquired, self.ttl, shared=self.shared, waiter=self._waiter
         )
 
     # -- passing the lease on within the process -------------------------------
@@ -323,10 +321,10 @@ class Lease:
             value=self.value,
             expires_at=self._expires_at,
             acquired=self._acquired,
+            taken=Taken("hand-off", 0, waiter.started, self._waiter),
             tokens=tokens,
         )
         successor._first_tokens, successor._handoffs = self._first_tokens, handoffs
-        successor._waiter = self._waiter
         successor._gates, self._gates = gates, None
         self._finish(_State.RELEASED)
         core.counters.handoffs += 1
@@ -395,6 +393,7 @@ class Lease:
 
     def _finish(self, state: _State, *, announce: bool = True) -> None:
         self._state = state
+        self._record.ended_at = self._core.clock()
         if announce:
             self._announce()
         self._core.held.discard(self)

@@ -11,10 +11,11 @@ from typing import Any, Self
 from ._attempt import Acquisition
 from ._config import LockSpec, Role, check_seconds
 from ._core import Core
-from ._errors import LockTimeoutError
+from ._errors import LockTimeoutError, QuorumUnavailableError
 from ._gate import LocalTimeoutError, Waiter
 from ._keys import Resources, key_slot, lock_key
 from ._lease import Lease
+from ._stats import LockCounters, LockStatistics
 
 __all__ = ["Lock"]
 
@@ -48,9 +49,10 @@ class Lock:
             once, never with a writer.
     """
 
-    def __init__(self, core: Core, spec: LockSpec) -> None:
+    def __init__(self, core: Core, spec: LockSpec, counters: LockCounters | None = None) -> None:
         self._core = core
         self._spec = spec
+        self._counters = LockCounters() if counters is None else counters
         target = spec.target
         self.name = target.label
         self.names = target.names
@@ -78,8 +80,10 @@ class Lock:
         fair: bool,
         role: Role = Role.EXCLUSIVE,
         patience: float = math.inf,
+        counters: LockCounters | None = None,
     ) -> Self:
-        """Check the settings, fill in ``core``'s defaults, and make the lock."""
+        """Check the settings, fill in ``core``'s defaults, and make the lock
+        (counting its acquisitions in ``counters``, its own if omitted)."""
         settings = core.settings
         if core.closed:
             raise RuntimeError("this AsyncRedlock is closed")
@@ -101,7 +105,7 @@ class Lock:
             role=role,
             patience=patience,
         )
-        return cls(core, spec)
+        return cls(core, spec, counters)
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} ttl={self.ttl:g}s timeout={self.timeout:g}s>"
@@ -150,25 +154,45 @@ class Lock:
                 last attempt that no quorum was possible (an outage).
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
-        core = self._core
+        core, counters = self._core, self._counters
         started = core.clock()
+        counters.waiting += 1
+        try:
+            lease = await self._acquire(started)
+        except LockTimeoutError:
+            counters.timeouts += 1
+            raise
+        except QuorumUnavailableError:
+            counters.unavailable += 1
+            raise
+        finally:
+            counters.waiting -= 1
+        counters.acquisitions += 1
+        counters.waited += core.clock() - started
+        return lease
+
+    def statistics(self) -> LockStatistics:
+        """The ``acquire()`` calls of this ``Lock`` so far (see `LockStatistics`)."""
+        return self._counters.snapshot()
+
+    async def _acquire(self, started: float) -> Lease:
+        core = self._core
         # its place in the masters' queue, should it wait there (this client's clock)
         arrival = time.time_ns() // 1000
-        deadline = started + self.timeout
         if self.fair or self.shared:
             # Each task asks the masters itself: fair waiters queue there, and
             # readers do not exclude one another.
-            return await Acquisition(core, self._spec, started, arrival).run()
+            return await Acquisition(core, self._spec, started, arrival, self._counters).run()
         gates = core.gates
         if gates.busy(self._slot):
-            handed = await self._queue(deadline)
+            handed = await self._queue(started)
             if handed is not None:
                 return handed
         else:
             gates.claim(self._slot)
         lease: Lease | None = None
         try:
-            lease = await Acquisition(core, self._spec, started, arrival).run()
+            lease = await Acquisition(core, self._spec, started, arrival, self._counters).run()
             gates.hold(self._slot, lease)
             lease._gates = gates
             return lease
@@ -176,7 +200,7 @@ class Lock:
             if lease is None:
                 gates.exit(self._slot)
 
-    async def _queue(self, deadline: float) -> Lease | None:
+    async def _queue(self, started: float) -> Lease | None:
         """Wait behind the task of this ``AsyncRedlock`` that holds the key's slot:
         for its lease, or for the slot."""
         core = self._core
@@ -184,7 +208,8 @@ class Lock:
         if self.timeout == 0:
             counters.timeouts += 1
             raise self._busy_error()
-        waiter = Waiter(self._spec)
+        deadline = started + self.timeout
+        waiter = Waiter(self._spec, started)
         try:
             core.note("queued")
             passed = await core.gates.wait(self._slot, waiter, max(0.0, deadline - core.clock()))

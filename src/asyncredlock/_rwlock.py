@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ._config import Role
 from ._lock import Lock
+from ._stats import LockCounters, RWLockStatistics
 
 if TYPE_CHECKING:
     from ._core import Core
@@ -41,6 +42,7 @@ class RWLock:
         self.key = key
         self._fair = fair
         self._patience = patience
+        self._read, self._write = LockCounters(), LockCounters()
 
     @property
     def fair(self) -> bool:
@@ -52,6 +54,11 @@ class RWLock:
         """Unfair mode: seconds a writer waits before readers that come after it
         queue behind it (``math.inf``: never); not used when `fair`."""
         return self._patience
+
+    def statistics(self) -> RWLockStatistics:
+        """The ``acquire()`` calls of the locks `read` and `write` made so far, by
+        side (see `RWLockStatistics`)."""
+        return RWLockStatistics(self._read.snapshot(), self._write.snapshot())
 
     def __repr__(self) -> str:
         mode = "fair" if self.fair else f"patience={self.patience:g}s"
@@ -92,6 +99,7 @@ class RWLock:
             fencing=False,
             fair=self.fair,
             role=Role.READER,
+            counters=self._read,
         )
 
     def write(
@@ -134,4 +142,5 @@ class RWLock:
             fair=self.fair,
             role=Role.WRITER,
             patience=self.patience,
+            counters=self._write,
         )

@@ -1,10 +1,26 @@
-"""The running totals behind ``AsyncRedlock.statistics()``."""
+"""The running totals behind the ``statistics()`` of ``AsyncRedlock``, ``Lock``,
+``RWLock`` and ``Lease``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal
 
-__all__ = ["Counters", "RedlockStatistics"]
+__all__ = [
+    "Counters",
+    "LeaseRecord",
+    "LeaseSource",
+    "LeaseStatistics",
+    "LockCounters",
+    "LockStatistics",
+    "RWLockStatistics",
+    "RedlockStatistics",
+    "Taken",
+]
+
+#: How a lease was taken: by an attempt of its own ``acquire()``, handed over by a
+#: quorum of masters in a release, or passed on by another task of the client.
+LeaseSource = Literal["attempt", "hand-over", "hand-off"]
 
 
 @dataclass(slots=True)
@@ -73,3 +89,124 @@ class RedlockStatistics:
     notifications: int
     wakeups: int
     commits: int
+
+
+@dataclass(slots=True)
+class LockCounters:
+    """Running totals of the ``acquire()`` calls of one ``Lock`` (or of one side of
+    the locks an ``RWLock`` made)."""
+
+    acquisitions: int = 0
+    attempts: int = 0
+    timeouts: int = 0
+    unavailable: int = 0
+    waiting: int = 0
+    waited: float = 0.0
+
+    def snapshot(self) -> LockStatistics:
+        """The totals now."""
+        return LockStatistics(
+            self.acquisitions,
+            self.attempts,
+            self.timeouts,
+            self.unavailable,
+            self.waiting,
+            self.waited,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    """The ``acquire()`` calls of one ``Lock`` so far (see ``Lock.statistics()``).
+
+    Attributes:
+        acquisitions: Calls that returned a lease.
+        attempts: Acquisition rounds they sent to the masters (those of calls
+            that failed or were cancelled included).
+        timeouts: ``LockTimeoutError`` raised.
+        unavailable: ``QuorumUnavailableError`` raised.
+        waiting: Calls in progress right now.
+        waited: Seconds that the calls which returned a lease took, together
+            (``waited / acquisitions`` is their mean wait).
+    """
+
+    acquisitions: int
+    attempts: int
+    timeouts: int
+    unavailable: int
+    waiting: int
+    waited: float
+
+
+@dataclass(frozen=True, slots=True)
+class RWLockStatistics:
+    """The ``acquire()`` calls of the locks one ``RWLock`` made, by side (see
+    ``RWLock.statistics()``).
+
+    Attributes:
+        read: Those of the locks made by ``read()``.
+        write: Those of the locks made by ``write()``.
+    """
+
+    read: LockStatistics
+    write: LockStatistics
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """How a lease was taken: ``source``, after ``attempts`` rounds of its own,
+    for an ``acquire()`` called at ``started`` (the lease's clock); ``waiter``,
+    the id it was queued as when the masters handed it over (its release takes
+    that queue entry out wherever it is left)."""
+
+    source: LeaseSource
+    attempts: int
+    started: float
+    waiter: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseStatistics:
+    """How one lease was taken and kept (see ``Lease.statistics()``).
+
+    Attributes:
+        source: ``"attempt"``: an attempt of its own ``acquire()`` won a quorum;
+            ``"hand-over"``: a quorum of masters handed it the key in a release
+            (it was first in their queue); ``"hand-off"``: another task of the
+            same ``AsyncRedlock`` passed its lease on, with no call to the masters.
+        attempts: Acquisition rounds its ``acquire()`` sent to the masters (0 for
+            a hand-off).
+        waited: Seconds from the ``acquire()`` call to the lease.
+        extensions: Successful extensions (automatic or explicit).
+        failed_extensions: Extension rounds that did not reach a quorum in time.
+        held: Seconds from the lease to its end (release, loss or hand-off), or
+            to now while it is held.
+    """
+
+    source: LeaseSource
+    attempts: int
+    waited: float
+    extensions: int
+    failed_extensions: int
+    held: float
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    """What ``Lease.statistics()`` reports, kept as the lease goes (times by the
+    lease's clock)."""
+
+    taken: Taken
+    taken_at: float
+    extensions: int = 0
+    failed_extensions: int = 0
+    ended_at: float | None = None
+
+    def snapshot(self, now: float) -> LeaseStatistics:
+        """The record at ``now``."""
+        taken = self.taken
+        held = (now if self.ended_at is None else self.ended_at) - self.taken_at
+        waited = self.taken_at - taken.started
+        return LeaseStatistics(
+            taken.source, taken.attempts, waited, self.extensions, self.failed_extensions, held
+        )
