@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -276,7 +275,8 @@ class AsyncRedlock:
         keys = (key, readers_key(key), *queue_keys(key))
         rnd = self._core.fan_out(lambda _, node: node.call(DELETE, keys, args))
         wait = self._core.timing.max_wait
-        deadline = time.monotonic() + wait
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
         decision = await self._core.decide(rnd, classify_deleted, wait=wait)
         if decision.unavailable:
             raise QuorumUnavailableError(
@@ -286,7 +286,7 @@ class AsyncRedlock:
             )
         for lease in [lease for lease in self._core.held if key in lease.keys]:
             lease._lose(decision)
-        await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - time.monotonic()))
+        await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - loop.time()))
         return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
 
     def statistics(self) -> RedlockStatistics:

@@ -31,7 +31,6 @@ import contextlib
 import logging
 import math
 import select
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -250,7 +249,7 @@ class Link:
             return future
         self._hooks[future] = None
         if self.outstanding == 0:
-            self._quiet_since = time.monotonic()
+            self._quiet_since = loop.time()
             self._arm(self.node_timeout)
         self.outstanding += 1
         conn = self._conn
@@ -308,20 +307,21 @@ class Link:
     def heard(self) -> None:
         """Bytes arrived: the master is alive."""
         if self.outstanding:
-            self._quiet_since = time.monotonic()
+            self._quiet_since = asyncio.get_running_loop().time()
         if self.silent:
             self.silent = False
 
     def _arm(self, delay: float) -> None:
         if self._watchdog is None:
-            self._watchdog_due = time.monotonic() + delay
-            self._watchdog = asyncio.get_running_loop().call_later(delay, self._check)
+            loop = asyncio.get_running_loop()
+            self._watchdog_due = loop.time() + delay
+            self._watchdog = loop.call_at(self._watchdog_due, self._check)
 
     def _check(self) -> None:
         self._watchdog = None
         if self.outstanding == 0 or self.closed:
             return
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()
         if now - self._watchdog_due > self.node_timeout / 2:
             # Our loop is late: replies may be sitting unread. Judge after the
             # loop has polled the sockets again.
@@ -369,7 +369,7 @@ class Link:
             return
         self.connections += 1
         self._conn = conn
-        self._quiet_since = time.monotonic()  # the queued calls leave now
+        self._quiet_since = asyncio.get_running_loop().time()  # the queued calls leave now
         for packed in self.preload:
             conn.send(packed, (None, (), None))
         queued, self._queued = self._queued, []
