@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 from redis.asyncio import Redis
@@ -95,3 +97,27 @@ class Waiting:
 
     async def reach(self, count: int) -> None:
         await self._waits.reach(count)
+
+
+@asynccontextmanager
+async def clients(
+    urls: Sequence[str], n: int, **settings: float
+) -> AsyncIterator[list[AsyncRedlock]]:
+    """``n`` separate clients, as ``n`` processes would have."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(AsyncRedlock(urls, **settings)) for _ in range(n)]
+
+
+async def queues(masters: Masters, name: str) -> list[list[bytes]]:
+    """The queue of the lock ``name`` on each master, first waiter first."""
+    return [await client.zrange(f"{{{name}}}:queue", 0, -1) for client in masters.clients]
+
+
+def library_tasks() -> list[asyncio.Task[object]]:
+    """The running tasks whose coroutine is the library's."""
+    return [task for task in asyncio.all_tasks() if _from_library(task)]
+
+
+def _from_library(task: asyncio.Task[object]) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and "/asyncredlock/" in code.co_filename.replace("\\", "/")

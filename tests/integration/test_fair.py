@@ -77,34 +77,6 @@ async def test_a_dead_waiter_leaves_the_queue_within_its_entry_ttl(
             assert await client.pttl(key) > 0
 
 
-async def test_cancelled_and_timed_out_waiters_leave_no_queue_entry(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=0.05, node_timeout=0.1) as redlock,
-    ):
-        held = await holder.lock("crowd").acquire()
-        waiting = Waiting([redlock])
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                for _ in range(5):
-                    tg.start_soon(redlock.lock("crowd", timeout=HANG_GUARD, fair=True).acquire)
-                await waiting.reach(5)
-                assert [await c.zcard("{crowd}:queue") for c in masters.clients] == [5] * 5
-                # the queue keys expire with their latest entry, should all waiters die
-                entry_ms = 1000 * max(1.0, 3 * (0.05 + 0.1))  # 3 x (retry_delay + node_timeout)
-                for c in masters.clients:
-                    for key in ("{crowd}:queue", "{crowd}:queue:expiry"):
-                        assert 0 < await c.pttl(key) <= entry_ms
-                tg.cancel_scope.cancel()
-            with pytest.raises(LockTimeoutError):
-                await redlock.lock("crowd", timeout=0.1, fair=True).acquire()
-        await redlock.settle()
-        assert await masters.keys() == [[b"crowd"]] * 5  # the holder's key, no queue
-        await held.release()
-
-
 async def test_fair_is_one_resource_and_a_bool(servers: ServerGroup) -> None:
     async with AsyncRedlock(servers.urls) as redlock:
         with pytest.raises(ValueError, match="one resource"):

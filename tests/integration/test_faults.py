@@ -1,9 +1,7 @@
-"""Outages, a paused master, cancellation at any point, and interop with redis-py's Lock."""
+"""Outages, a paused master, and interop with redis-py's Lock (cancellation:
+``test_cancellation.py``)."""
 
 from __future__ import annotations
-
-import asyncio
-import random
 
 import anyio
 import pytest
@@ -97,104 +95,6 @@ class TestPausedMaster:
         await late.aclose()
 
 
-class TestCancellation:
-    async def test_cancellation_storm_leaves_nothing_behind(self, servers: ServerGroup) -> None:
-        rng = random.Random(20261123)
-        names = [f"storm:{i}" for i in range(64)]
-        # Two clients, as two processes would be: tasks of one client queue for a
-        # name locally, so only between clients do attempts meet a held lock on
-        # the masters and waiters subscribe.
-        async with (
-            AsyncRedlock(servers.urls, retry_delay=0.02) as first,
-            AsyncRedlock(servers.urls, retry_delay=0.02) as second,
-        ):
-            redlocks = (first, second)
-            for redlock in redlocks:
-                await _warm_up(redlock, 50)
-
-            async def one(i: int) -> None:
-                # A third unfenced: one round per attempt, so that even on a loaded
-                # machine some acquisitions finish and their leases get cancelled.
-                redlock = redlocks[i % 2]
-                lock = redlock.lock(rng.choice(names), ttl=2.0, timeout=5.0, fencing=i % 3 != 0)
-                with anyio.move_on_after(rng.uniform(0, 0.3)):
-                    if i % 3 == 0:
-                        lease = await lock.acquire()
-                        try:
-                            await anyio.sleep(rng.uniform(0, 0.01))
-                        finally:
-                            await lease.release()  # cancel-safe: goes on shielded
-                    else:
-                        async with lock:
-                            await anyio.sleep(rng.uniform(0, 0.01))
-
-            # Five waves of 100: a wave of 500 would spend its first 0.5 s of
-            # client CPU sending, and every cancellation would land in round one.
-            for wave in range(5):
-                async with anyio.create_task_group() as tg:
-                    for i in range(100):
-                        tg.start_soon(one, wave * 100 + i)
-            for redlock in redlocks:
-                await redlock.settle()
-            stats = [redlock.statistics() for redlock in redlocks]
-            # one command connection per master, opened once for the whole storm
-            opened = [list(client_state(r).connections) for r in redlocks]
-            # the one standing subscription per master that waiters listen through
-            listening = [[int(up) for up in client_state(r).subscribed] for r in redlocks]
-            gates = [client_state(r).slots for r in redlocks]
-            library_tasks = [
-                t for t in asyncio.all_tasks() if _from_library(t) and not _is_listener(t)
-            ]
-        assert [t for t in asyncio.all_tasks() if _from_library(t)] == []  # after aclose()
-        assert [1] * 5 in listening  # contention between the clients: waiters subscribed
-        assert sum(s.attempts for s in stats) > 100  # the warm-up, then first in line
-        assert sum(s.acquisitions + s.handoffs for s in stats) > 100  # leases cancelled
-        assert sum(s.failed_attempts for s in stats) > 0  # and contended attempts
-        assert [s.timeouts for s in stats] == [0, 0]  # each acquire() cancelled or leased
-        assert gates == [{}, {}]  # no task left queued or holding a slot
-        assert [(s.held, s.in_flight, s.background_tasks) for s in stats] == [(0, 0, 0)] * 2
-        assert opened == [[1] * 5] * 2
-        assert library_tasks == []
-        assert await _keys_everywhere(servers) == [[], [], [], [], []]
-
-    @pytest.mark.parametrize("how", ["asyncio.timeout", "anyio.fail_after"])
-    async def test_timeout_from_outside_cleans_up_like_the_timeout_argument(
-        self, servers: ServerGroup, how: str
-    ) -> None:
-        async with AsyncRedlock(servers.urls) as holder, AsyncRedlock(servers.urls) as waiter:
-            lease = await holder.lock("outside").acquire()
-            with pytest.raises(TimeoutError):
-                if how == "asyncio.timeout":
-                    async with asyncio.timeout(0.3):
-                        await waiter.lock("outside", timeout=30).acquire()
-                else:
-                    with anyio.fail_after(0.3):
-                        await waiter.lock("outside", timeout=30).acquire()
-            await waiter.settle()
-            assert waiter.statistics().attempts >= 1
-            assert waiter.statistics().held == 0
-            keys = await _keys_everywhere(servers)
-            assert keys == [[b"outside"]] * 5
-            await lease.release()
-
-    async def test_cancelled_block_releases_its_lease(self, servers: ServerGroup) -> None:
-        async with AsyncRedlock(servers.urls) as redlock:
-            entered = anyio.Event()
-
-            async def hold() -> None:
-                async with redlock.lock("cancelled"):
-                    entered.set()
-                    await anyio.sleep_forever()
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(hold)
-                await entered.wait()
-                tg.cancel_scope.cancel()
-            await redlock.settle()
-            assert redlock.statistics().held == 0
-        assert await _keys_everywhere(servers) == [[], [], [], [], []]
-
-
 class TestInterop:
     async def test_redis_py_lock_blocks_asyncredlock(self, servers: ServerGroup) -> None:
         clients = [Redis.from_url(url) for url in servers.urls]
@@ -226,27 +126,6 @@ class TestInterop:
                 await lock.release()
         for c in clients:
             await c.aclose()
-
-
-def _is_listener(task: asyncio.Task[object]) -> bool:
-    return getattr(task.get_coro(), "__qualname__", "") == "_Listener._run"
-
-
-def _from_library(task: asyncio.Task[object]) -> bool:
-    code = getattr(task.get_coro(), "cr_code", None)
-    return code is not None and "/asyncredlock/" in code.co_filename.replace("\\", "/")
-
-
-async def _warm_up(redlock: AsyncRedlock, n: int) -> None:
-    """Open connections first, so the storm is not all spent connecting."""
-
-    async def cycle(i: int) -> None:
-        lease = await redlock.lock(f"warm:{i}", auto_extend=False).acquire()
-        await lease.release()
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(cycle, i)
 
 
 def test_runs_on_uvloop(servers: ServerGroup) -> None:

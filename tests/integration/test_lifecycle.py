@@ -1,16 +1,14 @@
-"""Load, shutdown and cancellation against the I/O engine: counts, never timings.
+"""Load and shutdown against the I/O engine: counts, never timings.
 
 - A cold burst of callers on fresh clients over healthy masters is never an outage.
 - ``aclose()`` while calls wait on a hung majority ends every one of them with an
   error, long before the masters' ``socket_timeout`` would have.
-- A storm of cancelled acquisitions across clients leaves no key, task or
-  connection behind.
+
+The storm of cancelled acquisitions across clients is in ``test_cancellation.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,7 +25,7 @@ from asyncredlock import (
 from asyncredlock.testing import ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters
+from .conftest import Masters, library_tasks
 
 pytestmark = pytest.mark.anyio
 
@@ -191,62 +189,7 @@ class TestCloseWithCallsOnAHungMajority:
 def _nothing_left(redlock: AsyncRedlock) -> None:
     stats = redlock.statistics()
     assert (stats.in_flight, stats.background_tasks) == (0, 0)
-    assert [t for t in asyncio.all_tasks() if _from_library(t)] == []
-
-
-def _from_library(task: asyncio.Task[object]) -> bool:
-    code = getattr(task.get_coro(), "cr_code", None)
-    return code is not None and "/asyncredlock/" in code.co_filename.replace("\\", "/")
-
-
-class TestCancellationStorm:
-    async def test_1000_cancelled_acquisitions_across_3_clients_leave_nothing(
-        self, servers: ServerGroup
-    ) -> None:
-        rng = random.Random(1000)
-        names = [f"storm3:{i}" for i in range(8)]
-        async with (
-            AsyncRedlock(servers.urls, ttl=2.0) as a,
-            AsyncRedlock(servers.urls, ttl=2.0) as b,
-            AsyncRedlock(servers.urls, ttl=2.0) as c,
-        ):
-            redlocks = (a, b, c)
-
-            async def one(i: int) -> None:
-                redlock = redlocks[i % 3]
-                lock = redlock.lock(rng.choice(names), timeout=5.0, fencing=i % 4 != 0)
-                with anyio.move_on_after(rng.uniform(0, 0.2)):
-                    if i % 2:
-                        async with lock:
-                            await anyio.sleep(rng.uniform(0, 0.005))
-                    else:
-                        lease = await lock.acquire()
-                        try:
-                            await anyio.sleep(rng.uniform(0, 0.005))
-                        finally:
-                            await lease.release()
-
-            with anyio.fail_after(HANG_GUARD):
-                for wave in range(5):  # waves of 200: every round is not the first
-                    async with anyio.create_task_group() as tg:
-                        for i in range(200):
-                            tg.start_soon(one, wave * 200 + i)
-                for redlock in redlocks:
-                    await redlock.settle()
-            stats = [redlock.statistics() for redlock in redlocks]
-            opened = [list(client_state(r).connections) for r in redlocks]
-            gates = [client_state(r).slots for r in redlocks]
-        assert sum(s.acquisitions + s.handoffs for s in stats) > 0
-        assert sum(s.timeouts for s in stats) == 0  # each acquire() cancelled or leased
-        assert [(s.held, s.in_flight, s.background_tasks) for s in stats] == [(0, 0, 0)] * 3
-        assert opened == [[1] * 5] * 3  # no connection lost or reopened
-        assert gates == [{}, {}, {}]
-        assert [t for t in asyncio.all_tasks() if _from_library(t)] == []
-        masters = Masters(servers.urls)
-        try:
-            assert await masters.keys() == [[]] * 5
-        finally:
-            await masters.aclose()
+    assert library_tasks() == []
 
 
 class TestDemotedMaster:

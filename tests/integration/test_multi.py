@@ -13,7 +13,7 @@ from redis.asyncio import RedisCluster
 
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError
 from asyncredlock._protocol import TOKEN_BLOCK
-from asyncredlock.testing import ServerGroup, Waits, client_state
+from asyncredlock.testing import ServerGroup, Waits
 
 from .conftest import Masters, Queue
 
@@ -145,30 +145,6 @@ async def test_tasks_waiting_for_the_same_set_get_it_passed_on(servers: ServerGr
         assert first.tokens is not None
         assert second.tokens == {name: token + 1 for name, token in first.tokens.items()}
         await second.release()
-
-
-async def test_cancelled_set_acquisitions_leave_nothing(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    rng = random.Random(7)
-    async with AsyncRedlock(servers.urls, retry_delay=0.02) as redlock:
-
-        async def one() -> None:
-            names = rng.sample(["m1", "m2", "m3", "m4"], 2)
-            with anyio.move_on_after(rng.uniform(0, 0.2)):
-                async with redlock.lock(names, ttl=2.0, timeout=5.0):
-                    await anyio.sleep(rng.uniform(0, 0.01))
-
-        for _ in range(3):
-            async with anyio.create_task_group() as tg:
-                for _ in range(60):
-                    tg.start_soon(one)
-        await redlock.settle()
-        stats = redlock.statistics()
-        assert (stats.held, stats.background_tasks, stats.in_flight) == (0, 0, 0)
-        state = client_state(redlock)
-        assert (state.slots, state.listening) == ({}, {})
-    assert await masters.keys() == [[]] * 5
 
 
 class TestValidation:

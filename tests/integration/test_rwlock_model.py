@@ -1,4 +1,5 @@
-"""Read-write locks against a reference model, and under a cancellation storm.
+"""Read-write locks against a reference model (their cancellation storm is in
+``test_cancellation.py``).
 
 The model test drives two clients through seeded random interleavings of read and
 write acquisitions, extensions, releases, expiries (the lease's keys deleted on a
@@ -9,13 +10,11 @@ holds never include a writer together with a reader or another writer.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import pytest
 from redis.asyncio import Redis
 
@@ -26,10 +25,8 @@ from asyncredlock import (
     LockTimeoutError,
     QuorumUnavailableError,
 )
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
-
-from .conftest import Masters
 
 pytestmark = pytest.mark.anyio
 
@@ -161,50 +158,3 @@ async def test_random_interleavings_never_mix_a_writer_with_anyone(
                     assert await client.pttl(key) > 0, key
         finally:
             await client.aclose()
-
-
-@pytest.mark.parametrize("mode", list(MODES), ids=list(MODES))
-async def test_cancellation_storm_over_reads_and_writes_leaves_nothing(
-    servers: ServerGroup, masters: Masters, mode: str
-) -> None:
-    rng = random.Random(mode)
-    names = [f"rw:{i}" for i in range(8)]
-    async with (
-        AsyncRedlock(servers.urls, retry_delay=0.02) as first,
-        AsyncRedlock(servers.urls, retry_delay=0.02) as second,
-    ):
-        clients = (first, second)
-        held = 0
-
-        async def warm_up(client: AsyncRedlock, i: int) -> None:
-            async with client.lock(f"warm:{i}", auto_extend=False):
-                pass
-
-        # Open connections first, so that the storm is not all spent connecting.
-        async with anyio.create_task_group() as tg:
-            for i in range(80):
-                tg.start_soon(warm_up, clients[i % 2], i)
-
-        async def one(i: int) -> None:
-            nonlocal held
-            rw = clients[i % 2].rwlock(rng.choice(names), **MODES[mode])
-            lock = rw.read(ttl=2.0, timeout=5.0) if i % 3 else rw.write(ttl=2.0, timeout=5.0)
-            with anyio.move_on_after(rng.uniform(0, 0.3)):
-                async with lock:
-                    held += 1
-                    await anyio.sleep(rng.uniform(0, 0.01))
-
-        for wave in range(3):
-            async with anyio.create_task_group() as tg:
-                for i in range(80):
-                    tg.start_soon(one, wave * 80 + i)
-        for client in clients:
-            await client.settle()
-        stats = [client.statistics() for client in clients]
-        gates = [client_state(client).slots for client in clients]
-    assert held > 0  # some cancellations hit held leases
-    assert sum(s.failed_attempts for s in stats) > 0  # and some hit waiting ones
-    assert gates == [{}, {}]
-    assert [(s.held, s.in_flight, s.background_tasks) for s in stats] == [(0, 0, 0)] * 2
-    assert [t for t in asyncio.all_tasks() if "asyncredlock" in repr(t.get_coro())] == []
-    assert await masters.keys() == [[]] * 5  # no reader entry, writer key or queue entry
