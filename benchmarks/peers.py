@@ -60,27 +60,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import gc
-import importlib
-import importlib.metadata
-import inspect
 import itertools
 import json
 import logging
-import math
 import random
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
-from urllib.parse import urlsplit
+from typing import Any, TypeVar
 
 from _common import (
     ProxyHost,
@@ -94,9 +87,19 @@ from _common import (
     write_text,
 )
 from fanout import measure_quorum_round, measure_rtt
+from lockbench.adapters import (
+    PEERS,
+    UNCONTENDED,
+    Handle,
+    Mode,
+    Peer,
+    Session,
+    describe,
+    probe,
+)
+from lockbench.settings import POOL, TTL, WAIT
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock
 from asyncredlock.testing import ServerGroup
 
 T = TypeVar("T")
@@ -106,8 +109,6 @@ MARKER = "<!-- PEERS-TABLE -->"
 SUMMARY_START = "<!-- PEERS-SUMMARY -->"
 SUMMARY_END = "<!-- /PEERS-SUMMARY -->"
 SEED = 1729
-TTL = 10.0  # seconds: every library's lock TTL (asyncredlock's and pottery's default)
-WAIT = 10.0  # seconds a contended acquire may wait, where the library takes a bound
 SERVERS = 5
 FAULTY = SERVERS - 1  # the master blackholed or stopped in scenario b
 THROUGHPUT_WORKERS = 200
@@ -119,13 +120,6 @@ CLOSE_GUARD = 5.0  # seconds a session may take to close before it is abandoned
 # The first cycle of 200 workers at once opens 200 connections per master and loads
 # scripts: seconds of CPU on a small machine, not a hang.
 WARMUP_GUARD = 30.0
-# Connections per master for every library: asyncredlock's default. redis-py's default
-# pool (100) raises MaxConnectionsError under 200 workers, and aioredlock's (100)
-# makes the rest wait, which would make the throughput scenario a pool-size contest.
-POOL = 256
-# aioredlock has no "wait up to" setting, only a retry count with 0.1-0.3 s pauses;
-# waiting scenarios give it enough attempts to wait at least WAIT.
-AIOREDLOCK_WAIT_RETRIES = math.ceil(WAIT / 0.1)
 # The library loggers report every failed master call (pottery with a traceback);
 # silenced so that scenario b measures the libraries, not the terminal.
 QUIET_LOGGERS = ("aioredlock", "aioredis", "pottery", "redis_lock")
@@ -252,511 +246,6 @@ WAKEUP = Scenario(
     "lower",
 )
 SCENARIOS = (LATENCY, FAULTS, THROUGHPUT, CONTENTION, WAKEUP)
-
-
-# --- the libraries ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Mode:
-    """How a session is used: whether acquires wait for another holder, and how many
-    workers run at once (the thread pool of a synchronous library)."""
-
-    name: str
-    waiting: bool
-    workers: int
-
-
-class Handle(Protocol):
-    """One worker's lock on one key."""
-
-    async def acquire(self) -> None:
-        """Take the lock; raise if not taken."""
-
-    async def release(self) -> None:
-        """Release the lock taken by the last `acquire`."""
-
-
-class Session(Protocol):
-    """One library's clients for one case."""
-
-    def handle(self, key: str) -> Handle:
-        """A lock on ``key`` for one worker."""
-
-    def settings(self) -> dict[str, Any]:
-        """Every setting in force, passed or default."""
-
-    async def aclose(self) -> None:
-        """Close every client."""
-
-
-class NotAcquiredError(RuntimeError):
-    """A library said no (``False`` or ``None``) instead of raising."""
-
-
-def defaults(func: Callable[..., Any], **given: Any) -> dict[str, Any]:
-    """The keyword defaults of ``func`` updated with ``given``, made JSON-safe."""
-    params = inspect.signature(func).parameters.values()
-    found = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-    return {k: jsonable(v) for k, v in (found | given).items()}
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` if JSON can hold it, else its repr."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    return repr(value)
-
-
-def redis_client_settings(client: Any) -> dict[str, Any]:
-    """Socket timeouts, retry policy and pool size of a redis-py client, read from a
-    connection object made as its pool would make one (not counted by the pool, never
-    connected)."""
-    pool = client.connection_pool
-    conn = pool.connection_class(**pool.connection_kwargs)
-    retry = conn.retry
-    return {
-        "socket_timeout": conn.socket_timeout,
-        "socket_connect_timeout": conn.socket_connect_timeout,
-        "retries": getattr(retry, "_retries", None),
-        "backoff": type(getattr(retry, "_backoff", None)).__name__,
-        "max_connections": pool.max_connections,
-    }
-
-
-class AsyncredlockSession:
-    """asyncredlock with its defaults (auto-extension on), fenced (the default) or not,
-    fair (waiters served in arrival order through the masters' queue) or not."""
-
-    def __init__(
-        self, urls: Sequence[str], mode: Mode, *, fencing: bool, fair: bool = False
-    ) -> None:
-        self._redlock = AsyncRedlock(list(urls), ttl=TTL, timeout=WAIT, fencing=fencing)
-        self._fencing = fencing
-        self._fair = fair
-
-    def handle(self, key: str) -> Handle:
-        return AsyncredlockHandle(self._redlock, key, fair=self._fair)
-
-    def settings(self) -> dict[str, Any]:
-        constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, fencing=self._fencing)
-        constructor.pop("clock", None)
-        # sends nothing
-        lock = self._redlock.lock("peers:settings", ttl=TTL, timeout=WAIT, fair=self._fair)
-        return {
-            "AsyncRedlock": constructor,
-            "lock": {
-                "ttl": lock.ttl,
-                "timeout": lock.timeout,
-                "auto_extend": lock.auto_extend,
-                "fencing": lock.fencing,
-                "fair": lock.fair,
-            },
-        }
-
-    def statistics(self) -> dict[str, Any]:
-        """``AsyncRedlock.statistics()``: its counters so far (hand-offs among them)."""
-        return dataclasses.asdict(self._redlock.statistics())
-
-    async def aclose(self) -> None:
-        await self._redlock.aclose()
-
-
-class AsyncredlockHandle:
-    """``redlock.lock(key, ttl=TTL, timeout=WAIT, fair=...).acquire()`` (auto-extension
-    and fencing as the session's defaults) then ``lease.release()``."""
-
-    def __init__(self, redlock: AsyncRedlock, key: str, *, fair: bool = False) -> None:
-        self._redlock, self._key, self._fair = redlock, key, fair
-        self._lease: Any = None
-
-    async def acquire(self) -> None:
-        lock = self._redlock.lock(self._key, ttl=TTL, timeout=WAIT, fair=self._fair)
-        self._lease = await lock.acquire()
-
-    async def release(self) -> None:
-        lease, self._lease = self._lease, None
-        await lease.release()
-
-
-class AioredlockSession:
-    """aioredlock's ``Aioredlock`` manager (aioredis 1.x pools)."""
-
-    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
-        module = importlib.import_module("aioredlock")
-        given = {"retry_count": AIOREDLOCK_WAIT_RETRIES} if mode.waiting else {}
-        masters = [_host_port(url) | {"maxsize": POOL} for url in urls]
-        self._manager = module.Aioredlock(masters, **given)
-        self._given = given
-
-    def handle(self, key: str) -> Handle:
-        return AioredlockHandle(self._manager, key)
-
-    def settings(self) -> dict[str, Any]:
-        constructor = defaults(type(self._manager).__init__, **self._given)
-        constructor.pop("redis_connections", None)
-        return {
-            "Aioredlock": constructor,
-            "lock": {"lock_timeout": TTL},
-            "pool": f"aioredis.create_redis_pool((host, port), minsize=1, maxsize={POOL}) "
-            "(minsize is aioredlock's default; aioredis sets no socket timeout)",
-        }
-
-    async def aclose(self) -> None:
-        await self._manager.destroy()
-
-
-def _host_port(url: str) -> dict[str, Any]:
-    """``{"host": ..., "port": ...}`` of a ``redis://host:port`` URL."""
-    parts = urlsplit(url)
-    return {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379}
-
-
-class AioredlockHandle:
-    """``manager.lock(key, lock_timeout=TTL)`` then ``manager.unlock(lock)``; a fixed
-    ``lock_timeout`` turns its auto-extension off."""
-
-    def __init__(self, manager: Any, key: str) -> None:
-        self._manager, self._key = manager, key
-        self._lock: Any = None
-
-    async def acquire(self) -> None:
-        self._lock = await self._manager.lock(self._key, lock_timeout=TTL)
-
-    async def release(self) -> None:
-        lock, self._lock = self._lock, None
-        await self._manager.unlock(lock)
-
-
-class PotterySession:
-    """pottery's ``AIORedlock`` over ``redis.asyncio`` clients (one per master)."""
-
-    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
-        self._class = importlib.import_module("pottery").AIORedlock
-        self._masters = [Redis.from_url(url, max_connections=POOL) for url in urls]
-
-    def handle(self, key: str) -> Handle:
-        lock = self._class(key=key, masters=self._masters, auto_release_time=TTL)
-        return PotteryHandle(lock)
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            "AIORedlock": defaults(self._class.__init__, auto_release_time=TTL),
-            "acquire": defaults(self._class.acquire, timeout=WAIT),
-            "retry_delay": f"uniform(0, {self._class._RETRY_DELAY}) s",
-            "client": f"redis.asyncio.Redis.from_url(url, max_connections={POOL})",
-            "client_settings": redis_client_settings(self._masters[0]),
-        }
-
-    async def aclose(self) -> None:
-        for client in self._masters:
-            await client.aclose()
-
-
-class PotteryHandle:
-    """``await lock.acquire(timeout=WAIT)`` (blocking, the default) then ``release()``."""
-
-    def __init__(self, lock: Any) -> None:
-        self._lock = lock
-
-    async def acquire(self) -> None:
-        if not await self._lock.acquire(timeout=WAIT):
-            raise NotAcquiredError("AIORedlock.acquire() returned False")
-
-    async def release(self) -> None:
-        await self._lock.release()
-
-
-class RedlockNgSession:
-    """redlock-ng's ``AsyncRedlock``: non-blocking with 3 retries by default, blocking
-    (no time limit) where a scenario needs to wait."""
-
-    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
-        self._module = importlib.import_module("redlock")
-        self._redlock = self._module.AsyncRedlock(list(urls))
-        self._blocking = mode.waiting
-        # It builds its clients itself, with no pool option: set the pool size after.
-        for client in self._redlock.client.instances:
-            client.connection_pool.max_connections = POOL
-
-    def handle(self, key: str) -> Handle:
-        return RedlockNgHandle(self._redlock, key, self._blocking)
-
-    def settings(self) -> dict[str, Any]:
-        config = self._redlock.client.config.model_dump()
-        config.pop("masters", None)
-        return {
-            "AsyncRedlock": defaults(self._module.AsyncRedlock.__init__),
-            "RedlockConfig": config,
-            "acquire": {"ttl_ms": round(TTL * 1000), "blocking": self._blocking},
-            "client": f"its own Redis.from_url(url, ...); pool max_connections set to {POOL}",
-            "client_settings": redis_client_settings(self._redlock.client.instances[0]),
-        }
-
-    async def aclose(self) -> None:
-        for client in self._redlock.client.instances:
-            await client.aclose()
-
-
-class RedlockNgHandle:
-    """``await redlock.acquire(key, ttl_ms, blocking=...)`` then ``release(lock)``."""
-
-    def __init__(self, redlock: Any, key: str, blocking: bool) -> None:
-        self._redlock, self._key, self._blocking = redlock, key, blocking
-        self._lock: Any = None
-
-    async def acquire(self) -> None:
-        lock = await self._redlock.acquire(self._key, round(TTL * 1000), blocking=self._blocking)
-        if lock is None:
-            raise NotAcquiredError("AsyncRedlock.acquire() returned None")
-        self._lock = lock
-
-    async def release(self) -> None:
-        lock, self._lock = self._lock, None
-        await self._redlock.release(lock)
-
-
-class RedisPySession:
-    """redis-py's ``redis.asyncio.lock.Lock`` on one ``redis.asyncio`` client."""
-
-    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
-        self._lock_class = importlib.import_module("redis.asyncio.lock").Lock
-        self._client = Redis.from_url(urls[0], max_connections=POOL)
-
-    def handle(self, key: str) -> Handle:
-        lock = self._lock_class(self._client, key, timeout=TTL, blocking_timeout=WAIT)
-        return RedisPyHandle(lock)
-
-    def settings(self) -> dict[str, Any]:
-        lock = defaults(self._lock_class.__init__, timeout=TTL, blocking_timeout=WAIT)
-        return {
-            "Lock": lock,
-            "client": f"redis.asyncio.Redis.from_url(url, max_connections={POOL})",
-            "client_settings": redis_client_settings(self._client),
-        }
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-
-class RedisPyHandle:
-    """``await lock.acquire()`` (blocking, polling every ``sleep``) then ``release()``."""
-
-    def __init__(self, lock: Any) -> None:
-        self._lock = lock
-
-    async def acquire(self) -> None:
-        if not await self._lock.acquire():
-            raise NotAcquiredError("Lock.acquire() returned False")
-
-    async def release(self) -> None:
-        await self._lock.release()
-
-
-class PythonRedisLockSession:
-    """python-redis-lock (synchronous) on one ``redis.Redis`` client, every call in a
-    thread pool with one thread per worker.
-
-    The client has no socket timeout (``socket_timeout=None``): a waiting acquire
-    blocks in ``BLPOP`` for up to ``expire`` seconds, longer than redis-py's default
-    5 s socket timeout, which would cut it off with an error.
-    """
-
-    def __init__(self, urls: Sequence[str], mode: Mode) -> None:
-        import redis
-
-        self._module = importlib.import_module("redis_lock")
-        self._client = redis.Redis.from_url(urls[0], socket_timeout=None, max_connections=POOL)
-        self._pool = concurrent.futures.ThreadPoolExecutor(mode.workers, "python-redis-lock")
-        self._workers = mode.workers
-
-    def handle(self, key: str) -> Handle:
-        lock = self._module.Lock(self._client, key, expire=round(TTL))
-        return PythonRedisLockHandle(lock, self._pool)
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            "Lock": defaults(self._module.Lock.__init__, expire=round(TTL)),
-            "acquire": defaults(self._module.Lock.acquire, timeout=round(WAIT)),
-            "client": f"redis.Redis.from_url(url, socket_timeout=None, max_connections={POOL})",
-            "client_settings": redis_client_settings(self._client),
-            "threads": self._workers,
-        }
-
-    async def aclose(self) -> None:
-        self._client.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class PythonRedisLockHandle:
-    """``lock.acquire(timeout=WAIT)`` then ``lock.release()``, each in the pool."""
-
-    def __init__(self, lock: Any, pool: concurrent.futures.Executor) -> None:
-        self._lock, self._pool = lock, pool
-
-    async def _call(self, func: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, func)
-
-    async def acquire(self) -> None:
-        acquire = functools.partial(self._lock.acquire, True, round(WAIT))
-        if not await self._call(acquire):
-            raise NotAcquiredError("Lock.acquire() returned False")
-
-    async def release(self) -> None:
-        await self._call(self._lock.release)
-
-
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """A library under test.
-
-    Attributes:
-        id: Its name on the command line (``--only``) and in the JSON.
-        label: Its name in tables and plots.
-        distributions: The installed packages whose versions are recorded.
-        modules: What must import for it to run.
-        single_server: A lock on one server, not Redlock: runs with N = 1 only.
-        opener: Makes a session on the given masters.
-        scenarios: The scenarios it runs in (all when None).
-        note: How it is set up, for the notes under the tables.
-    """
-
-    id: str
-    label: str
-    distributions: tuple[str, ...]
-    modules: tuple[str, ...]
-    single_server: bool
-    opener: Callable[[Sequence[str], Mode], Session]
-    scenarios: frozenset[str] | None = None
-    note: str = ""
-
-
-PEERS = (
-    Peer(
-        "asyncredlock",
-        "asyncredlock",
-        ("asyncredlock",),
-        ("asyncredlock",),
-        False,
-        functools.partial(AsyncredlockSession, fencing=True),
-        note="its defaults: auto-extension on, fencing on (a second round commits the "
-        "token, skipped when a majority counted the same one); "
-        "a released lease passes to the next waiting task of the same AsyncRedlock "
-        "without a call to the masters",
-    ),
-    Peer(
-        "asyncredlock-unfenced",
-        "asyncredlock fencing=False",
-        ("asyncredlock",),
-        ("asyncredlock",),
-        False,
-        functools.partial(AsyncredlockSession, fencing=False),
-        frozenset("abe"),
-        "plain Redlock, one round, auto-extension on; measured in the latency scenarios",
-    ),
-    Peer(
-        "asyncredlock-fair",
-        "asyncredlock fair=True",
-        ("asyncredlock",),
-        ("asyncredlock",),
-        False,
-        functools.partial(AsyncredlockSession, fencing=True, fair=True),
-        frozenset("d"),
-        "its defaults with fair=True: every task queues on the masters in arrival order "
-        "(no in-process hand-off); measured in the contention scenario",
-    ),
-    Peer(
-        "aioredlock",
-        "aioredlock",
-        ("aioredlock", "aioredis"),
-        ("aioredlock",),
-        False,
-        AioredlockSession,
-        note=f"3 attempts, 0.1-0.3 s apart; {AIOREDLOCK_WAIT_RETRIES} where a scenario waits",
-    ),
-    Peer(
-        "pottery",
-        "pottery AIORedlock",
-        ("pottery",),
-        ("pottery",),
-        False,
-        PotterySession,
-        note="blocking acquire(timeout=10), retries uniform(0, 0.2) s apart",
-    ),
-    Peer(
-        "redlock-ng",
-        "redlock-ng",
-        ("redlock-ng",),
-        ("redlock",),
-        False,
-        RedlockNgSession,
-        note="non-blocking (3 retries 0.1-0.3 s apart); blocking=True where a scenario waits",
-    ),
-    Peer(
-        "redis-py",
-        "redis-py Lock",
-        ("redis",),
-        ("redis.asyncio.lock",),
-        True,
-        RedisPySession,
-        note="one server; blocking acquire polls every 0.1 s (its default sleep)",
-    ),
-    Peer(
-        "python-redis-lock",
-        "python-redis-lock",
-        ("python-redis-lock",),
-        ("redis_lock",),
-        True,
-        PythonRedisLockSession,
-        note="one server; synchronous, in threads; a waiter blocks in BLPOP until signalled",
-    ),
-)
-UNCONTENDED = Mode("uncontended", waiting=False, workers=1)
-
-
-def probe(peer: Peer) -> dict[str, Any]:
-    """Whether ``peer`` imports here, its versions, and its declared requirements."""
-    info: dict[str, Any] = {
-        "label": peer.label,
-        "single_server": peer.single_server,
-        "note": peer.note,
-        "versions": {d: _version(d) for d in peer.distributions},
-        "requires": _requires(peer.distributions[0]),
-    }
-    try:
-        for module in peer.modules:
-            importlib.import_module(module)
-        if peer.id == "redlock-ng" and not hasattr(sys.modules["redlock"], "RedlockConfig"):
-            raise ImportError("the installed 'redlock' module is not redlock-ng's")
-    except Exception as exc:  # any import-time failure makes it unavailable, with why
-        info |= {"available": False, "reason": describe(exc)}
-    else:
-        info |= {"available": True, "reason": None}
-    info["settings"] = {}
-    return info
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _requires(distribution: str) -> list[str]:
-    try:
-        return importlib.metadata.requires(distribution) or []
-    except importlib.metadata.PackageNotFoundError:
-        return []
-
-
-def describe(exc: BaseException) -> str:
-    """``module.Type: message``, short enough for a table note."""
-    kind = type(exc)
-    text = f"{kind.__module__}.{kind.__qualname__}: {exc}".replace("\n", " ")
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 # --- guards ------------------------------------------------------------------------------

@@ -71,6 +71,17 @@ from typing import Any
 import peers
 import redis.asyncio
 from _common import ProxyHost, environment, servers_behind_proxies, write_json, write_text
+from lockbench.adapters import (
+    PEERS,
+    AsyncredlockHandle,
+    Handle,
+    Mode,
+    Peer,
+    defaults,
+    describe,
+    probe,
+)
+from lockbench.settings import POOL, TTL, WAIT
 
 from asyncredlock import AsyncRedlock
 from asyncredlock.testing import ServerGroup
@@ -84,7 +95,7 @@ TOP_FUNCTIONS = 25  # functions by own time kept per profile (10 in the markdown
 # Seconds a window may outlast its duration (the cycles under way finish) before it
 # counts as hung: peers.py's own guard, with room for the profiler's slowdown.
 GUARD = 30.0
-MODE = peers.Mode("uncontended", waiting=False, workers=WORKERS)
+MODE = Mode("uncontended", waiting=False, workers=WORKERS)
 
 
 # --- the configurations ----------------------------------------------------------------
@@ -95,20 +106,18 @@ class AblatedSession:
     auto-extension chosen."""
 
     def __init__(
-        self, urls: Sequence[str], mode: peers.Mode, *, fencing: bool, auto_extend: bool
+        self, urls: Sequence[str], mode: Mode, *, fencing: bool, auto_extend: bool
     ) -> None:
         self._redlock = AsyncRedlock(
-            list(urls), ttl=peers.TTL, timeout=peers.WAIT, fencing=fencing, auto_extend=auto_extend
+            list(urls), ttl=TTL, timeout=WAIT, fencing=fencing, auto_extend=auto_extend
         )
         self._given = {"fencing": fencing, "auto_extend": auto_extend}
 
-    def handle(self, key: str) -> peers.Handle:
-        return peers.AsyncredlockHandle(self._redlock, key)
+    def handle(self, key: str) -> Handle:
+        return AsyncredlockHandle(self._redlock, key)
 
     def settings(self) -> dict[str, Any]:
-        constructor = peers.defaults(
-            AsyncRedlock.__init__, ttl=peers.TTL, timeout=peers.WAIT, **self._given
-        )
+        constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, **self._given)
         constructor.pop("clock", None)
         return {"AsyncRedlock": constructor}
 
@@ -119,16 +128,14 @@ class AblatedSession:
         await self._redlock.aclose()
 
 
-def ours(config_id: str, label: str, *, fencing: bool, auto_extend: bool) -> peers.Peer:
-    """An asyncredlock configuration, as a ``peers.Peer``."""
+def ours(config_id: str, label: str, *, fencing: bool, auto_extend: bool) -> Peer:
+    """An asyncredlock configuration, as a ``Peer``."""
     opener = functools.partial(AblatedSession, fencing=fencing, auto_extend=auto_extend)
     note = f"fencing={fencing}, auto_extend={auto_extend}"
-    return peers.Peer(
-        config_id, label, ("asyncredlock",), ("asyncredlock",), False, opener, note=note
-    )
+    return Peer(config_id, label, ("asyncredlock",), ("asyncredlock",), False, opener, note=note)
 
 
-_PEERS = {peer.id: peer for peer in peers.PEERS}
+_PEERS = {peer.id: peer for peer in PEERS}
 CONFIGS = (
     ours("asyncredlock", "asyncredlock (defaults)", fencing=True, auto_extend=True),
     ours("asyncredlock-nofence", "asyncredlock fencing=False", fencing=False, auto_extend=True),
@@ -551,10 +558,10 @@ class Harness:
     def on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """A task error nobody retrieved: counted for the configuration running."""
         exc = context.get("exception")
-        message = str(context.get("message", "")) + (f": {peers.describe(exc)}" if exc else "")
+        message = str(context.get("message", "")) + (f": {describe(exc)}" if exc else "")
         self.loop_errors.setdefault(self.current, peers.Failures()).note(message)
 
-    async def window(self, peer: peers.Peer, info: dict[str, Any], kind: str) -> dict[str, Any]:
+    async def window(self, peer: Peer, info: dict[str, Any], kind: str) -> dict[str, Any]:
         """One session: warm-up, then one timed, counting or profiled window."""
         plan = self.plan
         duration = plan.count_duration if kind == "count" else plan.duration
@@ -591,7 +598,7 @@ class Harness:
         return result
 
     async def _measure(
-        self, kind: str, handles: Sequence[peers.Handle], duration: float
+        self, kind: str, handles: Sequence[Handle], duration: float
     ) -> dict[str, Any]:
         guard = duration + GUARD
         run = peers.throughput(handles, duration)
@@ -690,7 +697,7 @@ def progress(what: str, label: str, result: dict[str, Any]) -> None:
 
 
 async def run_all(
-    harness: Harness, configs: Sequence[peers.Peer], infos: dict[str, Any]
+    harness: Harness, configs: Sequence[Peer], infos: dict[str, Any]
 ) -> dict[str, Any]:
     """Timed reps (configurations interleaved), then counting, then profiles."""
     asyncio.get_running_loop().set_exception_handler(harness.on_loop_error)
@@ -739,11 +746,11 @@ async def run_all(
     return out
 
 
-def run(configs: Sequence[peers.Peer], plan: Plan) -> dict[str, Any]:
+def run(configs: Sequence[Peer], plan: Plan) -> dict[str, Any]:
     """Start servers and proxies, measure, stop everything (also on error)."""
     for name in peers.QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
-    infos = {config.id: peers.probe(config) for config in configs}
+    infos = {config.id: probe(config) for config in configs}
     started = time.perf_counter()
     with servers_behind_proxies(plan.n) as (servers, proxies):
         harness = Harness(servers, proxies, plan)
@@ -754,9 +761,9 @@ def run(configs: Sequence[peers.Peer], plan: Plan) -> dict[str, Any]:
         "settings": {
             "n": plan.n,
             "workers": WORKERS,
-            "ttl_s": peers.TTL,
-            "wait_s": peers.WAIT,
-            "pool": peers.POOL,
+            "ttl_s": TTL,
+            "wait_s": WAIT,
+            "pool": POOL,
             "settle_s": SETTLE,
             "silenced_loggers": list(peers.QUIET_LOGGERS),
         },
@@ -1053,7 +1060,7 @@ def markdown(report: dict[str, Any]) -> str:
 # --- main ----------------------------------------------------------------------------------
 
 
-def select(names: str) -> tuple[peers.Peer, ...]:
+def select(names: str) -> tuple[Peer, ...]:
     """The configurations named in ``--only``, in the usual order."""
     wanted = {n.strip() for n in names.split(",") if n.strip()}
     unknown = wanted - {c.id for c in CONFIGS}

@@ -1,0 +1,67 @@
+"""asyncredlock, as the benchmarks run it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from asyncredlock import AsyncRedlock
+
+from ..settings import TTL, WAIT
+from .base import Handle, Mode, defaults
+
+
+class AsyncredlockSession:
+    """asyncredlock with its defaults (auto-extension on), fenced (the default) or not,
+    fair (waiters served in arrival order through the masters' queue) or not."""
+
+    def __init__(
+        self, urls: Sequence[str], mode: Mode, *, fencing: bool, fair: bool = False
+    ) -> None:
+        self._redlock = AsyncRedlock(list(urls), ttl=TTL, timeout=WAIT, fencing=fencing)
+        self._fencing = fencing
+        self._fair = fair
+
+    def handle(self, key: str) -> Handle:
+        return AsyncredlockHandle(self._redlock, key, fair=self._fair)
+
+    def settings(self) -> dict[str, Any]:
+        constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, fencing=self._fencing)
+        constructor.pop("clock", None)
+        # sends nothing
+        lock = self._redlock.lock("peers:settings", ttl=TTL, timeout=WAIT, fair=self._fair)
+        return {
+            "AsyncRedlock": constructor,
+            "lock": {
+                "ttl": lock.ttl,
+                "timeout": lock.timeout,
+                "auto_extend": lock.auto_extend,
+                "fencing": lock.fencing,
+                "fair": lock.fair,
+            },
+        }
+
+    def statistics(self) -> dict[str, Any]:
+        """``AsyncRedlock.statistics()``: its counters so far (hand-offs among them)."""
+        return dataclasses.asdict(self._redlock.statistics())
+
+    async def aclose(self) -> None:
+        await self._redlock.aclose()
+
+
+class AsyncredlockHandle:
+    """``redlock.lock(key, ttl=TTL, timeout=WAIT, fair=...).acquire()`` (auto-extension
+    and fencing as the session's defaults) then ``lease.release()``."""
+
+    def __init__(self, redlock: AsyncRedlock, key: str, *, fair: bool = False) -> None:
+        self._redlock, self._key, self._fair = redlock, key, fair
+        self._lease: Any = None
+
+    async def acquire(self) -> None:
+        lock = self._redlock.lock(self._key, ttl=TTL, timeout=WAIT, fair=self._fair)
+        self._lease = await lock.acquire()
+
+    async def release(self) -> None:
+        lease, self._lease = self._lease, None
+        await lease.release()
