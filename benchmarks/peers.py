@@ -98,6 +98,7 @@ from lockbench.adapters import (
     probe,
 )
 from lockbench.settings import POOL, TTL, WAIT
+from lockbench.targets import TARGETS
 from redis.asyncio import Redis
 
 from asyncredlock.testing import ServerGroup
@@ -1436,21 +1437,7 @@ RERUN_INSTALL = (
 
 # --- targets and the README summary ----------------------------------------------------------
 
-# The issue's targets (benchmark only), for asyncredlock with its defaults.
-WAKE_SPEEDUP = 60.0  # e: best Redlock peer's wake-up p50 over asyncredlock's, at least
-WAKE_P50_MS = 1.0  # e: asyncredlock's wake-up p50 at N = 5, below
-CONTENTION_RATE = 1.8  # d: acquisitions/s over the best peer's, at least
-CONTENTION_BUSY = 0.8  # d: lock busy fraction, at least
-CONTENTION_P99_MS = 30.0  # d: wait p99, below
-# d between clients (issue 11), asyncredlock with its defaults and with fair=True:
-SEPARATE_RATE = 1.3  # a client per worker: acquisitions/s over aioredlock's, at least
-SEPARATE_P99_MS = 50.0  # a client per worker: wait p99, at most
-BLACKHOLE_RATIO = 1.5  # b over a: N = 5 acquire p50, one master blackholed / healthy, at most
-THROUGHPUT_RATE = 5.0  # c: cycles/s over the best peer's, at least
-THROUGHPUT_CPU = 0.2  # c: CPU per cycle over that peer's, at most
-LATENCY_N5 = 0.8  # a, N = 5, RTT 0: p50 over aioredlock's, at most
-LATENCY_N1 = 1.0  # a, N = 1, RTT 0: p50 over the fastest peer's, at most
-LATENCY_FLOOR = 1.15  # a, N = 5, RTT 2 ms: p50 over two measured round trips, at most
+# The targets (limits in benchmarks/targets.toml), for asyncredlock with its defaults.
 OURS = "asyncredlock"
 
 
@@ -1489,7 +1476,10 @@ def latency_targets(
     RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
     rows = []
     cases = {(c["n"], c["rtt_ms"]): c for c in cases_of(by_id, "a")}
-    for n, limit, against in ((SERVERS, LATENCY_N5, "aioredlock"), (1, LATENCY_N1, None)):
+    for n, limit, against in (
+        (SERVERS, TARGETS.latency_n5_vs_aioredlock, "aioredlock"),
+        (1, TARGETS.latency_n1_vs_fastest, None),
+    ):
         case = cases.get((n, 0.0))
         who = "aioredlock's" if against else "the fastest peer's"
         target = f"a. N={n}, RTT 0 ms: p50 ≤ {limit:g}x {who}"
@@ -1506,8 +1496,8 @@ def latency_targets(
         text = f"{number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
         rows.append(check(*args, mine / theirs, f"{text}: {times(mine / theirs)}"))
     case = cases.get((SERVERS, 2.0))
-    target = f"a. N={SERVERS}, RTT 2 ms: p50 ≤ {LATENCY_FLOOR:g}x two round trips"
-    args = (target, f"N={SERVERS}, RTT 2 ms", "<=", LATENCY_FLOOR, "x")
+    target = f"a. N={SERVERS}, RTT 2 ms: p50 ≤ {TARGETS.latency_rtt2_vs_floor:g}x two round trips"
+    args = (target, f"N={SERVERS}, RTT 2 ms", "<=", TARGETS.latency_rtt2_vs_floor, "x")
     ours = None if case is None else ok_result(case, OURS)
     measured = rtts.get("2", {})
     rtt = measured.get("p50_ms")
@@ -1638,8 +1628,9 @@ def wake_speedup_target(
     case: dict[str, Any], redlock_peers: list[str], infos: dict[str, Any]
 ) -> dict[str, Any]:
     """e: the best Redlock peer's wake-up p50 over asyncredlock's."""
-    target = f"e. wake-up p50 ≥ {WAKE_SPEEDUP:g}x faster than the best Redlock peer"
-    args = (target, case["name"], ">=", WAKE_SPEEDUP, "x")
+    speedup = TARGETS.wakeup_speedup_vs_redlock_peers
+    target = f"e. wake-up p50 ≥ {speedup:g}x faster than the best Redlock peer"
+    args = (target, case["name"], ">=", speedup, "x")
     ours = ok_result(case, OURS)
     best = best_of("e", case, redlock_peers, lower=True)
     if ours is None:
@@ -1655,9 +1646,11 @@ def wake_speedup_target(
 
 def wake_p50_target(cases: list[dict[str, Any]]) -> dict[str, Any]:
     """e: asyncredlock's wake-up p50 at N = 5."""
-    target = f"e. wake-up p50 < {WAKE_P50_MS:g} ms at N={SERVERS}"
+    target = f"e. wake-up p50 < {TARGETS.wakeup_p50_ms:g} ms at N={SERVERS}"
     if not cases:
-        return check(target, f"N={SERVERS}", "<", WAKE_P50_MS, "ms", None, "not in the results")
+        return check(
+            target, f"N={SERVERS}", "<", TARGETS.wakeup_p50_ms, "ms", None, "not in the results"
+        )
     case = cases[0]
     ours = ok_result(case, OURS)
     if ours is None:
@@ -1665,47 +1658,57 @@ def wake_p50_target(cases: list[dict[str, Any]]) -> dict[str, Any]:
             target,
             case["name"],
             "<",
-            WAKE_P50_MS,
+            TARGETS.wakeup_p50_ms,
             "ms",
             None,
             "not in the results: " + status_text(case, OURS, {}),
         )
     p50 = float(ours["wake"]["p50_ms"])
-    return check(target, case["name"], "<", WAKE_P50_MS, "ms", p50, f"{number(p50)} ms")
+    return check(target, case["name"], "<", TARGETS.wakeup_p50_ms, "ms", p50, f"{number(p50)} ms")
 
 
 def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
     """d: acquisitions/s over the best peer's, lock busy, wait p99."""
     name = case["name"]
-    rate = f"d. acquisitions/s ≥ {CONTENTION_RATE:g}x the best peer's"
-    busy = f"d. lock busy ≥ {CONTENTION_BUSY:.0%} of the time"
-    p99 = f"d. wait p99 < {CONTENTION_P99_MS:g} ms"
+    rate = f"d. acquisitions/s ≥ {TARGETS.contention_shared_rate_vs_best:g}x the best peer's"
+    busy = f"d. lock busy ≥ {TARGETS.contention_shared_busy:.0%} of the time"
+    p99 = f"d. wait p99 < {TARGETS.contention_shared_p99_ms:g} ms"
     ours = ok_result(case, OURS)
     if ours is None:
         why = "not in the results: " + status_text(case, OURS, infos)
         return [
-            check(rate, name, ">=", CONTENTION_RATE, "x", None, why),
-            check(busy, name, ">=", CONTENTION_BUSY, "share", None, why),
-            check(p99, name, "<", CONTENTION_P99_MS, "ms", None, why),
+            check(rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", None, why),
+            check(busy, name, ">=", TARGETS.contention_shared_busy, "share", None, why),
+            check(p99, name, "<", TARGETS.contention_shared_p99_ms, "ms", None, why),
         ]
     mine = float(ours["acquisitions_per_s"])
     peers = peers_in(case)
     best = best_of("d", case, peers, lower=False)
     if best is None:
         rate_row = check(
-            rate, name, ">=", CONTENTION_RATE, "x", None, missing(case, peers, infos, "peer")
+            rate,
+            name,
+            ">=",
+            TARGETS.contention_shared_rate_vs_best,
+            "x",
+            None,
+            missing(case, peers, infos, "peer"),
         )
     else:
         lib, theirs = best
         text = f"{OURS} {mine:,.0f}/s vs {infos[lib]['label']} {theirs:,.0f}/s"
         ratio = mine / theirs if theirs > 0 else None
         suffix = f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
-        rate_row = check(rate, name, ">=", CONTENTION_RATE, "x", ratio, text + suffix)
+        rate_row = check(
+            rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", ratio, text + suffix
+        )
     fraction, wait = float(ours["busy_fraction"]), float(ours["wait"]["p99_ms"])
     return [
         rate_row,
-        check(busy, name, ">=", CONTENTION_BUSY, "share", fraction, f"{fraction:.0%}"),
-        check(p99, name, "<", CONTENTION_P99_MS, "ms", wait, f"{number(wait)} ms"),
+        check(
+            busy, name, ">=", TARGETS.contention_shared_busy, "share", fraction, f"{fraction:.0%}"
+        ),
+        check(p99, name, "<", TARGETS.contention_shared_p99_ms, "ms", wait, f"{number(wait)} ms"),
     ]
 
 
@@ -1719,26 +1722,55 @@ def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[s
         if lib not in case["results"]:
             continue
         label = infos[lib]["label"]
-        rate = f"d. {label}: acquisitions/s ≥ {SEPARATE_RATE:g}x aioredlock's"
-        p99 = f"d. {label}: wait p99 ≤ {SEPARATE_P99_MS:g} ms"
+        limit = TARGETS.contention_separate_rate_vs_aioredlock
+        rate = f"d. {label}: acquisitions/s ≥ {limit:g}x aioredlock's"
+        p99 = f"d. {label}: wait p99 ≤ {TARGETS.contention_separate_p99_ms:g} ms"
         ours = ok_result(case, lib)
         if ours is None:
             why = "not in the results: " + status_text(case, lib, infos)
-            rows.append(check(rate, name, ">=", SEPARATE_RATE, "x", None, why))
-            rows.append(check(p99, name, "<=", SEPARATE_P99_MS, "ms", None, why))
+            rows.append(
+                check(
+                    rate, name, ">=", TARGETS.contention_separate_rate_vs_aioredlock, "x", None, why
+                )
+            )
+            rows.append(check(p99, name, "<=", TARGETS.contention_separate_p99_ms, "ms", None, why))
             continue
         mine = float(ours["acquisitions_per_s"])
         if theirs is None:
             why = "not in the results: " + status_text(case, "aioredlock", infos)
-            rows.append(check(rate, name, ">=", SEPARATE_RATE, "x", None, why))
+            rows.append(
+                check(
+                    rate, name, ">=", TARGETS.contention_separate_rate_vs_aioredlock, "x", None, why
+                )
+            )
         else:
             other = float(theirs["acquisitions_per_s"])
             ratio = mine / other if other > 0 else None
             text = f"{mine:,.0f}/s vs aioredlock {other:,.0f}/s"
             text += f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
-            rows.append(check(rate, name, ">=", SEPARATE_RATE, "x", ratio, text))
+            rows.append(
+                check(
+                    rate,
+                    name,
+                    ">=",
+                    TARGETS.contention_separate_rate_vs_aioredlock,
+                    "x",
+                    ratio,
+                    text,
+                )
+            )
         wait = float(ours["wait"]["p99_ms"])
-        rows.append(check(p99, name, "<=", SEPARATE_P99_MS, "ms", wait, f"{number(wait)} ms"))
+        rows.append(
+            check(
+                p99,
+                name,
+                "<=",
+                TARGETS.contention_separate_p99_ms,
+                "ms",
+                wait,
+                f"{number(wait)} ms",
+            )
+        )
     return rows
 
 
@@ -1774,11 +1806,12 @@ def blackhole_target(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
     rtt = faulty[0]["rtt_ms"] if faulty else 2.0
     healthy = [c for c in cases_of(by_id, "a") if c["n"] == SERVERS and c["rtt_ms"] == rtt]
     target = (
-        f"b. N={SERVERS} acquire p50 with one master blackholed ≤ {BLACKHOLE_RATIO:g}x "
+        f"b. N={SERVERS} acquire p50 with one master blackholed ≤ "
+        f"{TARGETS.faults_blackholed_vs_healthy:g}x "
         f"the healthy one (a, N={SERVERS}, RTT {rtt:g} ms)"
     )
     case = f"N={SERVERS}, RTT {rtt:g} ms"
-    args = (target, case, "<=", BLACKHOLE_RATIO, "x")
+    args = (target, case, "<=", TARGETS.faults_blackholed_vs_healthy, "x")
     if not faulty or not healthy:
         return check(*args, None, "not in the results: scenario a or b did not run")
     bad, good = ok_result(faulty[0], OURS), ok_result(healthy[0], OURS)
@@ -1799,8 +1832,8 @@ def blackhole_target(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
     """c: cycles/s over the best peer's, and CPU per cycle over that peer's."""
     name = case["name"]
-    rate = f"c. cycles/s ≥ {THROUGHPUT_RATE:g}x the best peer's"
-    cpu = f"c. CPU per cycle ≤ {THROUGHPUT_CPU:g}x that peer's"
+    rate = f"c. cycles/s ≥ {TARGETS.throughput_rate_vs_best:g}x the best peer's"
+    cpu = f"c. CPU per cycle ≤ {TARGETS.throughput_cpu_vs_best:g}x that peer's"
     ours = ok_result(case, OURS)
     peers = peers_in(case)
     best = best_of("c", case, peers, lower=False)
@@ -1811,8 +1844,8 @@ def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict
             else missing(case, peers, infos, "peer")
         )
         return [
-            check(rate, name, ">=", THROUGHPUT_RATE, "x", None, why),
-            check(cpu, name, "<=", THROUGHPUT_CPU, "x", None, why),
+            check(rate, name, ">=", TARGETS.throughput_rate_vs_best, "x", None, why),
+            check(cpu, name, "<=", TARGETS.throughput_cpu_vs_best, "x", None, why),
         ]
     lib, theirs = best
     label = infos[lib]["label"]
@@ -1824,7 +1857,7 @@ def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict
             rate,
             name,
             ">=",
-            THROUGHPUT_RATE,
+            TARGETS.throughput_rate_vs_best,
             "x",
             rate_ratio,
             rate_text + (f": {times(rate_ratio)}" if rate_ratio is not None else ""),
@@ -1835,7 +1868,13 @@ def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict
     if my_cpu is None or not their_cpu:
         rows.append(
             check(
-                cpu, name, "<=", THROUGHPUT_CPU, "x", None, "not in the results: no CPU per cycle"
+                cpu,
+                name,
+                "<=",
+                TARGETS.throughput_cpu_vs_best,
+                "x",
+                None,
+                "not in the results: no CPU per cycle",
             )
         )
     else:
@@ -1843,7 +1882,9 @@ def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict
             f"{OURS} {my_cpu:.3f} vs {label} {their_cpu:.3f} CPU s per 1,000 cycles: "
             f"{times(my_cpu / their_cpu)}"
         )
-        rows.append(check(cpu, name, "<=", THROUGHPUT_CPU, "x", my_cpu / their_cpu, text))
+        rows.append(
+            check(cpu, name, "<=", TARGETS.throughput_cpu_vs_best, "x", my_cpu / their_cpu, text)
+        )
     return rows
 
 
