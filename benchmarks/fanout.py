@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from _common import (
+from lockbench.harness import (
     ProxyHost,
     environment,
     publish_between,

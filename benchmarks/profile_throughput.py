@@ -70,7 +70,6 @@ from typing import Any
 
 import peers
 import redis.asyncio
-from _common import ProxyHost, environment, servers_behind_proxies, write_json, write_text
 from lockbench.adapters import (
     PEERS,
     AsyncredlockHandle,
@@ -81,6 +80,7 @@ from lockbench.adapters import (
     describe,
     probe,
 )
+from lockbench.harness import ProxyHost, environment, servers_behind_proxies, write_json, write_text
 from lockbench.settings import POOL, TTL, WAIT
 
 from asyncredlock import AsyncRedlock

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _common import environment, publish_section, pyplot, summarize, write_json, write_text
+from lockbench.harness import (
+    environment,
+    publish_section,
+    pyplot,
+    summarize,
+    write_json,
+    write_text,
+)
 
 from asyncredlock import AsyncRedlock, LockTimeoutError
 from asyncredlock.testing import ServerGroup

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from _common import environment, publish_between, write_json, write_text
+from lockbench.harness import environment, publish_between, write_json, write_text
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from asyncredlock._connect import RedisPyOpener

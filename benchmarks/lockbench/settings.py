@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+SERVERS = 5  # masters in the N = 5 cases
+THROUGHPUT_WORKERS = 200  # c: workers, each on its own key
+CONTENTION_WORKERS = 10  # d: workers on one key
 TTL = 10.0  # seconds: every library's lock TTL (asyncredlock's and pottery's default)
 WAIT = 10.0  # seconds a contended acquire may wait, where the library takes a bound
 # Connections per master for every library: asyncredlock's default. redis-py's default

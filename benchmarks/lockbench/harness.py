@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts in this directory.
+"""Helpers shared by the benchmark scripts: servers and proxies, statistics, the
+environment stamp, and publishing.
 
 - `ServerGroup` servers plus a `ProxyHost`: one ``FaultProxy`` per server, hosted in a
   *separate process* so that forwarding bytes does not compete with the measured client
@@ -7,7 +8,7 @@
 - `environment()`: what the numbers were measured on.
 - Writers for JSON, markdown and the docs page, and a headless matplotlib.
 
-Scripts import this as ``_common`` (Python puts a script's own directory on
+Scripts import this as ``lockbench.harness`` (Python puts a script's own directory on
 ``sys.path``), so each runs as ``python benchmarks/<name>.py``.
 """
 

@@ -1,0 +1,991 @@
+"""The peers benchmark's report: from its results (``peers.json``) to the markdown
+tables, the plot, the docs page, the README summary and the targets table.
+
+``peers.py`` measures and writes the JSON, then calls `write_outputs`; ``python
+benchmarks/peers.py --report results/peers.json`` runs this step alone on results
+already written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .harness import (
+    publish_between,
+    publish_section,
+    pyplot,
+    write_json,
+    write_text,
+)
+from .settings import CONTENTION_WORKERS, SERVERS, THROUGHPUT_WORKERS
+from .targets import TARGETS
+
+MARKER = "<!-- PEERS-TABLE -->"
+SUMMARY_START = "<!-- PEERS-SUMMARY -->"
+SUMMARY_END = "<!-- /PEERS-SUMMARY -->"
+
+
+STATUS_TEXT = {
+    "hung": "hung",
+    "failed": "failed",
+    "unavailable": "unavailable",
+    "not_applicable": "n/a",
+}
+
+
+def value(scenario_id: str, result: dict[str, Any]) -> float | None:
+    """The compared value of a result (its scenario's metric), or None."""
+    if result["status"] != "ok":
+        return None
+    match scenario_id:
+        case "a":
+            return float(result["total"]["p50_ms"])
+        case "b":
+            return float(result["acquire"]["p50_ms"])
+        case "c":
+            return float(result["cycles_per_s"])
+        case "d":
+            return float(result["acquisitions_per_s"])
+        case _:
+            return float(result["wake"]["p50_ms"])
+
+
+def cell(sid: str, result: dict[str, Any]) -> str:
+    """A table cell for one library in one case of scenario ``sid``."""
+    status = result["status"]
+    if status != "ok":
+        text = STATUS_TEXT[status]
+        return f"{text} ({result['succeeded']} ok)" if result.get("succeeded") else text
+    match sid:
+        case "a":
+            return f"{result['total']['p50_ms']:.2f} / {result['total']['p99_ms']:.2f}"
+        case "b":
+            acquire = result["acquire"]
+            failed = f", {result['failures']} failed" if result["failures"] else ""
+            counts = f"({acquire['iterations']} ok{failed})"
+            return f"{acquire['p50_ms']:.2f} / {acquire['p99_ms']:.2f} {counts}"
+        case "c":
+            return f"{result['cycles_per_s']:,.0f} / {result['cpu_s_per_1000']:.3f}"
+        case "d":
+            return f"{result['acquisitions_per_s']:,.0f}"
+        case _:
+            return f"{result['wake']['p50_ms']:.2f} / {result['wake']['p99_ms']:.2f}"
+
+
+CELL_UNITS = {
+    "a": "p50 / p99 (ms)",
+    "b": "acquire p50 / p99 (ms)",
+    "c": "cycles/s / CPU s per 1,000",
+    "e": "p50 / p99 (ms)",
+}
+
+
+def table(scenario: dict[str, Any], infos: dict[str, Any]) -> str:
+    """Rows = libraries, one column per case (scenario d has its own)."""
+    if scenario["id"] == "d":
+        return "\n".join(contention_table(c, infos) for c in scenario["cases"])
+    unit = CELL_UNITS[scenario["id"]]
+    head = "| Library | " + " | ".join(f"{c['name']}: {unit}" for c in scenario["cases"]) + " |\n"
+    head += "|---|" + "--:|" * len(scenario["cases"]) + "\n"
+    rows = [
+        f"| {info['label']} | "
+        + " | ".join(cell(scenario["id"], c["results"][lib]) for c in scenario["cases"])
+        + " |"
+        for lib, info in infos.items()
+    ]
+    return head + "\n".join(rows) + "\n"
+
+
+def contention_table(case: dict[str, Any], infos: dict[str, Any]) -> str:
+    """Scenario d, one case: one row per library."""
+    head = (
+        f"{case['name']}:\n\n| Library | acquisitions/s | wait p50 (ms) | wait p99 (ms) "
+        "| same worker again | lock busy | failed |\n|---|--:|--:|--:|--:|--:|--:|\n"
+    )
+    rows = []
+    for lib, info in infos.items():
+        r = case["results"][lib]
+        if r["status"] != "ok":
+            rows.append(f"| {info['label']} | {STATUS_TEXT[r['status']]} | | | | | |")
+            continue
+        again = "-" if r["same_worker_again"] is None else f"{r['same_worker_again']:.0%}"
+        rows.append(
+            f"| {info['label']} | {r['acquisitions_per_s']:,.0f} | {r['wait']['p50_ms']:.2f} "
+            f"| {r['wait']['p99_ms']:.2f} | {again} | {r['busy_fraction']:.0%} | {r['failures']} |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def reasons(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
+    """Why some cells hold no numbers, and which had failures, one line each."""
+    lines: dict[str, list[str]] = {}
+    for case in scenario["cases"]:
+        for lib, r in case["results"].items():
+            if r["status"] == "ok" and not r.get("failures"):
+                continue
+            why = r.get("reason") or "; ".join(r.get("failure_examples", []))
+            text = (
+                f"{infos[lib]['label']}: {STATUS_TEXT.get(r['status'], 'ok, with failures')}, {why}"
+            )
+            lines.setdefault(text, []).append(case["name"])
+    return [f"{text} ({', '.join(cases)})" for text, cases in lines.items()]
+
+
+def ratio_lines(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
+    """asyncredlock's value over the best peer's, per case, computed from the results."""
+    lower = scenario["better"] == "lower"
+    out = []
+    for case in scenario["cases"]:
+        results = case["results"]
+        peers = {
+            lib: v
+            for lib, r in results.items()
+            if not lib.startswith("asyncredlock") and (v := value(scenario["id"], r)) is not None
+        }
+        ours = {
+            lib: v
+            for lib in ("asyncredlock", "asyncredlock-unfenced")
+            if lib in results and (v := value(scenario["id"], results[lib])) is not None
+        }
+        out.append(ratio_line(case["name"], ours, peers, infos, lower))
+    return out
+
+
+def ratio_line(
+    case: str, ours: dict[str, float], peers: dict[str, float], infos: dict[str, Any], lower: bool
+) -> str:
+    """``N=1: asyncredlock 0.52 (1.40x) vs the best peer, redis-py Lock 0.37``."""
+    if not peers:
+        return f"{case}: no peer completed"
+    if not ours:
+        return f"{case}: asyncredlock not run or did not complete"
+    best = (min if lower else max)(peers, key=peers.__getitem__)
+    parts = [f"{infos[lib]['label']} {v:,.2f} ({v / peers[best]:.2f}x)" for lib, v in ours.items()]
+    return f"{case}: {', '.join(parts)} vs the best peer, {infos[best]['label']} {peers[best]:,.2f}"
+
+
+def scenario_section(scenario: dict[str, Any], infos: dict[str, Any], level: str) -> str:
+    """Title, table, ratio line and reasons of one scenario."""
+    better = "lower" if scenario["better"] == "lower" else "higher"
+    ratios = "; ".join(ratio_lines(scenario, infos))
+    notes = "".join(f"- {line}\n" for line in reasons(scenario, infos))
+    return (
+        f"{level} {scenario['id']}. {scenario['title']}\n\n"
+        + table(scenario, infos)
+        + f"\n**asyncredlock ÷ best peer**, {scenario['metric']} ({better} is better): "
+        + ratios
+        + ".\n\n"
+        + notes
+    )
+
+
+def library_table(report: dict[str, Any]) -> str:
+    """Which libraries ran, their versions, and how each was set up."""
+    rows = []
+    for info in report["libraries"].values():
+        versions = ", ".join(f"{d} {v or 'not installed'}" for d, v in info["versions"].items())
+        state = "yes" if info["available"] else f"no: {info['reason']}"
+        rows.append(f"| {info['label']} | {versions} | {state} | {info['note']} |")
+    return (
+        "| Library | Version | Runs here | Set up |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+
+
+def notes(report: dict[str, Any]) -> str:
+    """What was measured and how, under the tables."""
+    s, env = report["settings"], report["environment"]
+    rtt = ", ".join(
+        f"{k} ms → {v['p50_ms']:.2f} ms"
+        + (
+            f" (a quorum round, a bare PING to all {SERVERS} proxies until "
+            f"{SERVERS // 2 + 1} replies: {v['quorum_round']['p50_ms']:.2f} ms)"
+            if "quorum_round" in v
+            else ""
+        )
+        for k, v in report["measured_rtt"].items()
+    )
+    return (
+        f"- Every lock has a TTL of {s['ttl_s']:g} s; an acquire that waits for a holder "
+        f"waits up to {s['wait_s']:g} s where the library takes a bound. The JSON has "
+        "every setting of every library, passed or default.\n"
+        f"- Every library gets {s['pool']} connections per master (asyncredlock's default); "
+        "redis-py's default pool of 100 fails 200 workers with MaxConnectionsError. "
+        "python-redis-lock's client has no socket timeout, as its BLPOP waits up to "
+        "the lock's expiry.\n"
+        f"- An operation that takes longer than {s['op_guard_s']:g} s counts as hung and "
+        "that library stops for the case; a whole case has a wall-clock guard too.\n"
+        f"- b: master {s['faulty_master'] + 1} of 5 is blackholed (its proxy swallows "
+        "everything) or its server is stopped (its proxy then resets each connection), "
+        "after a warm-up on healthy masters.\n"
+        "- asyncredlock runs with its defaults: leases auto-extend and carry fencing "
+        "tokens; the `fencing=False` row (a, b, e) differs in that only. In d every "
+        "worker of a library uses one client object (one `AsyncRedlock` for "
+        "asyncredlock), so asyncredlock's waiting tasks queue in the process and a "
+        "released lease is handed to the next of them without a call to the masters "
+        "(its `library_statistics` in the JSON count the hand-offs); the peers' "
+        "waiters go through the servers. In e the holder and the waiter are separate "
+        "clients, as two processes would be: every library's waiter learns of the "
+        "release through the servers.\n"
+        "- c: each cycle is acquire + release; CPU is this process's "
+        "(`time.process_time()`, threads included), not the servers'.\n"
+        f"- d: each worker holds {s['contention_hold_s'] * 1000:g} ms; wait is from the "
+        "call of acquire() to its return; same worker again is how often the next "
+        "acquisition went to the worker that released last; lock busy is the held time "
+        "(acquire() returned to release() returned) over the wall time.\n"
+        f"- e: the holder holds {s['wake_hold_s'][0] * 1000:g}-{s['wake_hold_s'][1] * 1000:g} "
+        "ms (uniform) before releasing, so the release falls anywhere in a waiter's "
+        "retry pause.\n"
+        "- RTT 0 cases connect straight to the servers; RTT 2 ms cases and scenario b go"
+        " through the proxies.\n"
+        f"- RTT is the delay the proxies add (nominal → PING p50 through one proxy): {rtt}.\n"
+        f"- Everything runs on one machine ({env['cpu_count']} CPUs): client, proxy "
+        "process and servers share it; compare ratios, not absolute numbers.\n"
+        + loop_error_line(report)
+    )
+
+
+def loop_error_line(report: dict[str, Any]) -> str:
+    """Which libraries left task errors nobody retrieved (asyncio reports them)."""
+    errors = report["loop_errors"]
+    if not errors:
+        return ""
+    labels = {lib: info["label"] for lib, info in report["libraries"].items()}
+    counts = ", ".join(f"{labels.get(who, who)}: {e['failures']}" for who, e in errors.items())
+    return (
+        "- Task errors nobody retrieved, or tasks destroyed while pending, as asyncio "
+        f"reported them while each library ran (examples in the JSON): {counts}.\n"
+    )
+
+
+def machine_line(env: dict[str, Any]) -> str:
+    """Where and when the numbers were measured."""
+    return (
+        f"Measured {env['date']} on {env['cpu_count']} CPUs ({env['cpu_model']}), "
+        f"{env['platform']}; Python {env['python']}, redis-py {env['redis_py']} "
+        f"(hiredis {env['hiredis']}), {env['server']}, asyncredlock {env['asyncredlock']}."
+    )
+
+
+def body(report: dict[str, Any], level: str) -> str:
+    """Libraries, one section per scenario, notes, machine."""
+    infos = report["libraries"]
+    quick = (
+        " **Quick run: too few iterations to mean anything.**" if report["plan"]["quick"] else ""
+    )
+    return (
+        f"{level} Libraries\n\n"
+        + library_table(report)
+        + "\n"
+        + "".join(scenario_section(s, infos, level) + "\n" for s in report["scenarios"])
+        + f"{level} Targets\n\n"
+        + targets_section(report)
+        + "\n"
+        + f"{level} Notes\n\n"
+        + notes(report)
+        + "\n"
+        + machine_line(report["environment"])
+        + quick
+        + "\n"
+    )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """``peers.md``."""
+    return "# asyncredlock and its peers\n\n" + body(report, "##")
+
+
+def docs_section(report: dict[str, Any]) -> str:
+    """The generated part of ``docs/peers.md``."""
+    return (
+        body(report, "###")
+        + "\n![asyncredlock and its peers](img/peers.png)\n\n"
+        + f"To rerun (about {FULL_MINUTES} minutes on a quiet machine; `--quick` for a "
+        + "smoke run), from the repository root:\n\n"
+        + "```bash\n"
+        + RERUN_INSTALL
+        + RERUN
+        + "\n```\n"
+    )
+
+
+FULL_MINUTES = 9
+RERUN = "python benchmarks/peers.py --docs docs --readme README.md"
+RERUN_INSTALL = (
+    "pip install -e '.[bench]'\n"
+    "pip install --no-deps 'redlock-ng>=2.0,<3'  # its pins would downgrade redis-py\n"
+)
+
+
+# --- targets and the README summary ----------------------------------------------------------
+
+# The targets (limits in benchmarks/targets.toml), for asyncredlock with its defaults.
+OURS = "asyncredlock"
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the issue checked against the results: the value, whether it was
+    met, and by how much it was missed; "not measured" (with why) where the results
+    lack a quantity."""
+    infos = report["libraries"]
+    by_id = {s["id"]: s for s in report["scenarios"]}
+    redlock_peers = [
+        lib for lib, info in infos.items() if not lib.startswith(OURS) and not info["single_server"]
+    ]
+    rows: list[dict[str, Any]] = []
+    for case in cases_of(by_id, "e"):
+        rows.append(wake_speedup_target(case, redlock_peers, infos))
+    rows.append(wake_p50_target([c for c in cases_of(by_id, "e") if c["n"] == SERVERS]))
+    for case in cases_of(by_id, "d"):
+        match case.get("clients", "shared"):
+            case "shared":
+                rows.extend(contention_targets(case, infos))
+            case "each":
+                rows.extend(separate_targets(case, infos))
+            case _:
+                rows.extend(exclusion_targets(case, infos))
+    rows.append(blackhole_target(by_id))
+    for case in cases_of(by_id, "c"):
+        rows.extend(throughput_targets(case, infos))
+    rows.extend(latency_targets(by_id, infos, report.get("measured_rtt", {})))
+    return rows
+
+
+def latency_targets(
+    by_id: dict[str, dict[str, Any]], infos: dict[str, Any], rtts: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """a: uncontended p50 against aioredlock (N = 5), the fastest peer (N = 1), both at
+    RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
+    rows = []
+    cases = {(c["n"], c["rtt_ms"]): c for c in cases_of(by_id, "a")}
+    for n, limit, against in (
+        (SERVERS, TARGETS.latency_n5_vs_aioredlock, "aioredlock"),
+        (1, TARGETS.latency_n1_vs_fastest, None),
+    ):
+        case = cases.get((n, 0.0))
+        who = "aioredlock's" if against else "the fastest peer's"
+        target = f"a. N={n}, RTT 0 ms: p50 ≤ {limit:g}x {who}"
+        args = (target, f"N={n}, RTT 0 ms", "<=", limit, "x")
+        ours = None if case is None else ok_result(case, OURS)
+        best = None
+        if case is not None:
+            best = best_of("a", case, [against] if against else peers_in(case), lower=True)
+        if ours is None or best is None:
+            rows.append(check(*args, None, "not in the results"))
+            continue
+        lib, theirs = best
+        mine = value("a", ours) or 0.0
+        text = f"{number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
+        rows.append(check(*args, mine / theirs, f"{text}: {times(mine / theirs)}"))
+    case = cases.get((SERVERS, 2.0))
+    target = f"a. N={SERVERS}, RTT 2 ms: p50 ≤ {TARGETS.latency_rtt2_vs_floor:g}x two round trips"
+    args = (target, f"N={SERVERS}, RTT 2 ms", "<=", TARGETS.latency_rtt2_vs_floor, "x")
+    ours = None if case is None else ok_result(case, OURS)
+    measured = rtts.get("2", {})
+    rtt = measured.get("p50_ms")
+    quorum_rtt = measured.get("quorum_round", {}).get("p50_ms")
+    if ours is None or not rtt:
+        rows.append(check(*args, None, "not in the results"))
+        return rows
+    mine = value("a", ours) or 0.0
+    if not quorum_rtt:  # results from before the quorum round was measured
+        floor = 2 * float(rtt)
+        text = f"{number(mine)} ms vs 2 x {number(float(rtt))} ms (PING p50 through a proxy)"
+    else:
+        floor = 2 * float(quorum_rtt)
+        text = (
+            f"{number(mine)} ms vs 2 x {number(float(quorum_rtt))} ms (a bare PING to the "
+            f"{SERVERS} proxies at once, until {SERVERS // 2 + 1} replies: one quorum round); "
+            f"{times(mine / (2 * float(rtt)))} two single-proxy PINGs"
+        )
+    rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
+    return rows
+
+
+def cases_of(by_id: dict[str, dict[str, Any]], sid: str) -> list[dict[str, Any]]:
+    """The cases of scenario ``sid``, none if it did not run."""
+    return list(by_id[sid]["cases"]) if sid in by_id else []
+
+
+def check(
+    target: str,
+    case: str,
+    bound: str,
+    limit: float,
+    unit: str,
+    value: float | None,
+    measured: str,
+) -> dict[str, Any]:
+    """One row of the targets table; ``bound`` is ">=", "<=" or "<" (value vs limit)."""
+    row: dict[str, Any] = {
+        "target": target,
+        "case": case,
+        "bound": bound,
+        "limit": limit,
+        "unit": unit,
+        "value": None if value is None else round(value, 4),
+        "measured": measured,
+    }
+    if value is None:
+        return row | {"met": None, "shortfall": None, "result": "not measured"}
+    met = {">=": value >= limit, "<=": value <= limit, "<": value < limit}[bound]
+    if met:
+        return row | {"met": True, "shortfall": None, "result": "met"}
+    gap = abs(value - limit)
+    text = f"{gap * 100:.0f} points" if unit == "share" else amount(gap, unit)
+    if bound == ">=":
+        result = f"missed: {text} short ({value / limit:.0%} of the target)"
+    else:
+        result = f"missed: {text} over ({value / limit:.2f}x the limit)"
+    return row | {"met": False, "shortfall": round(gap, 4), "result": result}
+
+
+def amount(v: float, unit: str) -> str:
+    """``v`` in ``unit``: "x" (a ratio), "ms" or "share" (a fraction)."""
+    if unit == "share":
+        return f"{v:.0%}"
+    if unit == "ms":
+        return f"{number(v)} ms"
+    if unit == "count":
+        return f"{v:,.0f}"
+    return times(v)
+
+
+def number(v: float) -> str:
+    """Two decimals, three below 0.1."""
+    return f"{v:,.2f}" if abs(v) >= 0.1 else f"{v:.3f}"
+
+
+def times(x: float) -> str:
+    """A ratio: ``1.52x``, ``12.3x``, ``1,650x``."""
+    if x >= 100:
+        return f"{x:,.0f}x"
+    return f"{x:.1f}x" if x >= 10 else f"{x:.2f}x"
+
+
+def ok_result(case: dict[str, Any], lib: str) -> dict[str, Any] | None:
+    """``lib``'s result in ``case`` if it has numbers."""
+    result = case["results"].get(lib)
+    return result if result is not None and result["status"] == "ok" else None
+
+
+def status_text(case: dict[str, Any], lib: str, infos: dict[str, Any]) -> str:
+    """``pottery AIORedlock: hung`` for a result without numbers."""
+    result = case["results"].get(lib)
+    label = infos[lib]["label"] if lib in infos else lib
+    if result is None:
+        return f"{label}: not run"
+    return f"{label}: {STATUS_TEXT.get(result['status'], result['status'])}"
+
+
+def best_of(
+    sid: str, case: dict[str, Any], libs: Sequence[str], lower: bool
+) -> tuple[str, float] | None:
+    """The library of ``libs`` with the best value of scenario ``sid`` in ``case``."""
+    found = {
+        lib: v
+        for lib in libs
+        if (r := ok_result(case, lib)) is not None and (v := value(sid, r)) is not None
+    }
+    if not found:
+        return None
+    best = (min if lower else max)(found, key=found.__getitem__)
+    return best, found[best]
+
+
+def missing(case: dict[str, Any], libs: Sequence[str], infos: dict[str, Any], who: str) -> str:
+    """Why a comparison has no numbers: ``not in the results: no peer completed (...)``."""
+    if not libs:
+        return f"not in the results: no {who} in this run"
+    states = "; ".join(status_text(case, lib, infos) for lib in libs)
+    return f"not in the results: no {who} completed ({states})"
+
+
+def peers_in(case: dict[str, Any]) -> list[str]:
+    """The other libraries of ``case`` (not asyncredlock, fenced or not)."""
+    return [lib for lib in case["results"] if not lib.startswith(OURS)]
+
+
+def wake_speedup_target(
+    case: dict[str, Any], redlock_peers: list[str], infos: dict[str, Any]
+) -> dict[str, Any]:
+    """e: the best Redlock peer's wake-up p50 over asyncredlock's."""
+    speedup = TARGETS.wakeup_speedup_vs_redlock_peers
+    target = f"e. wake-up p50 ≥ {speedup:g}x faster than the best Redlock peer"
+    args = (target, case["name"], ">=", speedup, "x")
+    ours = ok_result(case, OURS)
+    best = best_of("e", case, redlock_peers, lower=True)
+    if ours is None:
+        return check(*args, None, "not in the results: " + status_text(case, OURS, infos))
+    if best is None:
+        return check(*args, None, missing(case, redlock_peers, infos, "Redlock peer"))
+    mine, (lib, theirs) = value("e", ours) or 0.0, best
+    text = f"{OURS} {number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
+    if mine <= 0:
+        return check(*args, None, text + ": no ratio (asyncredlock's p50 is not above 0)")
+    return check(*args, theirs / mine, f"{text}: {times(theirs / mine)}")
+
+
+def wake_p50_target(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """e: asyncredlock's wake-up p50 at N = 5."""
+    target = f"e. wake-up p50 < {TARGETS.wakeup_p50_ms:g} ms at N={SERVERS}"
+    if not cases:
+        return check(
+            target, f"N={SERVERS}", "<", TARGETS.wakeup_p50_ms, "ms", None, "not in the results"
+        )
+    case = cases[0]
+    ours = ok_result(case, OURS)
+    if ours is None:
+        return check(
+            target,
+            case["name"],
+            "<",
+            TARGETS.wakeup_p50_ms,
+            "ms",
+            None,
+            "not in the results: " + status_text(case, OURS, {}),
+        )
+    p50 = float(ours["wake"]["p50_ms"])
+    return check(target, case["name"], "<", TARGETS.wakeup_p50_ms, "ms", p50, f"{number(p50)} ms")
+
+
+def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """d: acquisitions/s over the best peer's, lock busy, wait p99."""
+    name = case["name"]
+    rate = f"d. acquisitions/s ≥ {TARGETS.contention_shared_rate_vs_best:g}x the best peer's"
+    busy = f"d. lock busy ≥ {TARGETS.contention_shared_busy:.0%} of the time"
+    p99 = f"d. wait p99 < {TARGETS.contention_shared_p99_ms:g} ms"
+    ours = ok_result(case, OURS)
+    if ours is None:
+        why = "not in the results: " + status_text(case, OURS, infos)
+        return [
+            check(rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", None, why),
+            check(busy, name, ">=", TARGETS.contention_shared_busy, "share", None, why),
+            check(p99, name, "<", TARGETS.contention_shared_p99_ms, "ms", None, why),
+        ]
+    mine = float(ours["acquisitions_per_s"])
+    peers = peers_in(case)
+    best = best_of("d", case, peers, lower=False)
+    if best is None:
+        rate_row = check(
+            rate,
+            name,
+            ">=",
+            TARGETS.contention_shared_rate_vs_best,
+            "x",
+            None,
+            missing(case, peers, infos, "peer"),
+        )
+    else:
+        lib, theirs = best
+        text = f"{OURS} {mine:,.0f}/s vs {infos[lib]['label']} {theirs:,.0f}/s"
+        ratio = mine / theirs if theirs > 0 else None
+        suffix = f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
+        rate_row = check(
+            rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", ratio, text + suffix
+        )
+    fraction, wait = float(ours["busy_fraction"]), float(ours["wait"]["p99_ms"])
+    return [
+        rate_row,
+        check(
+            busy, name, ">=", TARGETS.contention_shared_busy, "share", fraction, f"{fraction:.0%}"
+        ),
+        check(p99, name, "<", TARGETS.contention_shared_p99_ms, "ms", wait, f"{number(wait)} ms"),
+    ]
+
+
+def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """d, a client per worker: asyncredlock (defaults, and fair=True) against
+    aioredlock's acquisitions/s, and its wait p99."""
+    name = case["name"]
+    theirs = ok_result(case, "aioredlock")
+    rows = []
+    for lib in (OURS, f"{OURS}-fair"):
+        if lib not in case["results"]:
+            continue
+        label = infos[lib]["label"]
+        limit = TARGETS.contention_separate_rate_vs_aioredlock
+        rate = f"d. {label}: acquisitions/s ≥ {limit:g}x aioredlock's"
+        p99 = f"d. {label}: wait p99 ≤ {TARGETS.contention_separate_p99_ms:g} ms"
+        ours = ok_result(case, lib)
+        if ours is None:
+            why = "not in the results: " + status_text(case, lib, infos)
+            rows.append(
+                check(
+                    rate, name, ">=", TARGETS.contention_separate_rate_vs_aioredlock, "x", None, why
+                )
+            )
+            rows.append(check(p99, name, "<=", TARGETS.contention_separate_p99_ms, "ms", None, why))
+            continue
+        mine = float(ours["acquisitions_per_s"])
+        if theirs is None:
+            why = "not in the results: " + status_text(case, "aioredlock", infos)
+            rows.append(
+                check(
+                    rate, name, ">=", TARGETS.contention_separate_rate_vs_aioredlock, "x", None, why
+                )
+            )
+        else:
+            other = float(theirs["acquisitions_per_s"])
+            ratio = mine / other if other > 0 else None
+            text = f"{mine:,.0f}/s vs aioredlock {other:,.0f}/s"
+            text += f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
+            rows.append(
+                check(
+                    rate,
+                    name,
+                    ">=",
+                    TARGETS.contention_separate_rate_vs_aioredlock,
+                    "x",
+                    ratio,
+                    text,
+                )
+            )
+        wait = float(ours["wait"]["p99_ms"])
+        rows.append(
+            check(
+                p99,
+                name,
+                "<=",
+                TARGETS.contention_separate_p99_ms,
+                "ms",
+                wait,
+                f"{number(wait)} ms",
+            )
+        )
+    return rows
+
+
+def exclusion_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """d, OS processes: no mutual-exclusion violation for asyncredlock (defaults and
+    fair=True): every hold counted on the separate server, no two holds overlapping."""
+    name = case["name"]
+    rows = []
+    for lib in (OURS, f"{OURS}-fair"):
+        if lib not in case["results"]:
+            continue
+        target = f"d. {infos[lib]['label']}: no mutual-exclusion violation"
+        ours = ok_result(case, lib)
+        if ours is None:
+            why = "not in the results: " + status_text(case, lib, infos)
+            rows.append(check(target, name, "<=", 0, "count", None, why))
+            continue
+        counter = ours["counter"]
+        lost = counter["holds"] - counter["counted"]
+        overlaps = int(ours["exclusion_violations"])
+        text = (
+            f"{counter['holds']:,} holds, {counter['counted']:,} counted, {overlaps} overlapping; "
+            f"{ours['acquisitions_per_s']:,.0f}/s, wait p99 {number(ours['wait']['p99_ms'])} ms"
+        )
+        rows.append(check(target, name, "<=", 0, "count", float(abs(lost) + overlaps), text))
+    return rows
+
+
+def blackhole_target(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """b over a: asyncredlock's N = 5 acquire p50 with one master blackholed, over the
+    healthy case at the same RTT."""
+    faulty = [c for c in cases_of(by_id, "b") if c["fault"] == "blackhole"]
+    rtt = faulty[0]["rtt_ms"] if faulty else 2.0
+    healthy = [c for c in cases_of(by_id, "a") if c["n"] == SERVERS and c["rtt_ms"] == rtt]
+    target = (
+        f"b. N={SERVERS} acquire p50 with one master blackholed ≤ "
+        f"{TARGETS.faults_blackholed_vs_healthy:g}x "
+        f"the healthy one (a, N={SERVERS}, RTT {rtt:g} ms)"
+    )
+    case = f"N={SERVERS}, RTT {rtt:g} ms"
+    args = (target, case, "<=", TARGETS.faults_blackholed_vs_healthy, "x")
+    if not faulty or not healthy:
+        return check(*args, None, "not in the results: scenario a or b did not run")
+    bad, good = ok_result(faulty[0], OURS), ok_result(healthy[0], OURS)
+    if bad is None or good is None:
+        why = [
+            f"{where} {status_text(c, OURS, {})}"
+            for where, c, r in (("b", faulty[0], bad), ("a", healthy[0], good))
+            if r is None
+        ]
+        return check(*args, None, "not in the results: " + "; ".join(why))
+    slow, fast = float(bad["acquire"]["p50_ms"]), float(good["acquire"]["p50_ms"])
+    text = f"{number(slow)} ms vs {number(fast)} ms healthy"
+    if fast <= 0:
+        return check(*args, None, text + ": no ratio")
+    return check(*args, slow / fast, f"{text}: {times(slow / fast)}")
+
+
+def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+    """c: cycles/s over the best peer's, and CPU per cycle over that peer's."""
+    name = case["name"]
+    rate = f"c. cycles/s ≥ {TARGETS.throughput_rate_vs_best:g}x the best peer's"
+    cpu = f"c. CPU per cycle ≤ {TARGETS.throughput_cpu_vs_best:g}x that peer's"
+    ours = ok_result(case, OURS)
+    peers = peers_in(case)
+    best = best_of("c", case, peers, lower=False)
+    if ours is None or best is None:
+        why = (
+            "not in the results: " + status_text(case, OURS, infos)
+            if ours is None
+            else missing(case, peers, infos, "peer")
+        )
+        return [
+            check(rate, name, ">=", TARGETS.throughput_rate_vs_best, "x", None, why),
+            check(cpu, name, "<=", TARGETS.throughput_cpu_vs_best, "x", None, why),
+        ]
+    lib, theirs = best
+    label = infos[lib]["label"]
+    mine = float(ours["cycles_per_s"])
+    rate_text = f"{OURS} {mine:,.0f}/s vs {label} {theirs:,.0f}/s"
+    rate_ratio = mine / theirs if theirs > 0 else None
+    rows = [
+        check(
+            rate,
+            name,
+            ">=",
+            TARGETS.throughput_rate_vs_best,
+            "x",
+            rate_ratio,
+            rate_text + (f": {times(rate_ratio)}" if rate_ratio is not None else ""),
+        )
+    ]
+    my_cpu = ours.get("cpu_s_per_1000")
+    their_cpu = case["results"][lib].get("cpu_s_per_1000")
+    if my_cpu is None or not their_cpu:
+        rows.append(
+            check(
+                cpu,
+                name,
+                "<=",
+                TARGETS.throughput_cpu_vs_best,
+                "x",
+                None,
+                "not in the results: no CPU per cycle",
+            )
+        )
+    else:
+        text = (
+            f"{OURS} {my_cpu:.3f} vs {label} {their_cpu:.3f} CPU s per 1,000 cycles: "
+            f"{times(my_cpu / their_cpu)}"
+        )
+        rows.append(
+            check(cpu, name, "<=", TARGETS.throughput_cpu_vs_best, "x", my_cpu / their_cpu, text)
+        )
+    return rows
+
+
+def targets_section(report: dict[str, Any]) -> str:
+    """The targets table, computed from the results, with a count."""
+    rows = report["targets"]
+    lines = [
+        f"| {r['target']} | {r['case']} | {r['measured']} | "
+        + ("met" if r["met"] else f"**{r['result']}**" if r["met"] is False else r["result"])
+        + " |"
+        for r in rows
+    ]
+    return (
+        "The targets set for this benchmark, checked against this run for asyncredlock "
+        'with its defaults (auto-extension and fencing on); "best peer" is the best of '
+        'the other libraries in that case, a "Redlock peer" one that runs on N > 1 '
+        "masters (aioredlock, pottery, redlock-ng). A missed target gives its shortfall "
+        "in the target's unit, and the measured value against the target.\n\n"
+        "| Target | Case | Measured | Result |\n|---|---|---|---|\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + target_count(rows)
+        + "\n"
+    )
+
+
+def target_count(rows: Sequence[dict[str, Any]]) -> str:
+    """``Met 7 of 13 targets; missed 4; not measured 2.``"""
+    met = sum(r["met"] is True for r in rows)
+    missed = sum(r["met"] is False for r in rows)
+    unknown = len(rows) - met - missed
+    text = f"Met {met} of {len(rows)} targets; missed {missed}"
+    return text + (f"; not measured {unknown}." if unknown else ".")
+
+
+SUMMARY_METRICS = {
+    "a": "a. uncontended acquire + release, p50 (ms)",
+    "b": "b. 1 of 5 masters failing, acquire p50 (ms)",
+    "c": f"c. throughput, {THROUGHPUT_WORKERS} workers: cycles/s",
+    "d": f"d. contention, {CONTENTION_WORKERS} workers on one key: acquisitions/s",
+    "e": "e. wake-up after release, p50 (ms)",
+}
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """The README summary: per scenario and case, asyncredlock's headline value, the
+    best peer's, and how they compare; the targets met; how to rerun."""
+    infos = report["libraries"]
+    rows = []
+    for scenario in report["scenarios"]:
+        sid, lower = scenario["id"], scenario["better"] == "lower"
+        for i, case in enumerate(scenario["cases"]):
+            title = SUMMARY_METRICS[sid] if i == 0 else ""
+            rows.append(
+                f"| {title} | {case['name']} | " + summary_cells(sid, case, infos, lower) + " |"
+            )
+    quick = (
+        " **Quick run: too few iterations to mean anything.**" if report["plan"]["quick"] else ""
+    )
+    return (
+        "| Scenario, metric | Case | asyncredlock | Best peer | asyncredlock vs best peer |\n"
+        "|---|---|--:|--:|--:|\n"
+        + "\n".join(rows)
+        + "\n\nasyncredlock with its defaults (auto-extension and fencing on) against the "
+        "best of the other libraries in each case (latency: lower is better; rates: "
+        "higher is better). The full tables (p99, CPU per cycle, contention fairness, "
+        "`fencing=False`), the targets and the notes: [docs/peers.md](docs/peers.md). "
+        + target_count(report["targets"])
+        + " "
+        + machine_line(report["environment"])
+        + quick
+        + f"\n\nRerun (about {FULL_MINUTES} minutes, on a quiet machine): `{RERUN}`.\n"
+    )
+
+
+def summary_cells(sid: str, case: dict[str, Any], infos: dict[str, Any], lower: bool) -> str:
+    """asyncredlock's value | the best peer's | the comparison, for one case."""
+    ours = ok_result(case, OURS)
+    mine = value(sid, ours) if ours is not None else None
+    best = best_of(sid, case, peers_in(case), lower)
+    left = status_text(case, OURS, infos).split(": ", 1)[1] if mine is None else show(sid, mine)
+    if best is None:
+        return f"{left} | no peer completed | -"
+    lib, theirs = best
+    right = f"{infos[lib]['label']} {show(sid, theirs)}"
+    if mine is None:
+        return f"{left} | {right} | -"
+    if not lower:
+        versus = f"{times(mine / theirs)} the peer's" if theirs > 0 else "-"
+    elif mine <= 0:
+        versus = "-"
+    elif mine <= theirs:
+        versus = f"{times(theirs / mine)} faster"
+    else:
+        versus = f"{times(mine / theirs)} slower"
+    return f"{left} | {right} | {versus}"
+
+
+def show(sid: str, v: float) -> str:
+    """A headline value: a rate without decimals, a latency in ms."""
+    return f"{v:,.0f}" if sid in "cd" else number(v)
+
+
+COLORS = {
+    "asyncredlock": "tab:blue",
+    "asyncredlock-unfenced": "lightskyblue",
+    "asyncredlock-fair": "navy",
+    "aioredlock": "tab:orange",
+    "pottery": "tab:green",
+    "redlock-ng": "tab:red",
+    "redis-py": "tab:purple",
+    "python-redis-lock": "tab:brown",
+}
+PANEL_LABELS = {
+    "a": ("p50 acquire + release (ms, log)", True),
+    "b": ("p50 acquire (ms, log)", True),
+    "c": ("cycles per second", False),
+    "d": ("acquisitions per second", False),
+    "e": ("p50 release → acquire (ms, log)", True),
+}
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """One panel per scenario, grouped bars (cases by libraries); hangs marked."""
+    plt = pyplot()
+    fig, grid = plt.subplots(2, 3, figsize=(15, 8.5), dpi=100)
+    axes = list(grid.flat)
+    infos = report["libraries"]
+    for ax, scenario in zip(axes, report["scenarios"], strict=False):
+        bars(ax, scenario, infos, report["settings"]["op_guard_s"] * 1000)
+    legend_panel(axes[-1], infos)
+    fig.suptitle(
+        "asyncredlock and other Python Redis locks (bars: ok; hatched: hung at the guard; "
+        "'failed' or 'hung' written where no bar; missing: n/a or unavailable)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def bars(ax: Any, scenario: dict[str, Any], infos: dict[str, Any], guard_ms: float) -> None:
+    """Grouped bars of one scenario's metric."""
+    ylabel, log = PANEL_LABELS[scenario["id"]]
+    libs = list(infos)
+    width = 0.8 / len(libs)
+    for i, case in enumerate(scenario["cases"]):
+        for j, lib in enumerate(libs):
+            x = i - 0.4 + width * (j + 0.5)
+            bar(ax, x, width, case["results"][lib], scenario["id"], COLORS[lib], guard_ms, log)
+    ax.set_xticks(range(len(scenario["cases"])))
+    ax.set_xticklabels([c["name"] for c in scenario["cases"]], fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_title(f"{scenario['id']}. {scenario['title']}", fontsize=10)
+    if log:
+        from matplotlib.ticker import FormatStrFormatter, LogLocator
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter(""))
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def bar(
+    ax: Any,
+    x: float,
+    width: float,
+    result: dict[str, Any],
+    sid: str,
+    color: str,
+    guard: float,
+    log: bool,
+) -> None:
+    """One bar, or the mark of a hang or failure."""
+    y = value(sid, result)
+    if y is not None:
+        ax.bar(x, y, width, color=color)
+    elif result["status"] == "hung" and log:
+        ax.bar(x, guard, width, color="white", edgecolor=color, hatch="//")
+        ax.annotate(
+            "hung", (x, guard * 0.8), ha="center", va="top", rotation=90, color=color, fontsize=8
+        )
+    elif result["status"] in ("hung", "failed"):
+        ax.annotate(
+            result["status"],
+            (x, 0.02),
+            ha="center",
+            va="bottom",
+            rotation=90,
+            color=color,
+            fontsize=8,
+            xycoords=("data", "axes fraction"),
+        )
+
+
+def legend_panel(ax: Any, infos: dict[str, Any]) -> None:
+    """The last panel: the legend."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=COLORS[lib], label=info["label"]) for lib, info in infos.items()]
+    ax.legend(handles=handles, loc="center", fontsize=10, frameon=False)
+    ax.axis("off")
+
+
+def write_outputs(
+    report: dict[str, Any], out: Path, docs: Path | None, readme: Path | None = None
+) -> None:
+    """JSON, markdown and PNG into ``out``; the plot and section into ``docs`` and the
+    summary into ``readme``, if given."""
+    write_json(out / "peers.json", report)
+    write_text(out / "peers.md", markdown(report))
+    plot(report, out / "peers.png")
+    if docs is not None:
+        (docs / "img").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "peers.png", docs / "img" / "peers.png")
+        publish_section(docs / "peers.md", MARKER, docs_section(report))
+    if readme is not None:
+        publish_between(readme, SUMMARY_START, SUMMARY_END, summary_table(report))
