@@ -59,10 +59,12 @@ from urllib.parse import urlsplit
 
 from lockbench.harness import (
     ProxyHost,
+    add_report_option,
     environment,
     publish_between,
     publish_section,
     pyplot,
+    read_report,
     servers_behind_proxies,
     summarize,
     write_json,
@@ -1051,6 +1053,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--docs", type=Path, help="also publish to this mkdocs dir (img/, benchmarks.md)"
     )
     parser.add_argument("--readme", type=Path, help="also write the summary table into this README")
+    add_report_option(parser, "fanout.json")
     return parser.parse_args(argv)
 
 
@@ -1099,14 +1102,17 @@ def write_outputs(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and write its outputs."""
     args = parse_args(argv)
-    try:
-        report = run(QUICK if args.quick else FULL)
-    except KeyboardInterrupt:
-        print("interrupted; servers and proxies stopped", file=sys.stderr)
-        return 130
+    if args.report is not None:
+        report = read_report(args.report)
+    else:
+        try:
+            report = run(QUICK if args.quick else FULL)
+        except KeyboardInterrupt:
+            print("interrupted; servers and proxies stopped", file=sys.stderr)
+            return 130
     write_outputs(report, args.out, args.docs, args.readme)
     print(markdown_table(report["cases"]))
-    print(f"written to {args.out} in {report['seconds']:g} s", file=sys.stderr)
+    print(f"written to {args.out}", file=sys.stderr)
     return 0
 
 

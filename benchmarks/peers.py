@@ -87,7 +87,9 @@ from lockbench.adapters import (
 )
 from lockbench.harness import (
     ProxyHost,
+    add_report_option,
     environment,
+    read_report,
     servers_behind_proxies,
     summarize,
 )
@@ -1148,13 +1150,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--docs", type=Path, help="also publish to this mkdocs dir (img/, peers.md)"
     )
     parser.add_argument("--readme", type=Path, help="also write the summary table into this README")
-    parser.add_argument(
-        "--report",
-        type=Path,
-        metavar="JSON",
-        help="measure nothing: write the report (markdown, plot, docs, README) of results "
-        "already written (a peers.json) to --out",
-    )
+    add_report_option(parser, "peers.json")
     parser.add_argument(
         "--scenarios",
         type=pick_scenarios,
@@ -1203,7 +1199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = parse_args(argv)
     if args.report is not None:
-        report = json.loads(args.report.read_text())
+        report = read_report(args.report)
     else:
         try:
             report = run(args.only, QUICK if args.quick else FULL, args.scenarios)

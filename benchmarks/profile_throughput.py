@@ -80,7 +80,15 @@ from lockbench.adapters import (
     describe,
     probe,
 )
-from lockbench.harness import ProxyHost, environment, servers_behind_proxies, write_json, write_text
+from lockbench.harness import (
+    ProxyHost,
+    add_report_option,
+    environment,
+    read_report,
+    servers_behind_proxies,
+    write_json,
+    write_text,
+)
 from lockbench.settings import POOL, TTL, WAIT
 
 from asyncredlock import AsyncRedlock
@@ -1089,6 +1097,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
     )
     parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
+    add_report_option(parser, "profile_throughput.json")
     parser.add_argument(
         "--only",
         type=select,
@@ -1118,11 +1127,14 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and write its outputs."""
     args, plan = parse_args(argv)
-    try:
-        report = run(args.only, plan)
-    except KeyboardInterrupt:
-        print("interrupted; servers and proxies stopped", file=sys.stderr)
-        return 130
+    if args.report is not None:
+        report = read_report(args.report)
+    else:
+        try:
+            report = run(args.only, plan)
+        except KeyboardInterrupt:
+            print("interrupted; servers and proxies stopped", file=sys.stderr)
+            return 130
     write_json(args.out / "profile_throughput.json", report)
     text = markdown(report)
     write_text(args.out / "profile_throughput.md", text)

@@ -27,9 +27,11 @@ from typing import Any
 
 import anyio
 from lockbench.harness import (
+    add_report_option,
     environment,
     publish_section,
     pyplot,
+    read_report,
     summarize,
     write_json,
     write_text,
@@ -258,9 +260,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     parser.add_argument("--docs", type=Path, help="also write the table into DOCS/rwlock.md")
+    add_report_option(parser, "rwlock.json")
     args = parser.parse_args()
     started = time.monotonic()
-    results = asyncio.run(run(args.quick))
+    results = read_report(args.report) if args.report else asyncio.run(run(args.quick))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "rwlock.json", results)
     text = table(results)

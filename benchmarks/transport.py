@@ -52,7 +52,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from lockbench.harness import environment, publish_between, write_json, write_text
+from lockbench.harness import (
+    add_report_option,
+    environment,
+    publish_between,
+    read_report,
+    write_json,
+    write_text,
+)
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from asyncredlock._connect import RedisPyOpener
@@ -519,7 +526,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--docs", type=Path, help="docs directory: publish the table into transport.md there"
     )
+    add_report_option(parser, "transport.json")
     plan = parser.parse_args(argv)
+    if plan.report is not None:
+        return write_report(read_report(plan.report), plan.out, plan.docs)
     plan.duration = plan.duration or (0.3 if plan.quick else 3.0)
     plan.reps = plan.reps or (1 if plan.quick else 3)
     plan.count = 50 if plan.quick else 2000
@@ -541,16 +551,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "environment": environment(),
         **measured,
     }
-    plan.out.mkdir(parents=True, exist_ok=True)
-    name = "transport" if plan.loop == "asyncio" else f"transport-{plan.loop}"
-    write_json(plan.out / f"{name}.json", report)
-    write_text(plan.out / f"{name}.md", markdown(report))
-    if plan.docs is not None:
-        marker = "TRANSPORT-TABLE" if plan.loop == "asyncio" else f"TRANSPORT-TABLE-{plan.loop}"
+    return write_report(report, plan.out, plan.docs)
+
+
+def write_report(report: dict[str, Any], out: Path, docs: Path | None) -> int:
+    """JSON and markdown into ``out``, the table into ``docs``' transport page if given
+    (the files of the report's event loop: ``transport-uvloop.*`` under uvloop)."""
+    loop = report["plan"].get("loop", "asyncio")  # results from before --loop: asyncio
+    out.mkdir(parents=True, exist_ok=True)
+    name = "transport" if loop == "asyncio" else f"transport-{loop}"
+    write_json(out / f"{name}.json", report)
+    write_text(out / f"{name}.md", markdown(report))
+    if docs is not None:
+        marker = "TRANSPORT-TABLE" if loop == "asyncio" else f"TRANSPORT-TABLE-{loop}"
         table = markdown(report).split("\n\n", 2)[2]  # after the title and the prose
-        publish_between(
-            plan.docs / "transport.md", f"<!-- {marker} -->", f"<!-- /{marker} -->", table
-        )
+        publish_between(docs / "transport.md", f"<!-- {marker} -->", f"<!-- /{marker} -->", table)
     print(markdown(report))
     return 0
 

@@ -14,6 +14,7 @@ Scripts import this as ``lockbench.harness`` (Python puts a script's own directo
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import datetime as dt
@@ -313,6 +314,23 @@ def write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def add_report_option(parser: argparse.ArgumentParser, results: str) -> None:
+    """``--report JSON``: the script's report step alone, on results already written
+    (``results``, e.g. ``peers.json``): it measures nothing and writes the same files
+    as a run that measured them."""
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help=f"measure nothing: write the report of results already written (a {results})",
+    )
+
+
+def read_report(path: Path) -> Any:
+    """Results written by an earlier run (see `add_report_option`)."""
+    return json.loads(path.read_text())
 
 
 def write_json(path: Path, data: object) -> None:
