@@ -44,186 +44,195 @@ async def queue_behind(
     await queue.reach(base + count)
 
 
-async def test_waiters_get_the_lease_in_arrival_order_with_no_call_to_the_masters(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    leases: list[Lease] = []
-    async with AsyncRedlock(servers.urls) as redlock, AsyncRedlock(servers.urls) as other:
-        queue = Queue(redlock)
-        first = await redlock.lock("relay").acquire()
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                await queue_behind(redlock, queue, tg, "relay", 5, leases)
-                before = redlock.statistics()
-                await first.release()
-        stats = redlock.statistics()
-        after = await other.lock("relay", timeout=0).acquire()
-        await after.release()
-        await redlock.settle()
-        assert await masters.keys() == [[]] * 5
-    assert (before.attempts, before.releases) == (1, 0)
-    assert (stats.attempts, stats.acquisitions, stats.handoffs, stats.releases) == (1, 1, 5, 1)
-    assert [lease.value for lease in leases] == [first.value] * 5  # the same key, passed on
-    tokens = [first.token, *(lease.token for lease in leases)]
-    assert first.token is not None
-    assert tokens == list(range(first.token, first.token + 6))
-    assert after.token is not None
-    assert after.token >= first.token + TOKEN_BLOCK  # past the whole block
+class TestPassingOn:
+    """A released lease goes to the next task with no call to the masters, when it fits."""
+
+    async def test_waiters_get_the_lease_in_arrival_order_with_no_call_to_the_masters(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        leases: list[Lease] = []
+        async with AsyncRedlock(servers.urls) as redlock, AsyncRedlock(servers.urls) as other:
+            queue = Queue(redlock)
+            first = await redlock.lock("relay").acquire()
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    await queue_behind(redlock, queue, tg, "relay", 5, leases)
+                    before = redlock.statistics()
+                    await first.release()
+            stats = redlock.statistics()
+            after = await other.lock("relay", timeout=0).acquire()
+            await after.release()
+            await redlock.settle()
+            assert await masters.keys() == [[]] * 5
+        assert (before.attempts, before.releases) == (1, 0)
+        assert (stats.attempts, stats.acquisitions, stats.handoffs, stats.releases) == (1, 1, 5, 1)
+        assert [lease.value for lease in leases] == [first.value] * 5  # the same key, passed on
+        tokens = [first.token, *(lease.token for lease in leases)]
+        assert first.token is not None
+        assert tokens == list(range(first.token, first.token + 6))
+        assert after.token is not None
+        assert after.token >= first.token + TOKEN_BLOCK  # past the whole block
+
+    async def test_a_chain_goes_back_to_the_masters_when_its_tokens_run_out(
+        self,
+        servers: ServerGroup,
+    ) -> None:
+        leases: list[Lease] = []
+        async with AsyncRedlock(servers.urls) as redlock:
+            queue = Queue(redlock)
+            first = await redlock.lock("long chain").acquire()
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    await queue_behind(redlock, queue, tg, "long chain", TOKEN_BLOCK + 5, leases)
+                    await first.release()
+            stats = redlock.statistics()
+        # 70 holds: the first acquisition passed on 63 times, the second 5 times
+        assert (stats.acquisitions, stats.handoffs) == (2, (TOKEN_BLOCK - 1) + 5)
+        tokens = [first.token, *(lease.token for lease in leases)]
+        assert all(isinstance(token, int) for token in tokens)
+        assert tokens == sorted(set(tokens))  # strictly increasing, in holding order
+        second = leases[TOKEN_BLOCK - 1]  # the first lease of the second acquisition
+        assert second.value != first.value
+        assert first.token is not None
+        assert second.token is not None
+        assert second.token >= first.token + TOKEN_BLOCK
+
+    @pytest.mark.parametrize(
+        ("holder", "waiter"),
+        [
+            pytest.param({}, {"auto_extend": False}, id="waiter does not extend its leases"),
+            pytest.param({"ttl": 1.0}, {"ttl": 10.0}, id="less than half the waiter's ttl left"),
+            pytest.param({"fencing": False}, {}, id="fenced waiter, unfenced lease"),
+        ],
+    )
+    async def test_a_lease_that_does_not_fit_the_waiter_is_released_and_taken_anew(
+        self,
+        servers: ServerGroup,
+        holder: dict[str, Any],
+        waiter: dict[str, Any],
+    ) -> None:
+        leases: list[Lease] = []
+        async with AsyncRedlock(servers.urls) as redlock:
+            queue = Queue(redlock)
+            first = await redlock.lock("misfit", **holder).acquire()
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    await queue_behind(redlock, queue, tg, "misfit", 1, leases, **waiter)
+                    await first.release()
+            stats = redlock.statistics()
+        assert (stats.acquisitions, stats.handoffs, stats.releases) == (2, 0, 2)
+        assert leases[0].value != first.value
+        assert (leases[0].token is None) == (waiter.get("fencing") is False)
+
+    async def test_an_unfenced_waiter_in_a_fenced_chain_gets_no_token_and_skips_none(
+        self,
+        servers: ServerGroup,
+    ) -> None:
+        leases: list[Lease] = []
+        async with AsyncRedlock(servers.urls) as redlock:
+            queue = Queue(redlock)
+            first = await redlock.lock("mixed").acquire()
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    await queue_behind(redlock, queue, tg, "mixed", 1, leases, fencing=False)
+                    await queue_behind(redlock, queue, tg, "mixed", 1, leases)
+                    await first.release()
+            assert redlock.statistics().handoffs == 2
+        assert first.token is not None
+        assert [lease.token for lease in leases] == [None, first.token + 2]
 
 
-async def test_a_chain_goes_back_to_the_masters_when_its_tokens_run_out(
-    servers: ServerGroup,
-) -> None:
-    leases: list[Lease] = []
-    async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock)
-        first = await redlock.lock("long chain").acquire()
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                await queue_behind(redlock, queue, tg, "long chain", TOKEN_BLOCK + 5, leases)
-                await first.release()
-        stats = redlock.statistics()
-    # 70 holds: the first acquisition passed on 63 times, the second 5 times
-    assert (stats.acquisitions, stats.handoffs) == (2, (TOKEN_BLOCK - 1) + 5)
-    tokens = [first.token, *(lease.token for lease in leases)]
-    assert all(isinstance(token, int) for token in tokens)
-    assert tokens == sorted(set(tokens))  # strictly increasing, in holding order
-    second = leases[TOKEN_BLOCK - 1]  # the first lease of the second acquisition
-    assert second.value != first.value
-    assert first.token is not None
-    assert second.token is not None
-    assert second.token >= first.token + TOKEN_BLOCK
+class TestLeavingTheQueue:
+    """Tasks that give up, leases that run out or are forced free: the queue goes on."""
+
+    async def test_a_waiter_that_gives_up_in_the_queue_gets_a_timeout(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            queue = Queue(redlock)
+            lease = await redlock.lock("busy").acquire()
+            with pytest.raises(LockTimeoutError, match="held by another task of this AsyncRedlock"):
+                await redlock.lock("busy", timeout=0).acquire()  # no attempt: it is held here
+            with pytest.raises(LockTimeoutError, match=r"within 0\.05 s: held by another task"):
+                await redlock.lock("busy", timeout=0.05).acquire()
+            stats = redlock.statistics()
+            assert queue.queued == 1  # timeout=0 did not even queue
+            assert (stats.attempts, stats.timeouts) == (1, 2)
+            assert client_state(redlock).slots == {"busy": 0}  # nobody queued behind it
+            await lease.release()
+            assert client_state(redlock).slots == {}
+            await redlock.settle()
+            assert await masters.keys() == [[]] * 5
+
+    async def test_a_lease_that_runs_out_unreleased_lets_the_next_task_acquire(
+        self,
+        servers: ServerGroup,
+    ) -> None:
+        """A lease that does not extend itself is never told that it ran out; the
+        task queued behind it takes the slot back when its validity ends."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            forgotten = await redlock.lock("forgotten", ttl=0.3, auto_extend=False).acquire()
+            with anyio.fail_after(HANG_GUARD):
+                lease = await redlock.lock("forgotten", timeout=HANG_GUARD).acquire()
+            assert forgotten.validity == 0
+            assert lease.value != forgotten.value
+            assert redlock.statistics().handoffs == 0
+            await lease.release()
+
+    async def test_force_release_in_the_same_process_ends_its_leases_and_serves_the_queue(
+        self,
+        servers: ServerGroup,
+    ) -> None:
+        leases: list[Lease] = []
+        async with AsyncRedlock(servers.urls) as redlock:
+            queue = Queue(redlock)
+            entered = anyio.Event()
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def stuck() -> None:
+                        with pytest.raises(LockLostError):
+                            # not due for an extension before the hang guard
+                            async with redlock.lock("stuck", ttl=HANG_GUARD * 10):
+                                entered.set()
+                                await anyio.sleep_forever()
+
+                    tg.start_soon(stuck)
+                    await entered.wait()
+                    await queue_behind(redlock, queue, tg, "stuck", 1, leases)
+                    assert await redlock.force_release("stuck") == 5
+            stats = redlock.statistics()
+        assert (stats.lost, stats.acquisitions, stats.handoffs) == (1, 2, 0)
+        assert len(leases) == 1  # the queued task acquired on the masters
 
 
-@pytest.mark.parametrize(
-    ("holder", "waiter"),
-    [
-        pytest.param({}, {"auto_extend": False}, id="waiter does not extend its leases"),
-        pytest.param({"ttl": 1.0}, {"ttl": 10.0}, id="less than half the waiter's ttl left"),
-        pytest.param({"fencing": False}, {}, id="fenced waiter, unfenced lease"),
-    ],
-)
-async def test_a_lease_that_does_not_fit_the_waiter_is_released_and_taken_anew(
-    servers: ServerGroup,
-    holder: dict[str, Any],
-    waiter: dict[str, Any],
-) -> None:
-    leases: list[Lease] = []
-    async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock)
-        first = await redlock.lock("misfit", **holder).acquire()
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                await queue_behind(redlock, queue, tg, "misfit", 1, leases, **waiter)
-                await first.release()
-        stats = redlock.statistics()
-    assert (stats.acquisitions, stats.handoffs, stats.releases) == (2, 0, 2)
-    assert leases[0].value != first.value
-    assert (leases[0].token is None) == (waiter.get("fencing") is False)
+class TestAcrossProcesses:
+    """The in-process queue never lets two processes hold at once."""
 
+    async def test_tasks_of_two_processes_never_hold_at_once(self, servers: ServerGroup) -> None:
+        """Chains in two AsyncRedlocks on one key: the masters still decide between
+        them, and tokens increase in the order the lock was held."""
+        holding = 0
+        tokens: list[int] = []
+        async with AsyncRedlock(servers.urls) as one, AsyncRedlock(servers.urls) as two:
 
-async def test_an_unfenced_waiter_in_a_fenced_chain_gets_no_token_and_skips_none(
-    servers: ServerGroup,
-) -> None:
-    leases: list[Lease] = []
-    async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock)
-        first = await redlock.lock("mixed").acquire()
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                await queue_behind(redlock, queue, tg, "mixed", 1, leases, fencing=False)
-                await queue_behind(redlock, queue, tg, "mixed", 1, leases)
-                await first.release()
-        assert redlock.statistics().handoffs == 2
-    assert first.token is not None
-    assert [lease.token for lease in leases] == [None, first.token + 2]
+            async def worker(redlock: AsyncRedlock) -> None:
+                nonlocal holding
+                for _ in range(30):
+                    async with redlock.lock("shared", timeout=HANG_GUARD) as lease:
+                        holding += 1
+                        assert holding == 1
+                        assert lease.token is not None
+                        tokens.append(lease.token)
+                        await anyio.lowlevel.checkpoint()  # let the others run while it is held
+                        holding -= 1
 
-
-async def test_a_waiter_that_gives_up_in_the_queue_gets_a_timeout(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock)
-        lease = await redlock.lock("busy").acquire()
-        with pytest.raises(LockTimeoutError, match="held by another task of this AsyncRedlock"):
-            await redlock.lock("busy", timeout=0).acquire()  # no attempt: it is held here
-        with pytest.raises(LockTimeoutError, match=r"within 0\.05 s: held by another task"):
-            await redlock.lock("busy", timeout=0.05).acquire()
-        stats = redlock.statistics()
-        assert queue.queued == 1  # timeout=0 did not even queue
-        assert (stats.attempts, stats.timeouts) == (1, 2)
-        assert client_state(redlock).slots == {"busy": 0}  # nobody queued behind it
-        await lease.release()
-        assert client_state(redlock).slots == {}
-        await redlock.settle()
-        assert await masters.keys() == [[]] * 5
-
-
-async def test_a_lease_that_runs_out_unreleased_lets_the_next_task_acquire(
-    servers: ServerGroup,
-) -> None:
-    """A lease that does not extend itself is never told that it ran out; the
-    task queued behind it takes the slot back when its validity ends."""
-    async with AsyncRedlock(servers.urls) as redlock:
-        forgotten = await redlock.lock("forgotten", ttl=0.3, auto_extend=False).acquire()
-        with anyio.fail_after(HANG_GUARD):
-            lease = await redlock.lock("forgotten", timeout=HANG_GUARD).acquire()
-        assert forgotten.validity == 0
-        assert lease.value != forgotten.value
-        assert redlock.statistics().handoffs == 0
-        await lease.release()
-
-
-async def test_force_release_in_the_same_process_ends_its_leases_and_serves_the_queue(
-    servers: ServerGroup,
-) -> None:
-    leases: list[Lease] = []
-    async with AsyncRedlock(servers.urls) as redlock:
-        queue = Queue(redlock)
-        entered = anyio.Event()
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-
-                async def stuck() -> None:
-                    with pytest.raises(LockLostError):
-                        # not due for an extension before the hang guard
-                        async with redlock.lock("stuck", ttl=HANG_GUARD * 10):
-                            entered.set()
-                            await anyio.sleep_forever()
-
-                tg.start_soon(stuck)
-                await entered.wait()
-                await queue_behind(redlock, queue, tg, "stuck", 1, leases)
-                assert await redlock.force_release("stuck") == 5
-        stats = redlock.statistics()
-    assert (stats.lost, stats.acquisitions, stats.handoffs) == (1, 2, 0)
-    assert len(leases) == 1  # the queued task acquired on the masters
-
-
-async def test_tasks_of_two_processes_never_hold_at_once(servers: ServerGroup) -> None:
-    """Chains in two AsyncRedlocks on one key: the masters still decide between
-    them, and tokens increase in the order the lock was held."""
-    holding = 0
-    tokens: list[int] = []
-    async with AsyncRedlock(servers.urls) as one, AsyncRedlock(servers.urls) as two:
-
-        async def worker(redlock: AsyncRedlock) -> None:
-            nonlocal holding
-            for _ in range(30):
-                async with redlock.lock("shared", timeout=HANG_GUARD) as lease:
-                    holding += 1
-                    assert holding == 1
-                    assert lease.token is not None
-                    tokens.append(lease.token)
-                    await anyio.lowlevel.checkpoint()  # let the others run while it is held
-                    holding -= 1
-
-        with anyio.fail_after(HANG_GUARD * 4):
-            async with anyio.create_task_group() as tg:
-                for redlock in (one, two):
-                    for _ in range(4):
-                        tg.start_soon(worker, redlock)
-        handoffs = one.statistics().handoffs + two.statistics().handoffs
-    assert len(tokens) == 240
-    assert tokens == sorted(set(tokens))
-    assert handoffs > 0
+            with anyio.fail_after(HANG_GUARD * 4):
+                async with anyio.create_task_group() as tg:
+                    for redlock in (one, two):
+                        for _ in range(4):
+                            tg.start_soon(worker, redlock)
+            handoffs = one.statistics().handoffs + two.statistics().handoffs
+        assert len(tokens) == 240
+        assert tokens == sorted(set(tokens))
+        assert handoffs > 0

@@ -33,148 +33,185 @@ HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 PATIENT = 60.0
 
 
-async def test_a_release_is_announced_to_the_first_waiter_only(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    """Three clients wait in line; each release hands the key to the first waiter and
-    publishes one message per master, to the inbox of that waiter's client; the lock's
-    own channel hears nothing."""
-    spy = Redis.from_url(servers.urls[0])
-    pubsub = spy.pubsub()
-    await pubsub.psubscribe(INBOX_PREFIX + "*", "{line}:released", "test:sentinel")
-    heard: list[tuple[bytes, bytes]] = []
+class TestAnnouncement:
+    """A release is announced on the first waiter's inbox, not to every client."""
 
-    async def drain() -> None:
-        """Everything published on master 0 before now (a sentinel closes the batch)."""
-        await spy.publish("test:sentinel", "end")
-        while True:
-            message = await pubsub.get_message(timeout=HANG_GUARD)
-            if message is None or message["type"] != "pmessage":
-                continue  # the confirmation of a subscription
-            if message["channel"] == b"test:sentinel":
-                return
-            heard.append((message["channel"], message["data"]))
+    async def test_a_release_is_announced_to_the_first_waiter_only(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Three clients wait in line; each release hands the key to the first waiter and
+        publishes one message per master, to the inbox of that waiter's client; the lock's
+        own channel hears nothing."""
+        spy = Redis.from_url(servers.urls[0])
+        pubsub = spy.pubsub()
+        await pubsub.psubscribe(INBOX_PREFIX + "*", "{line}:released", "test:sentinel")
+        heard: list[tuple[bytes, bytes]] = []
 
-    order: list[int] = []
-    leases: dict[int, Lease] = {}
-    got = {i: anyio.Event() for i in range(3)}
-    try:
+        async def drain() -> None:
+            """Everything published on master 0 before now (a sentinel closes the batch)."""
+            await spy.publish("test:sentinel", "end")
+            while True:
+                message = await pubsub.get_message(timeout=HANG_GUARD)
+                if message is None or message["type"] != "pmessage":
+                    continue  # the confirmation of a subscription
+                if message["channel"] == b"test:sentinel":
+                    return
+                heard.append((message["channel"], message["data"]))
+
+        order: list[int] = []
+        leases: dict[int, Lease] = {}
+        got = {i: anyio.Event() for i in range(3)}
+        try:
+            async with (
+                AsyncRedlock(servers.urls) as holder,
+                clients(servers.urls, 3, retry_delay=PATIENT) as waiters,
+            ):
+                held = await holder.lock("line").acquire()
+                waiting = Waiting(waiters)
+                with anyio.fail_after(HANG_GUARD):
+                    async with anyio.create_task_group() as tg:
+                        for i, redlock in enumerate(waiters):
+
+                            async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
+                                leases[i] = await redlock.lock("line", timeout=HANG_GUARD).acquire()
+                                order.append(i)
+                                got[i].set()
+
+                            tg.start_soon(take)
+                            await waiting.reach(i + 1)  # queued before the next one comes
+                        ids = list((await queues(masters, "line"))[0])
+                        assert len(ids) == 3
+                        assert all(each.startswith(b"w:") for each in ids)
+                        await drain()
+                        heard.clear()  # the subscriptions' own traffic
+                        previous = held
+                        for i, redlock in enumerate(waiters):
+                            await previous.release()
+                            await got[i].wait()
+                            await drain()
+                            inbox = (INBOX_PREFIX + client_state(redlock).client).encode()
+                            # one message, to the first waiter's client, naming it: the
+                            # master handed it the key
+                            assert len(heard) == 1
+                            assert heard[0][0] == inbox
+                            assert heard[0][1].split(b" ")[:2][0] == ids[i]
+                            assert heard[0][1].split(b" ")[1].startswith(b"handed:")
+                            assert (
+                                leases[i].value == (await masters.clients[0].get("line")).decode()
+                            )
+                            heard.clear()
+                            previous = leases[i]
+                        await previous.release()
+                woken = [redlock.statistics().wakeups for redlock in waiters]
+                attempts = [redlock.statistics().attempts for redlock in waiters]
+                for redlock in waiters:
+                    await redlock.settle()
+        finally:
+            await pubsub.aclose()
+            await spy.aclose()
+        assert order == [0, 1, 2]
+        assert woken == [1, 1, 1]  # each woken once, by the release before its turn
+        # per waiter: refused without a place in line, refused and queued; then handed the
+        # lock by the release, without an attempt
+        assert attempts == [2, 2, 2]
+        assert await masters.keys() == [[]] * 5  # no key, no queue left
+
+    async def test_a_waiter_leaving_first_in_line_announces_the_next(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The lock is free but a waiter of another client is first in line: the next
+        waiter is refused; when the first one leaves (cancelled, or out of time), its
+        dequeue wakes the next at once, not after its entry lapses."""
+        ghost = "w:0badc0ffee00:0"
+        for client in masters.clients:
+            seconds, micros = await client.time()
+            now_ms = seconds * 1000 + micros // 1000
+            await client.zadd("{turn}:queue", {ghost: 0})
+            await client.zadd("{turn}:queue:expiry", {ghost: now_ms + 1000 * PATIENT})
+        async with AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock:
+            waiting = Waiting([redlock])
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    leases: list[Lease] = []
+
+                    async def take() -> None:
+                        leases.append(await redlock.lock("turn", timeout=HANG_GUARD).acquire())
+
+                    tg.start_soon(take)
+                    await waiting.reach(1)
+                    assert [q[0] for q in await queues(masters, "turn")] == [ghost.encode()] * 5
+                    # the first waiter's client gives up: what its acquire() does on exit
+                    keys = (*queue_keys("turn"), "turn", terms_key("turn"))
+                    for client in masters.clients:
+                        await evalsha(client, DEQUEUE, keys, (ghost, channel("turn"), ""))
+            assert waiting.woken == 1
+            await leases[0].release()
+            await redlock.settle()
+        assert await masters.keys() == [[]] * 5
+
+
+class TestArrivalOrder:
+    """Waiters of separate clients take the lock in the order they queued."""
+
+    async def test_waiters_of_separate_clients_acquire_in_arrival_order(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Without fair=True: the waiters that try on their own timer meanwhile are refused
+        while an earlier waiter is queued, so the order holds."""
+        order: list[int] = []
         async with (
             AsyncRedlock(servers.urls) as holder,
-            clients(servers.urls, 3, retry_delay=PATIENT) as waiters,
+            clients(servers.urls, 6, retry_delay=0.02) as waiters,
         ):
-            held = await holder.lock("line").acquire()
-            waiting = Waiting(waiters)
+            held = await holder.lock("order").acquire()
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     for i, redlock in enumerate(waiters):
 
                         async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
-                            leases[i] = await redlock.lock("line", timeout=HANG_GUARD).acquire()
-                            order.append(i)
-                            got[i].set()
+                            async with redlock.lock("order", timeout=HANG_GUARD):
+                                order.append(i)
 
+                        waiting = Waiting([redlock])
                         tg.start_soon(take)
-                        await waiting.reach(i + 1)  # queued before the next one comes
-                    ids = list((await queues(masters, "line"))[0])
-                    assert len(ids) == 3
-                    assert all(each.startswith(b"w:") for each in ids)
-                    await drain()
-                    heard.clear()  # the subscriptions' own traffic
-                    previous = held
-                    for i, redlock in enumerate(waiters):
-                        await previous.release()
-                        await got[i].wait()
-                        await drain()
-                        inbox = (INBOX_PREFIX + client_state(redlock).client).encode()
-                        # one message, to the first waiter's client, naming it: the
-                        # master handed it the key
-                        assert len(heard) == 1
-                        assert heard[0][0] == inbox
-                        assert heard[0][1].split(b" ")[:2][0] == ids[i]
-                        assert heard[0][1].split(b" ")[1].startswith(b"handed:")
-                        assert leases[i].value == (await masters.clients[0].get("line")).decode()
-                        heard.clear()
-                        previous = leases[i]
-                    await previous.release()
-            woken = [redlock.statistics().wakeups for redlock in waiters]
-            attempts = [redlock.statistics().attempts for redlock in waiters]
+                        await waiting.reach(1)  # queued (on a quorum) before the next one comes
+                    lengths = [len(q) for q in await queues(masters, "order")]
+                    assert sum(length == 6 for length in lengths) >= 3
+                    await held.release()
             for redlock in waiters:
                 await redlock.settle()
-    finally:
-        await pubsub.aclose()
-        await spy.aclose()
-    assert order == [0, 1, 2]
-    assert woken == [1, 1, 1]  # each woken once, by the release before its turn
-    # per waiter: refused without a place in line, refused and queued; then handed the
-    # lock by the release, without an attempt
-    assert attempts == [2, 2, 2]
-    assert await masters.keys() == [[]] * 5  # no key, no queue left
+        assert order == list(range(6))
+        assert await masters.keys() == [[]] * 5
 
+    async def test_a_key_queues_from_its_first_attempt_only_while_contended(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A client whose acquire() of a key had to wait brings its place in line from the
+        next acquire()'s first attempt; one that then finds the lock free at once forgets
+        that, and the one after it sends a plain attempt again."""
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock,
+        ):
+            held = await holder.lock("calm").acquire()
+            waiting = Waiting([redlock])
+            leases: list[Lease] = []
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
 
-async def test_waiters_of_separate_clients_acquire_in_arrival_order(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    """Without fair=True: the waiters that try on their own timer meanwhile are refused
-    while an earlier waiter is queued, so the order holds."""
-    order: list[int] = []
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        clients(servers.urls, 6, retry_delay=0.02) as waiters,
-    ):
-        held = await holder.lock("order").acquire()
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                for i, redlock in enumerate(waiters):
+                    async def take() -> None:
+                        leases.append(await redlock.lock("calm", timeout=HANG_GUARD).acquire())
 
-                    async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
-                        async with redlock.lock("order", timeout=HANG_GUARD):
-                            order.append(i)
-
-                    waiting = Waiting([redlock])
                     tg.start_soon(take)
-                    await waiting.reach(1)  # queued (on a quorum) before the next one comes
-                lengths = [len(q) for q in await queues(masters, "order")]
-                assert sum(length == 6 for length in lengths) >= 3
-                await held.release()
-        for redlock in waiters:
+                    await waiting.reach(1)
+                    await held.release()
+            await leases[0].release()
+            assert "calm" in client_state(redlock).contended
+            lease = await redlock.lock("calm", timeout=0).acquire()  # free: granted at once
+            assert "calm" not in client_state(redlock).contended
+            await lease.release()
             await redlock.settle()
-    assert order == list(range(6))
-    assert await masters.keys() == [[]] * 5
-
-
-async def test_a_waiter_leaving_first_in_line_announces_the_next(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    """The lock is free but a waiter of another client is first in line: the next
-    waiter is refused; when the first one leaves (cancelled, or out of time), its
-    dequeue wakes the next at once, not after its entry lapses."""
-    ghost = "w:0badc0ffee00:0"
-    for client in masters.clients:
-        seconds, micros = await client.time()
-        now_ms = seconds * 1000 + micros // 1000
-        await client.zadd("{turn}:queue", {ghost: 0})
-        await client.zadd("{turn}:queue:expiry", {ghost: now_ms + 1000 * PATIENT})
-    async with AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock:
-        waiting = Waiting([redlock])
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                leases: list[Lease] = []
-
-                async def take() -> None:
-                    leases.append(await redlock.lock("turn", timeout=HANG_GUARD).acquire())
-
-                tg.start_soon(take)
-                await waiting.reach(1)
-                assert [q[0] for q in await queues(masters, "turn")] == [ghost.encode()] * 5
-                # the first waiter's client gives up: what its acquire() does on exit
-                keys = (*queue_keys("turn"), "turn", terms_key("turn"))
-                for client in masters.clients:
-                    await evalsha(client, DEQUEUE, keys, (ghost, channel("turn"), ""))
-        assert waiting.woken == 1
-        await leases[0].release()
-        await redlock.settle()
-    assert await masters.keys() == [[]] * 5
+        assert await masters.keys() == [[]] * 5
 
 
 CHILD = textwrap.dedent(
@@ -196,39 +233,42 @@ CHILD = textwrap.dedent(
 )
 
 
-async def test_a_killed_process_delays_the_next_waiter_by_its_entry_not_the_ttl(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    """A waiter in another process, SIGKILLed while first in line: the release is
-    announced to it and nobody else; the next waiter goes once its entry lapsed (1 s
-    with the default settings), long before the holder's TTL would have run out."""
-    async with (
-        AsyncRedlock(servers.urls, ttl=PATIENT) as holder,
-        AsyncRedlock(servers.urls, retry_delay=0.05) as redlock,
-    ):
-        held = await holder.lock("killed").acquire()
-        async with await anyio.open_process(
-            [sys.executable, "-c", CHILD, *servers.urls], stdout=subprocess.PIPE
-        ) as child:
-            assert child.stdout is not None
+class TestDeadWaiter:
+    """A waiter that died delays the others by its queue entry, never by the TTL."""
+
+    async def test_a_killed_process_delays_the_next_waiter_by_its_entry_not_the_ttl(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A waiter in another process, SIGKILLed while first in line: the release is
+        announced to it and nobody else; the next waiter goes once its entry lapsed (1 s
+        with the default settings), long before the holder's TTL would have run out."""
+        async with (
+            AsyncRedlock(servers.urls, ttl=PATIENT) as holder,
+            AsyncRedlock(servers.urls, retry_delay=0.05) as redlock,
+        ):
+            held = await holder.lock("killed").acquire()
+            async with await anyio.open_process(
+                [sys.executable, "-c", CHILD, *servers.urls], stdout=subprocess.PIPE
+            ) as child:
+                assert child.stdout is not None
+                with anyio.fail_after(HANG_GUARD):
+                    assert (await child.stdout.receive()).startswith(b"queued")
+                os.kill(child.pid, signal.SIGKILL)
+                assert await child.wait() == -signal.SIGKILL
+            (dead,) = (await queues(masters, "killed"))[0]
+            assert [len(q) for q in await queues(masters, "killed")] == [1] * 5
+            await held.release()
+            # the release handed the key to the dead waiter, for its entry's time only
+            assert await masters.holding("killed") == 5
+            assert all([0 < await c.pttl("killed") <= 1000 for c in masters.clients])
+            # The entry lapses within a second; the acquisition's own timeout is the bound
+            # (far below the holder's TTL, which never comes into play).
             with anyio.fail_after(HANG_GUARD):
-                assert (await child.stdout.receive()).startswith(b"queued")
-            os.kill(child.pid, signal.SIGKILL)
-            assert await child.wait() == -signal.SIGKILL
-        (dead,) = (await queues(masters, "killed"))[0]
-        assert [len(q) for q in await queues(masters, "killed")] == [1] * 5
-        await held.release()
-        # the release handed the key to the dead waiter, for its entry's time only
-        assert await masters.holding("killed") == 5
-        assert all([0 < await c.pttl("killed") <= 1000 for c in masters.clients])
-        # The entry lapses within a second; the acquisition's own timeout is the bound
-        # (far below the holder's TTL, which never comes into play).
-        with anyio.fail_after(HANG_GUARD):
-            lease = await redlock.lock("killed", timeout=10).acquire()
-        assert lease.validity > 0
-        assert all(dead not in q for q in await queues(masters, "killed"))
-        await lease.release()
-        await redlock.settle()
+                lease = await redlock.lock("killed", timeout=10).acquire()
+            assert lease.validity > 0
+            assert all(dead not in q for q in await queues(masters, "killed"))
+            await lease.release()
+            await redlock.settle()
 
 
 async def take_turns(
@@ -274,139 +314,112 @@ async def take_turns(
     return order
 
 
-async def test_a_master_restarted_without_its_data_mid_queue(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def restart(ids: list[bytes]) -> None:
-        servers[0].restart(kill=True)  # no save on the way down: it comes back empty
-        # it came back empty: no key, no queue (the waiters' attempts may write there
-        # again at once, so that is not checked here)
-        await masters.clients[0].connection_pool.disconnect()  # this test's own client
+class TestQueueUnderFaults:
+    """The queue when masters lose it, or only some of them have an entry."""
 
-    order = await take_turns(servers, masters, "restarted", restart)
-    assert order == [0, 1, 2]  # the four others still hold the line
+    async def test_a_master_restarted_without_its_data_mid_queue(
+        self, servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        async def restart(ids: list[bytes]) -> None:
+            servers[0].restart(kill=True)  # no save on the way down: it comes back empty
+            # it came back empty: no key, no queue (the waiters' attempts may write there
+            # again at once, so that is not checked here)
+            await masters.clients[0].connection_pool.disconnect()  # this test's own client
 
+        order = await take_turns(servers, masters, "restarted", restart)
+        assert order == [0, 1, 2]  # the four others still hold the line
 
-async def test_a_minority_of_masters_lost_the_queue(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def lose(ids: list[bytes]) -> None:
-        for client in masters.clients[:2]:
-            await client.delete("{lost}:queue", "{lost}:queue:expiry")
+    async def test_a_minority_of_masters_lost_the_queue(
+        self, servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        async def lose(ids: list[bytes]) -> None:
+            for client in masters.clients[:2]:
+                await client.delete("{lost}:queue", "{lost}:queue:expiry")
 
-    order = await take_turns(servers, masters, "lost", lose)
-    assert order == [0, 1, 2]
+        order = await take_turns(servers, masters, "lost", lose)
+        assert order == [0, 1, 2]
 
+    async def test_a_waiter_queued_on_a_minority_only(
+        self, servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The first waiter's entry is on two masters only (its other enqueues were
+        lost): those two announce it, the three others the second waiter, who goes
+        first or after it; nobody is stranded and nothing is granted twice."""
 
-async def test_a_waiter_queued_on_a_minority_only(
-    servers: ServerGroup, masters: Masters, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first waiter's entry is on two masters only (its other enqueues were
-    lost): those two announce it, the three others the second waiter, who goes
-    first or after it; nobody is stranded and nothing is granted twice."""
+        async def strand(ids: list[bytes]) -> None:
+            for client in masters.clients[2:]:
+                await client.zrem("{minority}:queue", ids[0])
+                await client.zrem("{minority}:queue:expiry", ids[0])
 
-    async def strand(ids: list[bytes]) -> None:
-        for client in masters.clients[2:]:
-            await client.zrem("{minority}:queue", ids[0])
-            await client.zrem("{minority}:queue:expiry", ids[0])
-
-    order = await take_turns(servers, masters, "minority", strand)
-    assert sorted(order) == [0, 1, 2]
-
-
-async def test_a_handed_key_lives_the_entry_ttl_until_the_lease_extends_it(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls) as redlock,
-    ):
-        held = await holder.lock("handed").acquire()
-        waiting = Waiting([redlock])
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                leases: list[Lease] = []
-
-                async def take() -> None:
-                    leases.append(await redlock.lock("handed", ttl=30).acquire())
-
-                tg.start_soon(take)
-                await waiting.reach(1)
-                await held.release()
-        (lease,) = leases
-        # the key lives the waiter's entry TTL (1 s with these settings), counted from
-        # its last attempt; the lease extends it a third of the way through
-        assert all([0 < await c.pttl("handed") <= 1000 for c in masters.clients])
-        assert 0 < lease.validity <= 1.0
-        assert lease.token is not None
-        await lease.extend()
-        assert lease.validity > 20
-        assert all([await c.pttl("handed") > 20_000 for c in masters.clients])
-        await lease.release()
-        await redlock.settle()
-    assert await masters.keys() == [[]] * 5
+        order = await take_turns(servers, masters, "minority", strand)
+        assert sorted(order) == [0, 1, 2]
 
 
-async def test_a_key_queues_from_its_first_attempt_only_while_contended(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    """A client whose acquire() of a key had to wait brings its place in line from the
-    next acquire()'s first attempt; one that then finds the lock free at once forgets
-    that, and the one after it sends a plain attempt again."""
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=PATIENT) as redlock,
-    ):
-        held = await holder.lock("calm").acquire()
-        waiting = Waiting([redlock])
-        leases: list[Lease] = []
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
+class TestHandOver:
+    """A release hands the key to the first queued writer: how long the key lives,
+    and where the entry goes."""
 
-                async def take() -> None:
-                    leases.append(await redlock.lock("calm", timeout=HANG_GUARD).acquire())
+    async def test_a_handed_key_lives_the_entry_ttl_until_the_lease_extends_it(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls) as redlock,
+        ):
+            held = await holder.lock("handed").acquire()
+            waiting = Waiting([redlock])
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    leases: list[Lease] = []
 
-                tg.start_soon(take)
-                await waiting.reach(1)
-                await held.release()
-        await leases[0].release()
-        assert "calm" in client_state(redlock).contended
-        lease = await redlock.lock("calm", timeout=0).acquire()  # free: granted at once
-        assert "calm" not in client_state(redlock).contended
-        await lease.release()
-        await redlock.settle()
-    assert await masters.keys() == [[]] * 5
+                    async def take() -> None:
+                        leases.append(await redlock.lock("handed", ttl=30).acquire())
 
+                    tg.start_soon(take)
+                    await waiting.reach(1)
+                    await held.release()
+            (lease,) = leases
+            # the key lives the waiter's entry TTL (1 s with these settings), counted from
+            # its last attempt; the lease extends it a third of the way through
+            assert all([0 < await c.pttl("handed") <= 1000 for c in masters.clients])
+            assert 0 < lease.validity <= 1.0
+            assert lease.token is not None
+            await lease.extend()
+            assert lease.validity > 20
+            assert all([await c.pttl("handed") > 20_000 for c in masters.clients])
+            await lease.release()
+            await redlock.settle()
+        assert await masters.keys() == [[]] * 5
 
-async def test_a_lease_handed_over_takes_its_entry_out_where_it_was_not_handed(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    """One master cannot hand the key over (the holder's key there is gone): the
-    waiter takes the lease from the other four, and its entry, still listed on that
-    master, leaves with its release, not with a call of its own right away."""
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=PATIENT) as waiter,
-    ):
-        held = await holder.lock("partly").acquire()
-        waiting = Waiting([waiter])
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                got: list[Lease] = []
+    async def test_a_lease_handed_over_takes_its_entry_out_where_it_was_not_handed(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """One master cannot hand the key over (the holder's key there is gone): the
+        waiter takes the lease from the other four, and its entry, still listed on that
+        master, leaves with its release, not with a call of its own right away."""
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=PATIENT) as waiter,
+        ):
+            held = await holder.lock("partly").acquire()
+            waiting = Waiting([waiter])
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    got: list[Lease] = []
 
-                async def take() -> None:
-                    got.append(await waiter.lock("partly", timeout=HANG_GUARD).acquire())
+                    async def take() -> None:
+                        got.append(await waiter.lock("partly", timeout=HANG_GUARD).acquire())
 
-                tg.start_soon(take)
-                await waiting.reach(1)
-                await masters.clients[4].delete("partly")  # master 4 has nothing to hand
-                await held.release()
-        (lease,) = got
-        assert lease.held
-        await waiter.settle()
-        listed = [len(queue) for queue in await queues(masters, "partly")]
-        assert listed == [0, 0, 0, 0, 1]  # handed over on 0-3; still queued on 4
-        await lease.release()
-        await waiter.settle()
-        assert await queues(masters, "partly") == [[]] * 5
-    assert await masters.keys() == [[]] * 5
+                    tg.start_soon(take)
+                    await waiting.reach(1)
+                    await masters.clients[4].delete("partly")  # master 4 has nothing to hand
+                    await held.release()
+            (lease,) = got
+            assert lease.held
+            await waiter.settle()
+            listed = [len(queue) for queue in await queues(masters, "partly")]
+            assert listed == [0, 0, 0, 0, 1]  # handed over on 0-3; still queued on 4
+            await lease.release()
+            await waiter.settle()
+            assert await queues(masters, "partly") == [[]] * 5
+        assert await masters.keys() == [[]] * 5

@@ -21,154 +21,161 @@ HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 NEVER = 3600.0  # a retry delay no test waits out
 
 
-async def test_a_waiter_acquires_on_release_not_on_its_timer(servers: ServerGroup) -> None:
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
-    ):
-        lease = await holder.lock("handoff", ttl=60.0).acquire()
-        probe = Waits(waiter)
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                got: list[int | None] = []
+class TestWakeUp:
+    """A waiter goes when the holder's release is announced, not on its own timer."""
 
-                async def wait_for_it() -> None:
-                    taken = await waiter.lock("handoff", timeout=HANG_GUARD).acquire()
-                    got.append(taken.token)
-                    await taken.release()
+    async def test_a_waiter_acquires_on_release_not_on_its_timer(
+        self, servers: ServerGroup
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+        ):
+            lease = await holder.lock("handoff", ttl=60.0).acquire()
+            probe = Waits(waiter)
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    got: list[int | None] = []
 
-                tg.start_soon(wait_for_it)
-                await probe.reach(1)
-                await lease.release()
-        stats = waiter.statistics()
-    assert len(got) == 1
-    assert stats.wakeups == 1
-    assert stats.notifications >= 3  # every master that deleted the key announced it
-    # the first attempt, the one right after subscribing (which queued it on the
-    # masters); the release handed it the lock
-    assert stats.attempts == 2
+                    async def wait_for_it() -> None:
+                        taken = await waiter.lock("handoff", timeout=HANG_GUARD).acquire()
+                        got.append(taken.token)
+                        await taken.release()
 
-
-async def test_force_release_wakes_waiters(servers: ServerGroup) -> None:
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
-    ):
-        await holder.lock("forced", ttl=60.0, auto_extend=False).acquire()
-        probe = Waits(waiter)
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(waiter.lock("forced", timeout=HANG_GUARD).acquire)
-                await probe.reach(1)
-                assert await holder.force_release("forced") == 5
-        assert waiter.statistics().wakeups == 1
-
-
-async def test_an_expiring_lease_is_retried_at_its_ttl_not_the_retry_delay(
-    servers: ServerGroup,
-) -> None:
-    """A holder that dies never announces a release; the waiter's pause is bounded
-    by the holder's remaining TTL, as the masters reported it."""
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
-    ):
-        await holder.lock("dies", ttl=0.5, auto_extend=False).acquire()
-        with anyio.fail_after(HANG_GUARD):
-            lease = await waiter.lock("dies", timeout=HANG_GUARD).acquire()
-        stats = waiter.statistics()
-        assert lease.held
-        assert stats.wakeups == 0
-        await lease.release()
-
-
-async def test_a_lost_subscription_still_acquires_and_listens_again(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    """The subscription connections are killed on every master while a waiter
-    waits, with no retry timer to save it: the loss wakes it, and so does each
-    new subscription once confirmed, so a release announced while nobody
-    listened is not missed."""
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
-    ):
-        probe = Waits(waiter)
-        lease = await holder.lock("killed", ttl=60.0).acquire()
-        got: list[Lease] = []
-
-        async def wait() -> None:
-            got.append(await waiter.lock("killed", timeout=HANG_GUARD).acquire())
-
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(wait)
-                await probe.reach(1)
-                for client in masters.clients:
-                    await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-                await lease.release()
-            assert waiter.statistics().held == 1
-        stats = waiter.statistics()
-        assert stats.failed_attempts >= 2  # it did wait, and was woken without a timer
+                    tg.start_soon(wait_for_it)
+                    await probe.reach(1)
+                    await lease.release()
+            stats = waiter.statistics()
         assert len(got) == 1
-        await got[0].release()
+        assert stats.wakeups == 1
+        assert stats.notifications >= 3  # every master that deleted the key announced it
+        # the first attempt, the one right after subscribing (which queued it on the
+        # masters); the release handed it the lock
+        assert stats.attempts == 2
+
+    async def test_force_release_wakes_waiters(self, servers: ServerGroup) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+        ):
+            await holder.lock("forced", ttl=60.0, auto_extend=False).acquire()
+            probe = Waits(waiter)
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter.lock("forced", timeout=HANG_GUARD).acquire)
+                    await probe.reach(1)
+                    assert await holder.force_release("forced") == 5
+            assert waiter.statistics().wakeups == 1
+
+    async def test_an_expiring_lease_is_retried_at_its_ttl_not_the_retry_delay(
+        self,
+        servers: ServerGroup,
+    ) -> None:
+        """A holder that dies never announces a release; the waiter's pause is bounded
+        by the holder's remaining TTL, as the masters reported it."""
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+        ):
+            await holder.lock("dies", ttl=0.5, auto_extend=False).acquire()
+            with anyio.fail_after(HANG_GUARD):
+                lease = await waiter.lock("dies", timeout=HANG_GUARD).acquire()
+            stats = waiter.statistics()
+            assert lease.held
+            assert stats.wakeups == 0
+            await lease.release()
 
 
-async def test_local_waiters_queue_behind_the_one_that_listens(servers: ServerGroup) -> None:
-    """Ten tasks of one process wait for a lock held elsewhere: only the first
-    listens and retries; the release wakes it, and the others get the lock from it
-    in turn (no timer to save them: a lost wake-up would hang the test)."""
-    order: list[int] = []
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=NEVER) as redlock,
-    ):
-        lease = await holder.lock("queue", ttl=60.0).acquire()
-        probe = Waits(redlock)
+class TestSubscriptions:
+    """The subscriptions waiters listen through: shared, reopened, closed."""
 
-        async def worker(i: int) -> None:
-            async with redlock.lock("queue", timeout=HANG_GUARD):
-                order.append(i)
-                await anyio.sleep(0.001)  # the work
+    async def test_local_waiters_queue_behind_the_one_that_listens(
+        self, servers: ServerGroup
+    ) -> None:
+        """Ten tasks of one process wait for a lock held elsewhere: only the first
+        listens and retries; the release wakes it, and the others get the lock from it
+        in turn (no timer to save them: a lost wake-up would hang the test)."""
+        order: list[int] = []
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=NEVER) as redlock,
+        ):
+            lease = await holder.lock("queue", ttl=60.0).acquire()
+            probe = Waits(redlock)
 
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                for i in range(10):
-                    tg.start_soon(worker, i)
-                await probe.reach(1)
-                # it listens in its client's inbox: queued on the masters, it is the
-                # one a release names
-                assert client_state(redlock).addressed == 1
-                await lease.release()
-        stats = redlock.statistics()
-        state = client_state(redlock)
-        assert (state.addressed, state.listening, state.slots) == (0, {}, {})
-    assert order == list(range(10))
-    assert stats.wakeups == 1
-    assert (stats.acquisitions, stats.handoffs) == (1, 9)
+            async def worker(i: int) -> None:
+                async with redlock.lock("queue", timeout=HANG_GUARD):
+                    order.append(i)
+                    await anyio.sleep(0.001)  # the work
 
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    for i in range(10):
+                        tg.start_soon(worker, i)
+                    await probe.reach(1)
+                    # it listens in its client's inbox: queued on the masters, it is the
+                    # one a release names
+                    assert client_state(redlock).addressed == 1
+                    await lease.release()
+            stats = redlock.statistics()
+            state = client_state(redlock)
+            assert (state.addressed, state.listening, state.slots) == (0, {}, {})
+        assert order == list(range(10))
+        assert stats.wakeups == 1
+        assert (stats.acquisitions, stats.handoffs) == (1, 9)
 
-async def test_closing_the_redlock_closes_its_subscriptions(
-    servers: ServerGroup, masters: Masters
-) -> None:
-    direct: Redis = masters.clients[0]
-    async with AsyncRedlock(servers.urls) as holder:
-        lease = await holder.lock("closing", ttl=60.0).acquire()
-        waiter = AsyncRedlock(servers.urls, retry_delay=NEVER)
-        probe = Waits(waiter)
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                scope = anyio.CancelScope()
+    async def test_a_lost_subscription_still_acquires_and_listens_again(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The subscription connections are killed on every master while a waiter
+        waits, with no retry timer to save it: the loss wakes it, and so does each
+        new subscription once confirmed, so a release announced while nobody
+        listened is not missed."""
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+        ):
+            probe = Waits(waiter)
+            lease = await holder.lock("killed", ttl=60.0).acquire()
+            got: list[Lease] = []
 
-                async def wait() -> None:
-                    with scope:
-                        await waiter.lock("closing", timeout=HANG_GUARD).acquire()
+            async def wait() -> None:
+                got.append(await waiter.lock("killed", timeout=HANG_GUARD).acquire())
 
-                tg.start_soon(wait)
-                await probe.reach(1)
-                clients = await direct.client_list(_type="pubsub")
-                assert len(clients) >= 1
-                scope.cancel()
-        await waiter.aclose()
-        assert await direct.client_list(_type="pubsub") == []
-        await lease.release()
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait)
+                    await probe.reach(1)
+                    for client in masters.clients:
+                        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                    await lease.release()
+                assert waiter.statistics().held == 1
+            stats = waiter.statistics()
+            assert stats.failed_attempts >= 2  # it did wait, and was woken without a timer
+            assert len(got) == 1
+            await got[0].release()
+
+    async def test_closing_the_redlock_closes_its_subscriptions(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        direct: Redis = masters.clients[0]
+        async with AsyncRedlock(servers.urls) as holder:
+            lease = await holder.lock("closing", ttl=60.0).acquire()
+            waiter = AsyncRedlock(servers.urls, retry_delay=NEVER)
+            probe = Waits(waiter)
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    scope = anyio.CancelScope()
+
+                    async def wait() -> None:
+                        with scope:
+                            await waiter.lock("closing", timeout=HANG_GUARD).acquire()
+
+                    tg.start_soon(wait)
+                    await probe.reach(1)
+                    clients = await direct.client_list(_type="pubsub")
+                    assert len(clients) >= 1
+                    scope.cancel()
+            await waiter.aclose()
+            assert await direct.client_list(_type="pubsub") == []
+            await lease.release()
