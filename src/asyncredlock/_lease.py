@@ -13,13 +13,12 @@ import anyio
 from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
-from ._gate import Gates
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
 from ._stats import LeaseRecord, LeaseStatistics, Taken
 
-__all__ = ["Lease"]
+__all__ = ["Lease", "lose_leases", "release_leases"]
 
 logger = logging.getLogger("asyncredlock")
 
@@ -72,7 +71,6 @@ class Lease:
     _ended: asyncio.Event | None = None
     # how many times the lease was passed on since its acquisition (see `_hand_off`)
     _handoffs = 0
-    _gates: Gates | None = None  # set while this lease holds its key's slot
 
     def __init__(
         self,
@@ -271,7 +269,7 @@ class Lease:
             return decision
         finally:
             self._announce()
-            self._leave_gate()
+            self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
 
     def _send_release(self) -> Round:
         """Compare-and-delete on every master, each behind this lease's calls there."""
@@ -296,11 +294,10 @@ class Lease:
         most ``TOKEN_BLOCK - 1`` hand-offs in a row, fenced or not, after which
         the lock goes back to the masters), and a fenced waiter gets a token.
         """
-        gates = self._gates
-        if gates is None or self._state is not _State.HELD or self.validity <= 0:
+        if self._state is not _State.HELD or self.validity <= 0:
             return False
-        slot = self._target.slot
-        waiter = gates.successor(slot, self)
+        gates, slot = self._core.gates, self._target.slot
+        waiter = gates.successor(slot, self)  # only if this lease holds the key's slot
         if waiter is None:
             return False
         spec = waiter.spec
@@ -325,22 +322,15 @@ class Lease:
             tokens=tokens,
         )
         successor._first_tokens, successor._handoffs = self._first_tokens, handoffs
-        successor._gates, self._gates = gates, None
         self._finish(_State.RELEASED)
         core.counters.handoffs += 1
-        gates.hand(slot, waiter, successor)
+        gates.hand(slot, waiter, successor)  # the slot goes with it
         return True
 
     def _pass_on(self) -> None:
         """Hand the lease on, or release it in the background (its task gave up)."""
         if not self._hand_off():
             self._core.tracker.job(self._release_quietly())
-
-    def _leave_gate(self) -> None:
-        """Give the key's slot to the next waiting task (the lease has ended)."""
-        gates, self._gates = self._gates, None
-        if gates is not None:
-            gates.exit(self._target.slot, self)
 
     # -- automatic extension and loss --------------------------------------------
 
@@ -383,7 +373,7 @@ class Lease:
             self._scope.cancel()
         if not self._core.closed:
             self._send_release()
-        self._leave_gate()
+        self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
 
     def _announce(self) -> None:
         """The lease's end is known: wake `wait_lost`."""
@@ -444,3 +434,16 @@ class Lease:
         outcomes = self._loss.outcomes if self._loss else ()
         message = f"the lease on {self.resource!r} was lost while its block ran"
         return LockLostError(message, resource=self.resource, outcomes=outcomes)
+
+
+def lose_leases(core: Core, key: str, decision: Decision) -> None:
+    """End lost this client's leases on ``key`` (forced free): their blocks are cancelled."""
+    for lease in [each for each in core.held if key in each.keys]:
+        lease._lose(decision)
+
+
+async def release_leases(core: Core) -> None:
+    """Release every lease this client still holds, all at once, reporting nothing."""
+    async with anyio.create_task_group() as group:
+        for lease in list(core.held):
+            group.start_soon(lease._release_quietly)

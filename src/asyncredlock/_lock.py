@@ -193,8 +193,7 @@ class Lock:
         lease: Lease | None = None
         try:
             lease = await Acquisition(core, self._spec, started, arrival, self._counters).run()
-            gates.hold(self._slot, lease)
-            lease._gates = gates
+            gates.hold(self._slot, lease)  # from now on the lease holds the slot
             return lease
         finally:
             if lease is None:

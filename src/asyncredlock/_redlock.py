@@ -18,6 +18,7 @@ from ._core import Core
 from ._errors import QuorumUnavailableError
 from ._inspect import LockState, node_state
 from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
+from ._lease import lose_leases, release_leases
 from ._lock import Lock
 from ._protocol import classify_deleted
 from ._rwlock import RWLock
@@ -284,8 +285,7 @@ class AsyncRedlock:
                 resource=name,
                 outcomes=decision.outcomes,
             )
-        for lease in [lease for lease in self._core.held if key in lease.keys]:
-            lease._lose(decision)
+        lose_leases(self._core, key, decision)
         await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - loop.time()))
         return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
 
@@ -318,9 +318,7 @@ class AsyncRedlock:
         core.gates.close()
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self._settings.node_timeout):
-                async with anyio.create_task_group() as group:
-                    for lease in list(core.held):
-                        group.start_soon(lease._release_quietly)
+                await release_leases(core)
                 await core.settle()
             core.closed = True
             # Fail every call still out: the rounds waiting on them decide, and
