@@ -27,121 +27,122 @@ def store(client: Redis) -> FencedStore:
     return FencedStore(client)
 
 
-async def test_round_trip(store: FencedStore, client: Redis) -> None:
-    await store.write("orders:42", b"\x00paid\xff", 7)
-    assert await store.read("orders:42") == FencedValue(b"\x00paid\xff", 7)
-    assert await client.hgetall("orders:42") == {b"value": b"\x00paid\xff", b"fence": b"7"}
+class TestWrites:
+    """Fenced writes: values stored with their token, newer or equal tokens accepted,
+    older ones refused."""
 
+    async def test_round_trip(self, store: FencedStore, client: Redis) -> None:
+        await store.write("orders:42", b"\x00paid\xff", 7)
+        assert await store.read("orders:42") == FencedValue(b"\x00paid\xff", 7)
+        assert await client.hgetall("orders:42") == {b"value": b"\x00paid\xff", b"fence": b"7"}
 
-@pytest.mark.parametrize(
-    ("value", "stored"),
-    [("päid", "päid".encode()), (12, b"12"), (1.5, b"1.5"), (b"", b"")],
-)
-async def test_value_types(store: FencedStore, value: object, stored: bytes) -> None:
-    await store.write("k", value, 1)  # type: ignore[arg-type]
-    assert await store.read("k") == FencedValue(stored, 1)
-
-
-async def test_read_of_a_missing_key(store: FencedStore) -> None:
-    assert await store.read("nothing") is None
-
-
-async def test_newer_and_equal_tokens_are_accepted(store: FencedStore) -> None:
-    await store.write("k", "a", 5)
-    await store.write("k", "b", 5)
-    assert await store.read("k") == FencedValue(b"b", 5)
-    await store.write("k", "c", 6)
-    assert await store.read("k") == FencedValue(b"c", 6)
-
-
-async def test_older_token_is_refused(store: FencedStore) -> None:
-    await store.write("orders:42", "paid", 23)
-    with pytest.raises(StaleTokenError) as caught:
-        await store.write("orders:42", "late", 17)
-    assert (caught.value.token, caught.value.newest, caught.value.resource) == (
-        17,
-        23,
-        "orders:42",
+    @pytest.mark.parametrize(
+        ("value", "stored"),
+        [("päid", "päid".encode()), (12, b"12"), (1.5, b"1.5"), (b"", b"")],
     )
-    assert str(caught.value) == "stale fencing token 17 for 'orders:42': the guard has seen 23"
-    assert await store.read("orders:42") == FencedValue(b"paid", 23)
+    async def test_value_types(self, store: FencedStore, value: object, stored: bytes) -> None:
+        await store.write("k", value, 1)  # type: ignore[arg-type]
+        assert await store.read("k") == FencedValue(stored, 1)
 
+    async def test_read_of_a_missing_key(self, store: FencedStore) -> None:
+        assert await store.read("nothing") is None
 
-@pytest.mark.parametrize(
-    ("older", "newer"),
-    [
-        (9, 10),  # "9" > "10" as strings: the length decides
-        (99, 100),
-        (2**53, 2**53 + 1),  # equal as doubles
-        (2**60 + 1, 2**60 + 2),
-        (2**63 - 2, 2**63 - 1),
-    ],
-)
-async def test_tokens_compare_exactly(store: FencedStore, older: int, newer: int) -> None:
-    await store.write("k", "old", older)
-    await store.write("k", "new", newer)
-    with pytest.raises(StaleTokenError) as caught:
-        await store.write("k", "stale", older)
-    assert (caught.value.token, caught.value.newest) == (older, newer)
-    assert await store.read("k") == FencedValue(b"new", newer)
+    async def test_newer_and_equal_tokens_are_accepted(self, store: FencedStore) -> None:
+        await store.write("k", "a", 5)
+        await store.write("k", "b", 5)
+        assert await store.read("k") == FencedValue(b"b", 5)
+        await store.write("k", "c", 6)
+        assert await store.read("k") == FencedValue(b"c", 6)
 
-
-async def test_delete_keeps_a_tombstone(store: FencedStore, client: Redis) -> None:
-    await store.write("k", "v", 3)
-    await store.delete("k", 4)
-    assert await store.read("k") is None
-    assert await client.hgetall("k") == {b"fence": b"4"}
-    with pytest.raises(StaleTokenError) as caught:
-        await store.write("k", "stale", 3)
-    assert (caught.value.token, caught.value.newest) == (3, 4)
-    assert await store.read("k") is None
-    await store.write("k", "again", 5)
-    assert await store.read("k") == FencedValue(b"again", 5)
-
-
-async def test_stale_delete_is_refused(store: FencedStore) -> None:
-    await store.write("k", "v", 8)
-    with pytest.raises(StaleTokenError) as caught:
-        await store.delete("k", 7)
-    assert (caught.value.token, caught.value.newest) == (7, 8)
-    assert await store.read("k") == FencedValue(b"v", 8)
-
-
-async def test_delete_of_a_missing_key_fences_it(store: FencedStore) -> None:
-    await store.delete("k", 10)
-    with pytest.raises(StaleTokenError):
-        await store.write("k", "stale", 9)
-    assert await store.read("k") is None
-
-
-async def test_prefix(client: Redis) -> None:
-    store = FencedStore(client, prefix="app:")
-    await store.write("k", "v", 1)
-    assert await client.keys("*") == [b"app:k"]
-    assert await store.read("k") == FencedValue(b"v", 1)
-    assert await FencedStore(client).read("k") is None
-
-
-async def test_script_not_cached(store: FencedStore, client: Redis) -> None:
-    """After SCRIPT FLUSH the script is sent again (EVAL), and cached for EVALSHA."""
-    await store.write("k", "a", 1)
-    await client.script_flush()
-    await store.write("k", "b", 2)
-    assert await store.read("k") == FencedValue(b"b", 2)
-    assert await client.script_exists(FENCED_WRITE.sha) == [True]
-
-
-async def test_client_decoding_responses(servers: ServerGroup) -> None:
-    client = Redis.from_url(servers.urls[0], decode_responses=True)
-    try:
-        store = FencedStore(client)
-        await store.write("k", "päid", 2**60)
-        assert await store.read("k") == FencedValue("päid".encode(), 2**60)
+    async def test_older_token_is_refused(self, store: FencedStore) -> None:
+        await store.write("orders:42", "paid", 23)
         with pytest.raises(StaleTokenError) as caught:
-            await store.write("k", "late", 1)
-        assert caught.value.newest == 2**60
-    finally:
-        await client.aclose()
+            await store.write("orders:42", "late", 17)
+        assert (caught.value.token, caught.value.newest, caught.value.resource) == (
+            17,
+            23,
+            "orders:42",
+        )
+        assert str(caught.value) == "stale fencing token 17 for 'orders:42': the guard has seen 23"
+        assert await store.read("orders:42") == FencedValue(b"paid", 23)
+
+    @pytest.mark.parametrize(
+        ("older", "newer"),
+        [
+            (9, 10),  # "9" > "10" as strings: the length decides
+            (99, 100),
+            (2**53, 2**53 + 1),  # equal as doubles
+            (2**60 + 1, 2**60 + 2),
+            (2**63 - 2, 2**63 - 1),
+        ],
+    )
+    async def test_tokens_compare_exactly(self, store: FencedStore, older: int, newer: int) -> None:
+        await store.write("k", "old", older)
+        await store.write("k", "new", newer)
+        with pytest.raises(StaleTokenError) as caught:
+            await store.write("k", "stale", older)
+        assert (caught.value.token, caught.value.newest) == (older, newer)
+        assert await store.read("k") == FencedValue(b"new", newer)
+
+
+class TestDeletes:
+    """Fenced deletes leave a tombstone that keeps refusing older tokens."""
+
+    async def test_delete_keeps_a_tombstone(self, store: FencedStore, client: Redis) -> None:
+        await store.write("k", "v", 3)
+        await store.delete("k", 4)
+        assert await store.read("k") is None
+        assert await client.hgetall("k") == {b"fence": b"4"}
+        with pytest.raises(StaleTokenError) as caught:
+            await store.write("k", "stale", 3)
+        assert (caught.value.token, caught.value.newest) == (3, 4)
+        assert await store.read("k") is None
+        await store.write("k", "again", 5)
+        assert await store.read("k") == FencedValue(b"again", 5)
+
+    async def test_stale_delete_is_refused(self, store: FencedStore) -> None:
+        await store.write("k", "v", 8)
+        with pytest.raises(StaleTokenError) as caught:
+            await store.delete("k", 7)
+        assert (caught.value.token, caught.value.newest) == (7, 8)
+        assert await store.read("k") == FencedValue(b"v", 8)
+
+    async def test_delete_of_a_missing_key_fences_it(self, store: FencedStore) -> None:
+        await store.delete("k", 10)
+        with pytest.raises(StaleTokenError):
+            await store.write("k", "stale", 9)
+        assert await store.read("k") is None
+
+
+class TestClients:
+    """The store with a prefix, an uncached script, a client decoding its replies."""
+
+    async def test_prefix(self, client: Redis) -> None:
+        store = FencedStore(client, prefix="app:")
+        await store.write("k", "v", 1)
+        assert await client.keys("*") == [b"app:k"]
+        assert await store.read("k") == FencedValue(b"v", 1)
+        assert await FencedStore(client).read("k") is None
+
+    async def test_script_not_cached(self, store: FencedStore, client: Redis) -> None:
+        """After SCRIPT FLUSH the script is sent again (EVAL), and cached for EVALSHA."""
+        await store.write("k", "a", 1)
+        await client.script_flush()
+        await store.write("k", "b", 2)
+        assert await store.read("k") == FencedValue(b"b", 2)
+        assert await client.script_exists(FENCED_WRITE.sha) == [True]
+
+    async def test_client_decoding_responses(self, servers: ServerGroup) -> None:
+        client = Redis.from_url(servers.urls[0], decode_responses=True)
+        try:
+            store = FencedStore(client)
+            await store.write("k", "päid", 2**60)
+            assert await store.read("k") == FencedValue("päid".encode(), 2**60)
+            with pytest.raises(StaleTokenError) as caught:
+                await store.write("k", "late", 1)
+            assert caught.value.newest == 2**60
+        finally:
+            await client.aclose()
 
 
 BAD_TOKENS = [

@@ -23,106 +23,116 @@ pytestmark = pytest.mark.anyio
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 
 
-async def test_a_lease_taken_by_its_own_attempt_counts_its_extensions(
-    servers: ServerGroup,
-) -> None:
-    async with AsyncRedlock(servers.urls) as redlock:
-        lease = await redlock.lock("stats").acquire()
-        taken = lease.statistics()
-        assert isinstance(taken, LeaseStatistics)
-        assert (taken.source, taken.attempts, taken.extensions) == ("attempt", 1, 0)
-        assert taken.waited >= 0
-        assert taken.held >= 0
-        await lease.extend()
-        await lease.extend()
-        extended = lease.statistics()
-        assert (extended.extensions, extended.failed_extensions) == (2, 0)
-        assert extended.held >= taken.held  # still held: up to now
-        await lease.release()
-        ended = lease.statistics()
-        assert ended.held == lease.statistics().held  # ended: up to the release
-        assert ended.waited == taken.waited
+class TestLeaseStatistics:
+    """How a lease was taken and kept."""
 
-
-async def test_a_lock_counts_the_calls_made_through_it(servers: ServerGroup) -> None:
-    async with (
-        AsyncRedlock(servers.urls) as holder,
-        AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as waiter,
-    ):
-        held = await holder.lock("stats").acquire()
-        lock = waiter.lock("stats", timeout=HANG_GUARD)
-        assert lock.statistics() == LockStatistics(0, 0, 0, 0, 0, 0.0)
-        once = waiter.lock("stats", timeout=0)
-        with pytest.raises(LockTimeoutError):
-            await once.acquire()
-        assert once.statistics() == LockStatistics(0, 1, 1, 0, 0, 0.0)
-        assert lock.statistics().attempts == 0  # each Lock counts its own calls
-        got: list[Lease] = []
-
-        async def wait() -> None:
-            got.append(await lock.acquire())
-
-        with Waits(waiter) as waits, whole_retry_delay(waiter), anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(wait)
-                await waits.reach(1)
-                assert lock.statistics().waiting == 1
-                await held.release()  # hands the key to the queued waiter
-        stats, lease = lock.statistics(), got[0].statistics()
-        assert (stats.acquisitions, stats.timeouts, stats.waiting) == (1, 0, 0)
-        assert lease.source == "hand-over"
-        assert stats.attempts == lease.attempts >= 1  # refused (and queued) first
-        assert stats.waited >= lease.waited > 0  # the call returns after the lease is made
-        await got[0].release()
-
-
-async def test_a_lease_passed_on_in_the_process_made_no_attempt(servers: ServerGroup) -> None:
-    async with AsyncRedlock(servers.urls) as redlock:
-        lock = redlock.lock("passed")
-        first = await lock.acquire()
-        got: list[Lease] = []
-
-        async def wait() -> None:
-            got.append(await lock.acquire())
-
-        with Waits(redlock) as waits, anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(wait)
-                await waits.reach(queued=1)
-                await first.release()  # passed straight to the queued task
-        passed = got[0].statistics()
-        assert (passed.source, passed.attempts) == ("hand-off", 0)
-        assert first.statistics().source == "attempt"
-        stats = lock.statistics()
-        assert (stats.acquisitions, stats.attempts) == (2, 1)
-        await got[0].release()
-
-
-async def test_an_outage_is_counted_as_unavailable() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as gone:
-        port = gone.getsockname()[1]
-    # nothing listens there any more: every connection is refused
-    async with AsyncRedlock([f"redis://127.0.0.1:{port}"]) as redlock:
-        lock = redlock.lock("down", timeout=0)
-        with pytest.raises(QuorumUnavailableError):
-            await lock.acquire()
-        stats = lock.statistics()
-        assert (stats.unavailable, stats.timeouts, stats.attempts) == (1, 0, 1)
-
-
-async def test_a_rwlock_counts_its_readers_and_writers_apart(servers: ServerGroup) -> None:
-    async with AsyncRedlock(servers.urls) as redlock:
-        rw = redlock.rwlock("doc")
-        readers = [await rw.read().acquire() for _ in range(2)]
-        for lease in readers:
+    async def test_a_lease_taken_by_its_own_attempt_counts_its_extensions(
+        self,
+        servers: ServerGroup,
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.lock("stats").acquire()
+            taken = lease.statistics()
+            assert isinstance(taken, LeaseStatistics)
+            assert (taken.source, taken.attempts, taken.extensions) == ("attempt", 1, 0)
+            assert taken.waited >= 0
+            assert taken.held >= 0
+            await lease.extend()
+            await lease.extend()
+            extended = lease.statistics()
+            assert (extended.extensions, extended.failed_extensions) == (2, 0)
+            assert extended.held >= taken.held  # still held: up to now
             await lease.release()
-        async with rw.write():
-            pass
-        stats = rw.statistics()
-        assert isinstance(stats, RWLockStatistics)
-        assert (stats.read.acquisitions, stats.write.acquisitions) == (2, 1)
-        assert (stats.read.attempts, stats.write.attempts) == (2, 1)
-        # a Lock made by the AsyncRedlock, not the RWLock, is not counted there
-        async with redlock.lock("doc"):
-            pass
-        assert rw.statistics().write.acquisitions == 1
+            ended = lease.statistics()
+            assert ended.held == lease.statistics().held  # ended: up to the release
+            assert ended.waited == taken.waited
+
+    async def test_a_lease_passed_on_in_the_process_made_no_attempt(
+        self, servers: ServerGroup
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lock = redlock.lock("passed")
+            first = await lock.acquire()
+            got: list[Lease] = []
+
+            async def wait() -> None:
+                got.append(await lock.acquire())
+
+            with Waits(redlock) as waits, anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait)
+                    await waits.reach(queued=1)
+                    await first.release()  # passed straight to the queued task
+            passed = got[0].statistics()
+            assert (passed.source, passed.attempts) == ("hand-off", 0)
+            assert first.statistics().source == "attempt"
+            stats = lock.statistics()
+            assert (stats.acquisitions, stats.attempts) == (2, 1)
+            await got[0].release()
+
+
+class TestLockStatistics:
+    """The acquire() calls of one lock, and of one read-write lock's sides."""
+
+    async def test_a_lock_counts_the_calls_made_through_it(self, servers: ServerGroup) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as waiter,
+        ):
+            held = await holder.lock("stats").acquire()
+            lock = waiter.lock("stats", timeout=HANG_GUARD)
+            assert lock.statistics() == LockStatistics(0, 0, 0, 0, 0, 0.0)
+            once = waiter.lock("stats", timeout=0)
+            with pytest.raises(LockTimeoutError):
+                await once.acquire()
+            assert once.statistics() == LockStatistics(0, 1, 1, 0, 0, 0.0)
+            assert lock.statistics().attempts == 0  # each Lock counts its own calls
+            got: list[Lease] = []
+
+            async def wait() -> None:
+                got.append(await lock.acquire())
+
+            with Waits(waiter) as waits, whole_retry_delay(waiter), anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait)
+                    await waits.reach(1)
+                    assert lock.statistics().waiting == 1
+                    await held.release()  # hands the key to the queued waiter
+            stats, lease = lock.statistics(), got[0].statistics()
+            assert (stats.acquisitions, stats.timeouts, stats.waiting) == (1, 0, 0)
+            assert lease.source == "hand-over"
+            assert stats.attempts == lease.attempts >= 1  # refused (and queued) first
+            assert stats.waited >= lease.waited > 0  # the call returns after the lease is made
+            await got[0].release()
+
+    async def test_an_outage_is_counted_as_unavailable(
+        self,
+    ) -> None:
+        with socket.create_server(("127.0.0.1", 0)) as gone:
+            port = gone.getsockname()[1]
+        # nothing listens there any more: every connection is refused
+        async with AsyncRedlock([f"redis://127.0.0.1:{port}"]) as redlock:
+            lock = redlock.lock("down", timeout=0)
+            with pytest.raises(QuorumUnavailableError):
+                await lock.acquire()
+            stats = lock.statistics()
+            assert (stats.unavailable, stats.timeouts, stats.attempts) == (1, 0, 1)
+
+    async def test_a_rwlock_counts_its_readers_and_writers_apart(
+        self, servers: ServerGroup
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            rw = redlock.rwlock("doc")
+            readers = [await rw.read().acquire() for _ in range(2)]
+            for lease in readers:
+                await lease.release()
+            async with rw.write():
+                pass
+            stats = rw.statistics()
+            assert isinstance(stats, RWLockStatistics)
+            assert (stats.read.acquisitions, stats.write.acquisitions) == (2, 1)
+            assert (stats.read.attempts, stats.write.attempts) == (2, 1)
+            # a Lock made by the AsyncRedlock, not the RWLock, is not counted there
+            async with redlock.lock("doc"):
+                pass
+            assert rw.statistics().write.acquisitions == 1
