@@ -21,7 +21,7 @@ from .harness import (
     write_text,
 )
 from .settings import CONTENTION_WORKERS, SERVERS, THROUGHPUT_WORKERS
-from .targets import TARGETS
+from .targets import TARGETS, TargetRow
 
 MARKER = "<!-- PEERS-TABLE -->"
 SUMMARY_START = "<!-- PEERS-SUMMARY -->"
@@ -325,7 +325,7 @@ RERUN_INSTALL = (
 OURS = "asyncredlock"
 
 
-def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(report: dict[str, Any]) -> list[TargetRow]:
     """Each target of the issue checked against the results: the value, whether it was
     met, and by how much it was missed; "not measured" (with why) where the results
     lack a quantity."""
@@ -334,7 +334,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     redlock_peers = [
         lib for lib, info in infos.items() if not lib.startswith(OURS) and not info["single_server"]
     ]
-    rows: list[dict[str, Any]] = []
+    rows: list[TargetRow] = []
     for case in cases_of(by_id, "e"):
         rows.append(wake_speedup_target(case, redlock_peers, infos))
     rows.append(wake_p50_target([c for c in cases_of(by_id, "e") if c["n"] == SERVERS]))
@@ -355,7 +355,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def latency_targets(
     by_id: dict[str, dict[str, Any]], infos: dict[str, Any], rtts: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[TargetRow]:
     """a: uncontended p50 against aioredlock (N = 5), the fastest peer (N = 1), both at
     RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
     rows = []
@@ -417,29 +417,37 @@ def check(
     unit: str,
     value: float | None,
     measured: str,
-) -> dict[str, Any]:
-    """One row of the targets table; ``bound`` is ">=", "<=" or "<" (value vs limit)."""
-    row: dict[str, Any] = {
-        "target": target,
-        "case": case,
-        "bound": bound,
-        "limit": limit,
-        "unit": unit,
-        "value": None if value is None else round(value, 4),
-        "measured": measured,
-    }
+) -> TargetRow:
+    """One row of the targets table: ``value`` against ``limit`` by ``bound`` (">=",
+    "<=" or "<")."""
+
+    def row(met: bool | None, shortfall: float | None, result: str) -> TargetRow:
+        kept = None if value is None else round(value, 4)
+        return TargetRow(
+            target=target,
+            case=case,
+            bound=bound,
+            limit=limit,
+            unit=unit,
+            value=kept,
+            measured=measured,
+            met=met,
+            shortfall=shortfall,
+            result=result,
+        )
+
     if value is None:
-        return row | {"met": None, "shortfall": None, "result": "not measured"}
+        return row(None, None, "not measured")
     met = {">=": value >= limit, "<=": value <= limit, "<": value < limit}[bound]
     if met:
-        return row | {"met": True, "shortfall": None, "result": "met"}
+        return row(True, None, "met")
     gap = abs(value - limit)
     text = f"{gap * 100:.0f} points" if unit == "share" else amount(gap, unit)
     if bound == ">=":
         result = f"missed: {text} short ({value / limit:.0%} of the target)"
     else:
         result = f"missed: {text} over ({value / limit:.2f}x the limit)"
-    return row | {"met": False, "shortfall": round(gap, 4), "result": result}
+    return row(False, round(gap, 4), result)
 
 
 def amount(v: float, unit: str) -> str:
@@ -510,7 +518,7 @@ def peers_in(case: dict[str, Any]) -> list[str]:
 
 def wake_speedup_target(
     case: dict[str, Any], redlock_peers: list[str], infos: dict[str, Any]
-) -> dict[str, Any]:
+) -> TargetRow:
     """e: the best Redlock peer's wake-up p50 over asyncredlock's."""
     speedup = TARGETS.wakeup_speedup_vs_redlock_peers
     target = f"e. wake-up p50 ≥ {speedup:g}x faster than the best Redlock peer"
@@ -528,7 +536,7 @@ def wake_speedup_target(
     return check(*args, theirs / mine, f"{text}: {times(theirs / mine)}")
 
 
-def wake_p50_target(cases: list[dict[str, Any]]) -> dict[str, Any]:
+def wake_p50_target(cases: list[dict[str, Any]]) -> TargetRow:
     """e: asyncredlock's wake-up p50 at N = 5."""
     target = f"e. wake-up p50 < {TARGETS.wakeup_p50_ms:g} ms at N={SERVERS}"
     if not cases:
@@ -551,7 +559,7 @@ def wake_p50_target(cases: list[dict[str, Any]]) -> dict[str, Any]:
     return check(target, case["name"], "<", TARGETS.wakeup_p50_ms, "ms", p50, f"{number(p50)} ms")
 
 
-def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
     """d: acquisitions/s over the best peer's, lock busy, wait p99."""
     name = case["name"]
     rate = f"d. acquisitions/s ≥ {TARGETS.contention_shared_rate_vs_best:g}x the best peer's"
@@ -596,7 +604,7 @@ def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict
     ]
 
 
-def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
     """d, a client per worker: asyncredlock (defaults, and fair=True) against
     aioredlock's acquisitions/s, and its wait p99."""
     name = case["name"]
@@ -658,7 +666,7 @@ def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[s
     return rows
 
 
-def exclusion_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+def exclusion_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
     """d, OS processes: no mutual-exclusion violation for asyncredlock (defaults and
     fair=True): every hold counted on the separate server, no two holds overlapping."""
     name = case["name"]
@@ -683,7 +691,7 @@ def exclusion_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[
     return rows
 
 
-def blackhole_target(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def blackhole_target(by_id: dict[str, dict[str, Any]]) -> TargetRow:
     """b over a: asyncredlock's N = 5 acquire p50 with one master blackholed, over the
     healthy case at the same RTT."""
     faulty = [c for c in cases_of(by_id, "b") if c["fault"] == "blackhole"]
@@ -713,7 +721,7 @@ def blackhole_target(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return check(*args, slow / fast, f"{text}: {times(slow / fast)}")
 
 
-def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[dict[str, Any]]:
+def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
     """c: cycles/s over the best peer's, and CPU per cycle over that peer's."""
     name = case["name"]
     rate = f"c. cycles/s ≥ {TARGETS.throughput_rate_vs_best:g}x the best peer's"
@@ -795,7 +803,7 @@ def targets_section(report: dict[str, Any]) -> str:
     )
 
 
-def target_count(rows: Sequence[dict[str, Any]]) -> str:
+def target_count(rows: Sequence[TargetRow]) -> str:
     """``Met 7 of 13 targets; missed 4; not measured 2.``"""
     met = sum(r["met"] is True for r in rows)
     missed = sum(r["met"] is False for r in rows)

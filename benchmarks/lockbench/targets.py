@@ -8,8 +8,9 @@ import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
-__all__ = ["TARGETS", "Targets", "TargetsFileError", "load"]
+__all__ = ["TARGETS", "TargetRow", "Targets", "TargetsFileError", "load"]
 
 PATH = Path(__file__).resolve().parent.parent / "targets.toml"
 
@@ -17,6 +18,22 @@ PATH = Path(__file__).resolve().parent.parent / "targets.toml"
 class TargetsFileError(ValueError):
     """The targets file is missing a limit, names an unknown one, or holds a value
     that is not a positive number."""
+
+
+class TargetRow(TypedDict):
+    """One target checked against one case of a run, as the report's JSON keeps it
+    (``"targets"``) and its table shows it."""
+
+    target: str  # what is asked, in words
+    case: str  # the case it was checked on
+    bound: str  # value against limit: ">=", "<=" or "<"
+    limit: float
+    unit: str  # "x" (a ratio), "ms", "share" (a fraction) or "count"
+    value: float | None  # None: not measured
+    measured: str  # what was measured, in words
+    met: bool | None  # None: not measured
+    shortfall: float | None  # how far from the limit, in the unit, when missed
+    result: str  # "met", "missed: ...", or "not measured"
 
 
 @dataclass(frozen=True, slots=True)
