@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .adapters import LibraryInfo
 from .harness import (
     publish_between,
     publish_section,
@@ -83,7 +84,7 @@ CELL_UNITS = {
 }
 
 
-def table(scenario: dict[str, Any], infos: dict[str, Any]) -> str:
+def table(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> str:
     """Rows = libraries, one column per case (scenario d has its own)."""
     if scenario["id"] == "d":
         return "\n".join(contention_table(c, infos) for c in scenario["cases"])
@@ -99,7 +100,7 @@ def table(scenario: dict[str, Any], infos: dict[str, Any]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def contention_table(case: dict[str, Any], infos: dict[str, Any]) -> str:
+def contention_table(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> str:
     """Scenario d, one case: one row per library."""
     head = (
         f"{case['name']}:\n\n| Library | acquisitions/s | wait p50 (ms) | wait p99 (ms) "
@@ -119,7 +120,7 @@ def contention_table(case: dict[str, Any], infos: dict[str, Any]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def reasons(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
+def reasons(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[str]:
     """Why some cells hold no numbers, and which had failures, one line each."""
     lines: dict[str, list[str]] = {}
     for case in scenario["cases"]:
@@ -134,7 +135,7 @@ def reasons(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
     return [f"{text} ({', '.join(cases)})" for text, cases in lines.items()]
 
 
-def ratio_lines(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
+def ratio_lines(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[str]:
     """asyncredlock's value over the best peer's, per case, computed from the results."""
     lower = scenario["better"] == "lower"
     out = []
@@ -155,7 +156,11 @@ def ratio_lines(scenario: dict[str, Any], infos: dict[str, Any]) -> list[str]:
 
 
 def ratio_line(
-    case: str, ours: dict[str, float], peers: dict[str, float], infos: dict[str, Any], lower: bool
+    case: str,
+    ours: dict[str, float],
+    peers: dict[str, float],
+    infos: dict[str, LibraryInfo],
+    lower: bool,
 ) -> str:
     """``N=1: asyncredlock 0.52 (1.40x) vs the best peer, redis-py Lock 0.37``."""
     if not peers:
@@ -167,7 +172,7 @@ def ratio_line(
     return f"{case}: {', '.join(parts)} vs the best peer, {infos[best]['label']} {peers[best]:,.2f}"
 
 
-def scenario_section(scenario: dict[str, Any], infos: dict[str, Any], level: str) -> str:
+def scenario_section(scenario: dict[str, Any], infos: dict[str, LibraryInfo], level: str) -> str:
     """Title, table, ratio line and reasons of one scenario."""
     better = "lower" if scenario["better"] == "lower" else "higher"
     ratios = "; ".join(ratio_lines(scenario, infos))
@@ -354,7 +359,7 @@ def targets(report: dict[str, Any]) -> list[TargetRow]:
 
 
 def latency_targets(
-    by_id: dict[str, dict[str, Any]], infos: dict[str, Any], rtts: dict[str, Any]
+    by_id: dict[str, dict[str, Any]], infos: dict[str, LibraryInfo], rtts: dict[str, Any]
 ) -> list[TargetRow]:
     """a: uncontended p50 against aioredlock (N = 5), the fastest peer (N = 1), both at
     RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
@@ -479,7 +484,7 @@ def ok_result(case: dict[str, Any], lib: str) -> dict[str, Any] | None:
     return result if result is not None and result["status"] == "ok" else None
 
 
-def status_text(case: dict[str, Any], lib: str, infos: dict[str, Any]) -> str:
+def status_text(case: dict[str, Any], lib: str, infos: dict[str, LibraryInfo]) -> str:
     """``pottery AIORedlock: hung`` for a result without numbers."""
     result = case["results"].get(lib)
     label = infos[lib]["label"] if lib in infos else lib
@@ -503,7 +508,9 @@ def best_of(
     return best, found[best]
 
 
-def missing(case: dict[str, Any], libs: Sequence[str], infos: dict[str, Any], who: str) -> str:
+def missing(
+    case: dict[str, Any], libs: Sequence[str], infos: dict[str, LibraryInfo], who: str
+) -> str:
     """Why a comparison has no numbers: ``not in the results: no peer completed (...)``."""
     if not libs:
         return f"not in the results: no {who} in this run"
@@ -517,7 +524,7 @@ def peers_in(case: dict[str, Any]) -> list[str]:
 
 
 def wake_speedup_target(
-    case: dict[str, Any], redlock_peers: list[str], infos: dict[str, Any]
+    case: dict[str, Any], redlock_peers: list[str], infos: dict[str, LibraryInfo]
 ) -> TargetRow:
     """e: the best Redlock peer's wake-up p50 over asyncredlock's."""
     speedup = TARGETS.wakeup_speedup_vs_redlock_peers
@@ -559,7 +566,7 @@ def wake_p50_target(cases: list[dict[str, Any]]) -> TargetRow:
     return check(target, case["name"], "<", TARGETS.wakeup_p50_ms, "ms", p50, f"{number(p50)} ms")
 
 
-def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
+def contention_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """d: acquisitions/s over the best peer's, lock busy, wait p99."""
     name = case["name"]
     rate = f"d. acquisitions/s ≥ {TARGETS.contention_shared_rate_vs_best:g}x the best peer's"
@@ -604,7 +611,7 @@ def contention_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[Targ
     ]
 
 
-def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
+def separate_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """d, a client per worker: asyncredlock (defaults, and fair=True) against
     aioredlock's acquisitions/s, and its wait p99."""
     name = case["name"]
@@ -666,7 +673,7 @@ def separate_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[Target
     return rows
 
 
-def exclusion_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
+def exclusion_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """d, OS processes: no mutual-exclusion violation for asyncredlock (defaults and
     fair=True): every hold counted on the separate server, no two holds overlapping."""
     name = case["name"]
@@ -721,7 +728,7 @@ def blackhole_target(by_id: dict[str, dict[str, Any]]) -> TargetRow:
     return check(*args, slow / fast, f"{text}: {times(slow / fast)}")
 
 
-def throughput_targets(case: dict[str, Any], infos: dict[str, Any]) -> list[TargetRow]:
+def throughput_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """c: cycles/s over the best peer's, and CPU per cycle over that peer's."""
     name = case["name"]
     rate = f"c. cycles/s ≥ {TARGETS.throughput_rate_vs_best:g}x the best peer's"
@@ -852,7 +859,9 @@ def summary_table(report: dict[str, Any]) -> str:
     )
 
 
-def summary_cells(sid: str, case: dict[str, Any], infos: dict[str, Any], lower: bool) -> str:
+def summary_cells(
+    sid: str, case: dict[str, Any], infos: dict[str, LibraryInfo], lower: bool
+) -> str:
     """asyncredlock's value | the best peer's | the comparison, for one case."""
     ours = ok_result(case, OURS)
     mine = value(sid, ours) if ours is not None else None
@@ -919,7 +928,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def bars(ax: Any, scenario: dict[str, Any], infos: dict[str, Any], guard_ms: float) -> None:
+def bars(ax: Any, scenario: dict[str, Any], infos: dict[str, LibraryInfo], guard_ms: float) -> None:
     """Grouped bars of one scenario's metric."""
     ylabel, log = PANEL_LABELS[scenario["id"]]
     libs = list(infos)
@@ -974,7 +983,7 @@ def bar(
         )
 
 
-def legend_panel(ax: Any, infos: dict[str, Any]) -> None:
+def legend_panel(ax: Any, infos: dict[str, LibraryInfo]) -> None:
     """The last panel: the legend."""
     from matplotlib.patches import Patch
 

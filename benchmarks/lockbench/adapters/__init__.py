@@ -8,7 +8,7 @@ import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ..settings import AIOREDLOCK_WAIT_RETRIES
 from .base import Handle, Mode, NotAcquiredError, Session, defaults, jsonable, redis_client_settings
@@ -27,6 +27,7 @@ __all__ = [
     "AsyncredlockHandle",
     "AsyncredlockSession",
     "Handle",
+    "LibraryInfo",
     "Mode",
     "NotAcquiredError",
     "Peer",
@@ -157,26 +158,39 @@ PEERS = (
 UNCONTENDED = Mode("uncontended", waiting=False, workers=1)
 
 
-def probe(peer: Peer) -> dict[str, Any]:
+class LibraryInfo(TypedDict):
+    """What a run records about one library under test (the report's ``"libraries"``)."""
+
+    label: str
+    single_server: bool
+    note: str  # how it is set up
+    versions: dict[str, str | None]  # per distribution; None: not installed
+    requires: list[str]  # its declared requirements
+    available: bool  # whether it imports here
+    reason: str | None  # why not, when not
+    settings: dict[str, Any]  # per mode (uncontended, ...), every setting in force
+
+
+def probe(peer: Peer) -> LibraryInfo:
     """Whether ``peer`` imports here, its versions, and its declared requirements."""
-    info: dict[str, Any] = {
-        "label": peer.label,
-        "single_server": peer.single_server,
-        "note": peer.note,
-        "versions": {d: _version(d) for d in peer.distributions},
-        "requires": _requires(peer.distributions[0]),
-    }
+    reason: str | None = None
     try:
         for module in peer.modules:
             importlib.import_module(module)
         if peer.id == "redlock-ng" and not hasattr(sys.modules["redlock"], "RedlockConfig"):
             raise ImportError("the installed 'redlock' module is not redlock-ng's")
     except Exception as exc:  # any import-time failure makes it unavailable, with why
-        info |= {"available": False, "reason": describe(exc)}
-    else:
-        info |= {"available": True, "reason": None}
-    info["settings"] = {}
-    return info
+        reason = describe(exc)
+    return LibraryInfo(
+        label=peer.label,
+        single_server=peer.single_server,
+        note=peer.note,
+        versions={d: _version(d) for d in peer.distributions},
+        requires=_requires(peer.distributions[0]),
+        available=reason is None,
+        reason=reason,
+        settings={},
+    )
 
 
 def _version(distribution: str) -> str | None:
