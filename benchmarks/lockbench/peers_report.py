@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from .adapters import LibraryInfo
 from .harness import (
@@ -27,6 +27,47 @@ from .targets import TARGETS, TargetRow
 MARKER = "<!-- PEERS-TABLE -->"
 SUMMARY_START = "<!-- PEERS-SUMMARY -->"
 SUMMARY_END = "<!-- /PEERS-SUMMARY -->"
+
+
+class CaseRecord(TypedDict):
+    """One case of a scenario in the report: its setup and every library's result
+    (whose fields depend on the scenario)."""
+
+    name: str
+    n: int  # masters
+    rtt_ms: float  # delay the proxies add
+    fault: str | None  # b: "blackhole" or "down"
+    clients: str  # d: "shared", "each" or "processes"
+    via: str  # "proxy" or "direct"
+    results: dict[str, dict[str, Any]]  # per library id
+    seconds: float
+
+
+class ScenarioRecord(TypedDict):
+    """One scenario of the report (a to e)."""
+
+    id: str
+    title: str
+    metric: str
+    better: str  # "lower" or "higher"
+    cases: list[CaseRecord]
+
+
+class PeersReport(TypedDict):
+    """``peers.json``: what was run, on what, and what came out."""
+
+    benchmark: str
+    unit: str
+    settings: dict[str, Any]  # what every library got, and the run's guards
+    plan: dict[str, Any]
+    environment: dict[str, Any]
+    libraries: dict[str, LibraryInfo]
+    measured_rtt: dict[str, Any]  # per nominal RTT: PING p50s, one proxy and a quorum round
+    scenarios: list[ScenarioRecord]
+    loop_errors: dict[str, Any]
+    seconds: float
+    ratios: NotRequired[dict[str, list[str]]]  # per scenario: asyncredlock vs the best peer
+    targets: NotRequired[list[TargetRow]]  # added once the rest is known
 
 
 STATUS_TEXT = {
@@ -84,7 +125,7 @@ CELL_UNITS = {
 }
 
 
-def table(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> str:
+def table(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> str:
     """Rows = libraries, one column per case (scenario d has its own)."""
     if scenario["id"] == "d":
         return "\n".join(contention_table(c, infos) for c in scenario["cases"])
@@ -100,7 +141,7 @@ def table(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def contention_table(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> str:
+def contention_table(case: CaseRecord, infos: dict[str, LibraryInfo]) -> str:
     """Scenario d, one case: one row per library."""
     head = (
         f"{case['name']}:\n\n| Library | acquisitions/s | wait p50 (ms) | wait p99 (ms) "
@@ -120,7 +161,7 @@ def contention_table(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> str
     return head + "\n".join(rows) + "\n"
 
 
-def reasons(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[str]:
+def reasons(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> list[str]:
     """Why some cells hold no numbers, and which had failures, one line each."""
     lines: dict[str, list[str]] = {}
     for case in scenario["cases"]:
@@ -135,7 +176,7 @@ def reasons(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[str
     return [f"{text} ({', '.join(cases)})" for text, cases in lines.items()]
 
 
-def ratio_lines(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[str]:
+def ratio_lines(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> list[str]:
     """asyncredlock's value over the best peer's, per case, computed from the results."""
     lower = scenario["better"] == "lower"
     out = []
@@ -146,7 +187,7 @@ def ratio_lines(scenario: dict[str, Any], infos: dict[str, LibraryInfo]) -> list
             for lib, r in results.items()
             if not lib.startswith("asyncredlock") and (v := value(scenario["id"], r)) is not None
         }
-        ours = {
+        ours: dict[str, float] = {
             lib: v
             for lib in ("asyncredlock", "asyncredlock-unfenced")
             if lib in results and (v := value(scenario["id"], results[lib])) is not None
@@ -172,7 +213,7 @@ def ratio_line(
     return f"{case}: {', '.join(parts)} vs the best peer, {infos[best]['label']} {peers[best]:,.2f}"
 
 
-def scenario_section(scenario: dict[str, Any], infos: dict[str, LibraryInfo], level: str) -> str:
+def scenario_section(scenario: ScenarioRecord, infos: dict[str, LibraryInfo], level: str) -> str:
     """Title, table, ratio line and reasons of one scenario."""
     better = "lower" if scenario["better"] == "lower" else "higher"
     ratios = "; ".join(ratio_lines(scenario, infos))
@@ -187,7 +228,7 @@ def scenario_section(scenario: dict[str, Any], infos: dict[str, LibraryInfo], le
     )
 
 
-def library_table(report: dict[str, Any]) -> str:
+def library_table(report: PeersReport) -> str:
     """Which libraries ran, their versions, and how each was set up."""
     rows = []
     for info in report["libraries"].values():
@@ -199,7 +240,7 @@ def library_table(report: dict[str, Any]) -> str:
     )
 
 
-def notes(report: dict[str, Any]) -> str:
+def notes(report: PeersReport) -> str:
     """What was measured and how, under the tables."""
     s, env = report["settings"], report["environment"]
     rtt = ", ".join(
@@ -252,7 +293,7 @@ def notes(report: dict[str, Any]) -> str:
     )
 
 
-def loop_error_line(report: dict[str, Any]) -> str:
+def loop_error_line(report: PeersReport) -> str:
     """Which libraries left task errors nobody retrieved (asyncio reports them)."""
     errors = report["loop_errors"]
     if not errors:
@@ -274,7 +315,7 @@ def machine_line(env: dict[str, Any]) -> str:
     )
 
 
-def body(report: dict[str, Any], level: str) -> str:
+def body(report: PeersReport, level: str) -> str:
     """Libraries, one section per scenario, notes, machine."""
     infos = report["libraries"]
     quick = (
@@ -297,12 +338,12 @@ def body(report: dict[str, Any], level: str) -> str:
     )
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(report: PeersReport) -> str:
     """``peers.md``."""
     return "# asyncredlock and its peers\n\n" + body(report, "##")
 
 
-def docs_section(report: dict[str, Any]) -> str:
+def docs_section(report: PeersReport) -> str:
     """The generated part of ``docs/peers.md``."""
     return (
         body(report, "###")
@@ -330,7 +371,7 @@ RERUN_INSTALL = (
 OURS = "asyncredlock"
 
 
-def targets(report: dict[str, Any]) -> list[TargetRow]:
+def targets(report: PeersReport) -> list[TargetRow]:
     """Each target of the issue checked against the results: the value, whether it was
     met, and by how much it was missed; "not measured" (with why) where the results
     lack a quantity."""
@@ -359,7 +400,7 @@ def targets(report: dict[str, Any]) -> list[TargetRow]:
 
 
 def latency_targets(
-    by_id: dict[str, dict[str, Any]], infos: dict[str, LibraryInfo], rtts: dict[str, Any]
+    by_id: dict[str, ScenarioRecord], infos: dict[str, LibraryInfo], rtts: dict[str, Any]
 ) -> list[TargetRow]:
     """a: uncontended p50 against aioredlock (N = 5), the fastest peer (N = 1), both at
     RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
@@ -409,7 +450,7 @@ def latency_targets(
     return rows
 
 
-def cases_of(by_id: dict[str, dict[str, Any]], sid: str) -> list[dict[str, Any]]:
+def cases_of(by_id: dict[str, ScenarioRecord], sid: str) -> list[CaseRecord]:
     """The cases of scenario ``sid``, none if it did not run."""
     return list(by_id[sid]["cases"]) if sid in by_id else []
 
@@ -478,13 +519,13 @@ def times(x: float) -> str:
     return f"{x:.1f}x" if x >= 10 else f"{x:.2f}x"
 
 
-def ok_result(case: dict[str, Any], lib: str) -> dict[str, Any] | None:
+def ok_result(case: CaseRecord, lib: str) -> dict[str, Any] | None:
     """``lib``'s result in ``case`` if it has numbers."""
     result = case["results"].get(lib)
     return result if result is not None and result["status"] == "ok" else None
 
 
-def status_text(case: dict[str, Any], lib: str, infos: dict[str, LibraryInfo]) -> str:
+def status_text(case: CaseRecord, lib: str, infos: dict[str, LibraryInfo]) -> str:
     """``pottery AIORedlock: hung`` for a result without numbers."""
     result = case["results"].get(lib)
     label = infos[lib]["label"] if lib in infos else lib
@@ -494,7 +535,7 @@ def status_text(case: dict[str, Any], lib: str, infos: dict[str, LibraryInfo]) -
 
 
 def best_of(
-    sid: str, case: dict[str, Any], libs: Sequence[str], lower: bool
+    sid: str, case: CaseRecord, libs: Sequence[str], lower: bool
 ) -> tuple[str, float] | None:
     """The library of ``libs`` with the best value of scenario ``sid`` in ``case``."""
     found = {
@@ -508,9 +549,7 @@ def best_of(
     return best, found[best]
 
 
-def missing(
-    case: dict[str, Any], libs: Sequence[str], infos: dict[str, LibraryInfo], who: str
-) -> str:
+def missing(case: CaseRecord, libs: Sequence[str], infos: dict[str, LibraryInfo], who: str) -> str:
     """Why a comparison has no numbers: ``not in the results: no peer completed (...)``."""
     if not libs:
         return f"not in the results: no {who} in this run"
@@ -518,13 +557,13 @@ def missing(
     return f"not in the results: no {who} completed ({states})"
 
 
-def peers_in(case: dict[str, Any]) -> list[str]:
+def peers_in(case: CaseRecord) -> list[str]:
     """The other libraries of ``case`` (not asyncredlock, fenced or not)."""
     return [lib for lib in case["results"] if not lib.startswith(OURS)]
 
 
 def wake_speedup_target(
-    case: dict[str, Any], redlock_peers: list[str], infos: dict[str, LibraryInfo]
+    case: CaseRecord, redlock_peers: list[str], infos: dict[str, LibraryInfo]
 ) -> TargetRow:
     """e: the best Redlock peer's wake-up p50 over asyncredlock's."""
     speedup = TARGETS.wakeup_speedup_vs_redlock_peers
@@ -543,7 +582,7 @@ def wake_speedup_target(
     return check(*args, theirs / mine, f"{text}: {times(theirs / mine)}")
 
 
-def wake_p50_target(cases: list[dict[str, Any]]) -> TargetRow:
+def wake_p50_target(cases: list[CaseRecord]) -> TargetRow:
     """e: asyncredlock's wake-up p50 at N = 5."""
     target = f"e. wake-up p50 < {TARGETS.wakeup_p50_ms:g} ms at N={SERVERS}"
     if not cases:
@@ -566,7 +605,7 @@ def wake_p50_target(cases: list[dict[str, Any]]) -> TargetRow:
     return check(target, case["name"], "<", TARGETS.wakeup_p50_ms, "ms", p50, f"{number(p50)} ms")
 
 
-def contention_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
+def contention_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """d: acquisitions/s over the best peer's, lock busy, wait p99."""
     name = case["name"]
     rate = f"d. acquisitions/s ≥ {TARGETS.contention_shared_rate_vs_best:g}x the best peer's"
@@ -611,7 +650,7 @@ def contention_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> l
     ]
 
 
-def separate_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
+def separate_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """d, a client per worker: asyncredlock (defaults, and fair=True) against
     aioredlock's acquisitions/s, and its wait p99."""
     name = case["name"]
@@ -673,7 +712,7 @@ def separate_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> lis
     return rows
 
 
-def exclusion_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
+def exclusion_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """d, OS processes: no mutual-exclusion violation for asyncredlock (defaults and
     fair=True): every hold counted on the separate server, no two holds overlapping."""
     name = case["name"]
@@ -698,7 +737,7 @@ def exclusion_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> li
     return rows
 
 
-def blackhole_target(by_id: dict[str, dict[str, Any]]) -> TargetRow:
+def blackhole_target(by_id: dict[str, ScenarioRecord]) -> TargetRow:
     """b over a: asyncredlock's N = 5 acquire p50 with one master blackholed, over the
     healthy case at the same RTT."""
     faulty = [c for c in cases_of(by_id, "b") if c["fault"] == "blackhole"]
@@ -728,7 +767,7 @@ def blackhole_target(by_id: dict[str, dict[str, Any]]) -> TargetRow:
     return check(*args, slow / fast, f"{text}: {times(slow / fast)}")
 
 
-def throughput_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> list[TargetRow]:
+def throughput_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """c: cycles/s over the best peer's, and CPU per cycle over that peer's."""
     name = case["name"]
     rate = f"c. cycles/s ≥ {TARGETS.throughput_rate_vs_best:g}x the best peer's"
@@ -787,7 +826,7 @@ def throughput_targets(case: dict[str, Any], infos: dict[str, LibraryInfo]) -> l
     return rows
 
 
-def targets_section(report: dict[str, Any]) -> str:
+def targets_section(report: PeersReport) -> str:
     """The targets table, computed from the results, with a count."""
     rows = report["targets"]
     lines = [
@@ -828,7 +867,7 @@ SUMMARY_METRICS = {
 }
 
 
-def summary_table(report: dict[str, Any]) -> str:
+def summary_table(report: PeersReport) -> str:
     """The README summary: per scenario and case, asyncredlock's headline value, the
     best peer's, and how they compare; the targets met; how to rerun."""
     infos = report["libraries"]
@@ -859,9 +898,7 @@ def summary_table(report: dict[str, Any]) -> str:
     )
 
 
-def summary_cells(
-    sid: str, case: dict[str, Any], infos: dict[str, LibraryInfo], lower: bool
-) -> str:
+def summary_cells(sid: str, case: CaseRecord, infos: dict[str, LibraryInfo], lower: bool) -> str:
     """asyncredlock's value | the best peer's | the comparison, for one case."""
     ours = ok_result(case, OURS)
     mine = value(sid, ours) if ours is not None else None
@@ -908,7 +945,7 @@ PANEL_LABELS = {
 }
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot(report: PeersReport, path: Path) -> None:
     """One panel per scenario, grouped bars (cases by libraries); hangs marked."""
     plt = pyplot()
     fig, grid = plt.subplots(2, 3, figsize=(15, 8.5), dpi=100)
@@ -928,7 +965,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def bars(ax: Any, scenario: dict[str, Any], infos: dict[str, LibraryInfo], guard_ms: float) -> None:
+def bars(ax: Any, scenario: ScenarioRecord, infos: dict[str, LibraryInfo], guard_ms: float) -> None:
     """Grouped bars of one scenario's metric."""
     ylabel, log = PANEL_LABELS[scenario["id"]]
     libs = list(infos)
@@ -993,7 +1030,7 @@ def legend_panel(ax: Any, infos: dict[str, LibraryInfo]) -> None:
 
 
 def write_outputs(
-    report: dict[str, Any], out: Path, docs: Path | None, readme: Path | None = None
+    report: PeersReport, out: Path, docs: Path | None, readme: Path | None = None
 ) -> None:
     """JSON, markdown and PNG into ``out``; the plot and section into ``docs`` and the
     summary into ``readme``, if given."""
