@@ -595,7 +595,7 @@ async def measure_quorum_round(urls: Sequence[str], quorum: int, pings: int) -> 
         for url in urls:
             parts = urlsplit(url)
             _, protocol = await loop.create_connection(
-                lambda: _Pinger(on_reply), parts.hostname, parts.port
+                lambda: _Pinger(on_reply), parts.hostname or "127.0.0.1", parts.port or 6379
             )
             conns.append(protocol)
         times = []

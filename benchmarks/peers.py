@@ -79,6 +79,7 @@ from lockbench.adapters import (
     PEERS,
     UNCONTENDED,
     Handle,
+    LibraryInfo,
     Mode,
     Peer,
     Session,
@@ -94,6 +95,9 @@ from lockbench.harness import (
     summarize,
 )
 from lockbench.peers_report import (
+    CaseRecord,
+    PeersReport,
+    ScenarioRecord,
     cell,
     ratio_lines,
     scenario_section,
@@ -329,7 +333,7 @@ def library_statistics(session: Session) -> dict[str, Any]:
 class Run:
     """Opens and closes a library's session for one case; records its settings."""
 
-    def __init__(self, peer: Peer, info: dict[str, Any], urls: Sequence[str], mode: Mode) -> None:
+    def __init__(self, peer: Peer, info: LibraryInfo, urls: Sequence[str], mode: Mode) -> None:
         self.peer, self._info, self._urls, self._mode = peer, info, urls, mode
         self.session: Session | None = None
 
@@ -384,7 +388,7 @@ async def run_block(runner: LatencyRunner, count: int, plan: Plan, *, keep: bool
 
 
 async def latency_case(
-    case: Case, peers: Sequence[Peer], infos: dict[str, dict[str, Any]], urls: list[str], plan: Plan
+    case: Case, peers: Sequence[Peer], infos: dict[str, LibraryInfo], urls: list[str], plan: Plan
 ) -> dict[str, dict[str, Any]]:
     """Scenario a, one case: every library warmed up, then alternating in blocks."""
     iterations = plan.latency_iterations[case.rtt_ms]
@@ -499,7 +503,7 @@ def fault_result(
 async def fault_case(
     case: Case,
     peer: Peer,
-    info: dict[str, Any],
+    info: LibraryInfo,
     servers: ServerGroup,
     proxies: ProxyHost,
     plan: Plan,
@@ -577,7 +581,7 @@ async def throughput(handles: Sequence[Handle], duration: float) -> dict[str, An
 
 
 async def throughput_case(
-    case: Case, peer: Peer, info: dict[str, Any], urls: list[str], plan: Plan
+    case: Case, peer: Peer, info: LibraryInfo, urls: list[str], plan: Plan
 ) -> dict[str, Any]:
     """Scenario c, one library: one warm-up cycle per worker, then the timed run."""
     mode = Mode("uncontended", waiting=False, workers=THROUGHPUT_WORKERS)
@@ -690,7 +694,7 @@ def contention_result(
 
 
 async def contention_case(
-    case: Case, peer: Peer, info: dict[str, Any], urls: list[str], plan: Plan
+    case: Case, peer: Peer, info: LibraryInfo, urls: list[str], plan: Plan
 ) -> dict[str, Any]:
     """Scenario d, one library: the workers share one client, or have one each, or
     are OS processes (`processes_case`)."""
@@ -772,7 +776,7 @@ async def processes_case(case: Case, peer: Peer, urls: list[str], plan: Plan) ->
             if child.returncode != 0:
                 tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
                 return outcome("failed", f"a child process exited {child.returncode}: {tail[0]}")
-            record = json.loads(out.strip().splitlines()[-1])
+            record: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
             if record["status"] != "ok":
                 return record
             holds.extend(Hold(*each) for each in record["holds"])
@@ -835,7 +839,7 @@ async def child_run(spec: dict[str, Any]) -> dict[str, Any]:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     peer = next(p for p in PEERS if p.id == spec["peer"])
     mode = Mode("contended", waiting=True, workers=PROCESS_TASKS)
-    info: dict[str, Any] = {"settings": {}}
+    info = probe(peer)  # what Run records the settings into
     failures = Failures()
     counter = Redis.from_url(spec["counter"])
     try:
@@ -898,7 +902,7 @@ async def wakeup(holder: Handle, waiter: Handle, plan: Plan) -> dict[str, Any]:
 
 
 async def wakeup_case(
-    case: Case, peer: Peer, info: dict[str, Any], urls: list[str], plan: Plan
+    case: Case, peer: Peer, info: LibraryInfo, urls: list[str], plan: Plan
 ) -> dict[str, Any]:
     """Scenario e, one library."""
     mode = Mode("contended", waiting=True, workers=2)
@@ -920,7 +924,7 @@ async def wakeup_case(
 
 
 def skip_reason(
-    peer: Peer, info: dict[str, Any], scenario: Scenario, case: Case
+    peer: Peer, info: LibraryInfo, scenario: Scenario, case: Case
 ) -> dict[str, Any] | None:
     """Why ``peer`` does not run in ``case``, as a result record; None if it runs.
 
@@ -932,7 +936,7 @@ def skip_reason(
     if peer.single_server and case.n > 1:
         return outcome("not_applicable", "a single-server lock: runs with N = 1 only")
     if not info["available"]:
-        return outcome("unavailable", info["reason"])
+        return outcome("unavailable", info["reason"] or "does not import")
     return None
 
 
@@ -966,7 +970,7 @@ class Runner:
     def __init__(
         self,
         peers: Sequence[Peer],
-        infos: dict[str, dict[str, Any]],
+        infos: dict[str, LibraryInfo],
         servers: ServerGroup,
         proxies: ProxyHost,
         plan: Plan,
@@ -1005,9 +1009,9 @@ class Runner:
                 out[peer.id] = reason
         return out
 
-    async def scenario(self, scenario: Scenario) -> dict[str, Any]:
+    async def scenario(self, scenario: Scenario) -> ScenarioRecord:
         """Every case of ``scenario``."""
-        cases = []
+        cases: list[CaseRecord] = []
         for case in scenario.cases:
             await self.set_rtt(case.rtt_ms)
             flush(self.servers)
@@ -1016,25 +1020,25 @@ class Runner:
             results = await self.case(scenario, case)
             ordered = {p.id: results[p.id] for p in self.peers}
             cases.append(
-                {
-                    "name": case.name,
-                    "n": case.n,
-                    "rtt_ms": case.rtt_ms,
-                    "fault": case.fault,
-                    "clients": case.clients,
-                    "via": "proxy" if via_proxy(case) else "direct",
-                    "results": ordered,
-                    "seconds": round(time.perf_counter() - started, 1),
-                }
+                CaseRecord(
+                    name=case.name,
+                    n=case.n,
+                    rtt_ms=case.rtt_ms,
+                    fault=case.fault,
+                    clients=case.clients,
+                    via="proxy" if via_proxy(case) else "direct",
+                    results=ordered,
+                    seconds=round(time.perf_counter() - started, 1),
+                )
             )
         flush(self.servers)
-        return {
-            "id": scenario.id,
-            "title": scenario.title,
-            "metric": scenario.metric,
-            "better": scenario.better,
-            "cases": cases,
-        }
+        return ScenarioRecord(
+            id=scenario.id,
+            title=scenario.title,
+            metric=scenario.metric,
+            better=scenario.better,
+            cases=cases,
+        )
 
     async def case(self, scenario: Scenario, case: Case) -> dict[str, dict[str, Any]]:
         """Every library in one case (all together in a, one after the other else)."""
@@ -1074,7 +1078,7 @@ class Runner:
         return await wakeup_case(case, peer, info, urls, plan)
 
 
-async def run_all(runner: Runner, scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
+async def run_all(runner: Runner, scenarios: Sequence[Scenario]) -> list[ScenarioRecord]:
     """The scenarios, in order."""
     random.seed(SEED)
     asyncio.get_running_loop().set_exception_handler(runner.on_loop_error)
@@ -1083,7 +1087,7 @@ async def run_all(runner: Runner, scenarios: Sequence[Scenario]) -> list[dict[st
 
 def run(
     peers: Sequence[Peer], plan: Plan, scenarios: Sequence[Scenario] = SCENARIOS
-) -> dict[str, Any]:
+) -> PeersReport:
     """Start servers and proxies, run everything, stop everything (also on error)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
@@ -1092,10 +1096,10 @@ def run(
     with servers_behind_proxies(SERVERS) as (servers, proxies):
         runner = Runner(peers, infos, servers, proxies, plan)
         measured = asyncio.run(run_all(runner, scenarios))
-    report = {
-        "benchmark": "peers",
-        "unit": "ms unless stated",
-        "settings": {
+    report = PeersReport(
+        benchmark="peers",
+        unit="ms unless stated",
+        settings={
             "ttl_s": TTL,
             "wait_s": WAIT,
             "op_guard_s": plan.op_guard,
@@ -1111,14 +1115,14 @@ def run(
             "seed": SEED,
             "silenced_loggers": list(QUIET_LOGGERS),
         },
-        "plan": plan_record(plan),
-        "environment": environment() | {"event_loop": "asyncio"},
-        "libraries": infos,
-        "measured_rtt": runner.rtts,
-        "scenarios": measured,
-        "loop_errors": {who: f.record() for who, f in runner.loop_errors.items()},
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+        plan=plan_record(plan),
+        environment=environment() | {"event_loop": "asyncio"},
+        libraries=infos,
+        measured_rtt=runner.rtts,
+        scenarios=measured,
+        loop_errors={who: f.record() for who, f in runner.loop_errors.items()},
+        seconds=round(time.perf_counter() - started, 1),
+    )
     report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in measured}
     report["targets"] = targets(report)
     return report

@@ -74,6 +74,7 @@ from lockbench.adapters import (
     PEERS,
     AsyncredlockHandle,
     Handle,
+    LibraryInfo,
     Mode,
     Peer,
     defaults,
@@ -89,13 +90,13 @@ from lockbench.harness import (
     write_json,
     write_text,
 )
-from lockbench.settings import POOL, TTL, WAIT
+from lockbench.settings import POOL, SERVERS, THROUGHPUT_WORKERS, TTL, WAIT
 
 from asyncredlock import AsyncRedlock
 from asyncredlock.testing import ServerGroup
 
 HERE = Path(__file__).resolve().parent
-WORKERS = peers.THROUGHPUT_WORKERS
+WORKERS = THROUGHPUT_WORKERS
 SETTLE = 0.3  # seconds for background calls (the rest of a release round) to finish
 SCRIPT_COMMANDS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"})
 PROFILED = ("asyncredlock", "pottery")  # the configurations --profile profiles
@@ -569,7 +570,7 @@ class Harness:
         message = str(context.get("message", "")) + (f": {describe(exc)}" if exc else "")
         self.loop_errors.setdefault(self.current, peers.Failures()).note(message)
 
-    async def window(self, peer: Peer, info: dict[str, Any], kind: str) -> dict[str, Any]:
+    async def window(self, peer: Peer, info: LibraryInfo, kind: str) -> dict[str, Any]:
         """One session: warm-up, then one timed, counting or profiled window."""
         plan = self.plan
         duration = plan.count_duration if kind == "count" else plan.duration
@@ -1111,7 +1112,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
         return given if given is not None else small if quick else full
 
     plan = Plan(
-        n=pick(args.n, peers.SERVERS, 1),
+        n=pick(args.n, SERVERS, 1),
         duration=pick(args.duration, 5.0, 1.0),
         reps=pick(args.reps, 3, 1),
         count_duration=pick(args.count_duration, 3.0, 0.5),

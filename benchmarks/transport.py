@@ -49,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from lockbench.harness import (
@@ -92,7 +92,12 @@ class Client:
 class LinkClient(Client):
     def __init__(self, urls: Sequence[str], *, plain: bool) -> None:
         self.links = [
-            Link(url, _plain_opener(url) if plain else _redis_py_opener(url), **_LINK)
+            Link(
+                url,
+                _plain_opener(url) if plain else _redis_py_opener(url),
+                node_timeout=_LINK["node_timeout"],
+                socket_timeout=_LINK["socket_timeout"],
+            )
             for url in urls
         ]
         self.calls = [_link_call(link) for link in self.links]
@@ -123,7 +128,8 @@ def _plain_opener(url: str) -> Callable[[Stream], Awaitable[None]]:
 
     async def opener(protocol: Stream) -> None:
         loop = asyncio.get_running_loop()
-        await loop.create_connection(lambda: protocol, parts.hostname, parts.port)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+        await loop.create_connection(lambda: protocol, host, port)
 
     return opener
 
@@ -167,7 +173,8 @@ class CoredisClient(Client):
 
 def _coredis_call(client: Any) -> Call:
     def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[Any]:
-        return client.evalsha(sha, keys=list(keys), args=list(args))
+        reply: Awaitable[Any] = client.evalsha(sha, keys=list(keys), args=list(args))
+        return reply
 
     return call
 
@@ -197,7 +204,10 @@ class GlideClient(Client):
 
 def _glide_call(client: Any) -> Call:
     def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[Any]:
-        return client.custom_command(["EVALSHA", sha, str(len(keys)), *keys, *args])
+        reply: Awaitable[Any] = client.custom_command(
+            ["EVALSHA", sha, str(len(keys)), *keys, *args]
+        )
+        return reply
 
     return call
 
@@ -249,7 +259,7 @@ async def quorum_of(
 ) -> tuple[list[Any], list[asyncio.Future[Any]]]:
     """Wait until QUORUM replies are in; the rest go on in ``background``. Returns the
     replies in and every call's future (in the order of ``calls``)."""
-    futures = [asyncio.ensure_future(call) for call in calls]
+    futures: list[asyncio.Future[Any]] = [asyncio.ensure_future(call) for call in calls]
     done: list[Any] = []
     enough = asyncio.get_running_loop().create_future()
 
@@ -428,7 +438,8 @@ async def leftover(urls: Sequence[str]) -> int:
     total = 0
     for url in urls:
         async with Redis.from_url(url) as direct:
-            left = [k for k in await direct.keys("transport:*") if not k.endswith(b":fence")]
+            keys = cast(list[bytes], await direct.keys("transport:*"))  # not decoded
+            left = [k for k in keys if not k.endswith(b":fence")]
             if left:
                 print(f"left on {url}: {left[:5]}", file=sys.stderr)
             total += len(left)
