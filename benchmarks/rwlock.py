@@ -23,7 +23,7 @@ import asyncio
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 from lockbench.harness import (
@@ -51,9 +51,42 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
+class ReadRate(TypedDict):
+    """Locks of one resource per second, by ``concurrency`` tasks of one client."""
+
+    concurrency: int
+    cycles: int
+    cycles_per_s: float
+    cpu_s_per_1000: float
+    acquire: dict[str, float | int]  # summarize(): p50_ms, p99_ms, ...
+    handoffs: int
+
+
+class WriterWait(TypedDict):
+    """A writer among readers that keep the lock read without a gap."""
+
+    options: dict[str, Any]  # the rwlock's fairness options
+    writes: int
+    writer_timeouts: int
+    writer_wait: dict[str, float | int] | None  # summarize(); None: it never wrote
+    reads: int
+    reads_per_s: float
+
+
+class RWLockReport(TypedDict):
+    """``rwlock.json``."""
+
+    environment: dict[str, Any]
+    masters: int
+    seconds_per_case: float
+    quick: bool
+    readers: dict[str, ReadRate]  # by "read xN" / "exclusive xN"
+    writer_wait: dict[str, WriterWait]  # by mode
+
+
 async def readers_per_second(
     urls: list[str], concurrency: int, seconds: float, *, exclusive: bool
-) -> dict[str, Any]:
+) -> ReadRate:
     """``concurrency`` tasks lock one resource (read side, or exclusive) in a loop."""
     async with AsyncRedlock(urls) as redlock:
         rw = redlock.rwlock("bench:read")
@@ -78,14 +111,14 @@ async def readers_per_second(
                 tg.start_soon(worker)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         stats = redlock.statistics()
-        return {
-            "concurrency": concurrency,
-            "cycles": len(latencies),
-            "cycles_per_s": round(len(latencies) / wall, 1),
-            "cpu_s_per_1000": round(1000 * cpu / max(1, len(latencies)), 3),
-            "acquire": summarize(latencies),
-            "handoffs": stats.handoffs,
-        }
+        return ReadRate(
+            concurrency=concurrency,
+            cycles=len(latencies),
+            cycles_per_s=round(len(latencies) / wall, 1),
+            cpu_s_per_1000=round(1000 * cpu / max(1, len(latencies)), 3),
+            acquire=summarize(latencies),
+            handoffs=stats.handoffs,
+        )
 
 
 async def _cycle(lock: Any) -> None:
@@ -95,7 +128,7 @@ async def _cycle(lock: Any) -> None:
 
 async def writer_wait(
     urls: list[str], options: dict[str, Any], seconds: float, readers: int, hold: float
-) -> dict[str, Any]:
+) -> WriterWait:
     """A writer writes again and again while readers keep the lock read without a gap."""
     async with (
         AsyncRedlock(urls, retry_delay=0.05) as reading,
@@ -139,21 +172,21 @@ async def writer_wait(
             await anyio.sleep(hold)  # the writer arrives while the lock is read
             tg.start_soon(writer)
         wall = time.perf_counter() - wall
-        return {
-            "options": {k: (str(v) if isinstance(v, float) else v) for k, v in options.items()},
-            "writes": len(waits),
-            "writer_timeouts": timeouts,
-            "writer_wait": summarize(waits) if waits else None,
-            "reads": reads,
-            "reads_per_s": round(reads / wall, 1),
-        }
+        return WriterWait(
+            options={k: (str(v) if isinstance(v, float) else v) for k, v in options.items()},
+            writes=len(waits),
+            writer_timeouts=timeouts,
+            writer_wait=summarize(waits) if waits else None,
+            reads=reads,
+            reads_per_s=round(reads / wall, 1),
+        )
 
 
-async def run(quick: bool) -> dict[str, Any]:
+async def run(quick: bool) -> RWLockReport:
     seconds = 1.0 if quick else 8.0
     with ServerGroup(N) as servers:
         urls = servers.urls
-        readers = {}
+        readers: dict[str, ReadRate] = {}
         for concurrency in (1, 10, 50) if not quick else (4,):
             for exclusive in (False, True):
                 name = f"{'exclusive' if exclusive else 'read'} x{concurrency}"
@@ -161,7 +194,7 @@ async def run(quick: bool) -> dict[str, Any]:
                     urls, concurrency, seconds, exclusive=exclusive
                 )
                 print(f"{name:<16} {readers[name]['cycles_per_s']:>9,.1f} cycles/s", flush=True)
-        writers = {}
+        writers: dict[str, WriterWait] = {}
         for mode, options in MODES.items():
             result = await writer_wait(urls, options, seconds, readers=8, hold=0.005)
             writers[mode] = result
@@ -172,17 +205,17 @@ async def run(quick: bool) -> dict[str, Any]:
                 f"  wait p50 {p50}  reads/s {result['reads_per_s']:,.0f}",
                 flush=True,
             )
-    return {
-        "environment": environment(),
-        "masters": N,
-        "seconds_per_case": seconds,
-        "quick": quick,
-        "readers": readers,
-        "writer_wait": writers,
-    }
+    return RWLockReport(
+        environment=environment(),
+        masters=N,
+        seconds_per_case=seconds,
+        quick=quick,
+        readers=readers,
+        writer_wait=writers,
+    )
 
 
-def table(results: dict[str, Any]) -> str:
+def table(results: RWLockReport) -> str:
     env = results["environment"]
     lines = [
         "### Readers per second",
@@ -212,13 +245,13 @@ def table(results: dict[str, Any]) -> str:
         "| Mode | writes | writer timeouts | writer wait p50 (ms) | p99 (ms) | reads/s |",
         "|---|--:|--:|--:|--:|--:|",
     ]
-    for mode, r in results["writer_wait"].items():
-        wait = r["writer_wait"]
+    for mode, w in results["writer_wait"].items():
+        wait = w["writer_wait"]
         p50 = "-" if wait is None else f"{wait['p50_ms']:.1f}"
         p99 = "-" if wait is None else f"{wait['p99_ms']:.1f}"
         lines.append(
-            f"| {mode} | {r['writes']} | {r['writer_timeouts']} | {p50} | {p99}"
-            f" | {r['reads_per_s']:,.0f} |"
+            f"| {mode} | {w['writes']} | {w['writer_timeouts']} | {p50} | {p99}"
+            f" | {w['reads_per_s']:,.0f} |"
         )
     lines += [
         "",
@@ -234,7 +267,7 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
+def plot(results: RWLockReport, path: Path) -> None:
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(results["readers"])
