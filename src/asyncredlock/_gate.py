@@ -13,13 +13,12 @@ and the next task gets the slot and acquires as usual.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ._config import LockSpec
+from ._line import Line
 
 __all__ = ["Gates", "Held", "LocalTimeoutError", "Waiter"]
 
@@ -60,7 +59,7 @@ class Waiter:
 class _Gate:
     # the lease that holds the slot; None while the slot's task is acquiring
     holder: Held | None = None
-    waiters: collections.deque[Waiter] = field(default_factory=collections.deque)
+    waiters: Line[Waiter] = field(default_factory=Line)
 
 
 class Gates:
@@ -105,7 +104,7 @@ class Gates:
             LocalTimeoutError: ``within`` ran out first.
         """
         gate = self._gates[key]
-        gate.waiters.append(waiter)
+        gate.waiters.join(waiter)
         future = waiter.future
         deadline = self._clock() + within
         try:
@@ -131,15 +130,15 @@ class Gates:
         gate = self._gates.get(key)
         if gate is None or gate.holder is not holder or self.closed:
             return None
-        while gate.waiters and gate.waiters[0].future.done():
-            gate.waiters.popleft()
-        return gate.waiters[0] if gate.waiters else None
+        while (first := gate.waiters.first()) is not None and first.future.done():
+            gate.waiters.serve()
+        return first
 
     def hand(self, key: str, waiter: Waiter, lease: Held) -> None:
         """Deliver ``lease`` to ``waiter`` (the `successor`); the slot goes with it."""
         gate = self._gates[key]
-        assert gate.waiters[0] is waiter
-        gate.waiters.popleft()
+        served = gate.waiters.serve()
+        assert served is waiter
         gate.holder = lease
         waiter.future.set_result(lease)
 
@@ -153,8 +152,7 @@ class Gates:
         if gate is None or gate.holder is not holder:
             return
         gate.holder = None
-        while gate.waiters:
-            waiter = gate.waiters.popleft()
+        while (waiter := gate.waiters.serve()) is not None:
             if not waiter.future.done():
                 waiter.future.set_result(None)
                 return
@@ -172,8 +170,7 @@ class Gates:
             future.cancel()
             gate = self._gates.get(key)
             if gate is not None:
-                with contextlib.suppress(ValueError):
-                    gate.waiters.remove(waiter)
+                gate.waiters.leave(waiter)
             return
         lease = future.result()
         if lease is None:

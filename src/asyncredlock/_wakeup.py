@@ -39,8 +39,6 @@ in between went unheard.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +46,7 @@ from typing import cast
 
 import hiredis
 
+from ._line import Line
 from ._node import Node
 from ._transport import Stream, pack
 
@@ -228,7 +227,7 @@ class Waker:
             _Listener(node, i, self._on_message, self._on_lost) if node.opener is not None else None
             for i, node in enumerate(nodes)
         ]
-        self.queues: dict[str, collections.deque[Ticket]] = {}
+        self.queues: dict[str, Line[Ticket]] = {}
         # waiters queued on the masters, by id
         self.addressed: dict[bytes, Ticket] = {}
         # per channel: the last release heard, and the waiter it woke
@@ -252,7 +251,7 @@ class Waker:
         if ticket.waiter is not None:
             self.addressed[ticket.waiter] = ticket
         for channel in ticket.channels:
-            self.queues.setdefault(channel, collections.deque()).append(ticket)
+            self.queues.setdefault(channel, Line()).join(ticket)
         # the inbox stays subscribed until this client closes
         inbox = (self.inbox,) if ticket.waiter is not None else ()
         try:
@@ -293,8 +292,7 @@ class Waker:
             queue = self.queues.get(channel)
             if queue is None:
                 continue
-            with contextlib.suppress(ValueError):
-                queue.remove(ticket)
+            queue.leave(ticket)
             if woken and queue:
                 # It was woken but is not going to use the lock: pass the wake-up on.
                 heir = _wake_first(queue)
@@ -375,7 +373,7 @@ class Waker:
         if queue and any(ticket.everyone for ticket in queue):
             for ticket in queue:
                 ticket.event.set()
-            chosen = queue[0]
+            chosen = queue.first()
         elif queue:
             chosen = _wake_first(queue)
         self.last[channel] = (value, chosen)
