@@ -413,10 +413,8 @@ class Core:
     ) -> None:
         """Release a failed or cancelled attempt on every master, in the background
         (not once this ``AsyncRedlock`` is closed: the keys expire with the TTL)."""
-        if self.closed:
-            return
-        for node, future in zip(self.nodes, acquired, strict=True):
-            self.release_on(node, keys, value, future, ttl, shared=shared)
+        if not self.closed:
+            self.release_round(keys, value, acquired, ttl, shared=shared)
 
     async def settle(self) -> None:
         """Wait until no call to any master and no background job is still out."""
