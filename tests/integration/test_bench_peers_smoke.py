@@ -297,36 +297,3 @@ def test_only_rejects_an_unknown_library() -> None:
     )
     assert proc.returncode == 2
     assert "nosuchlock" in proc.stderr
-
-
-def test_the_report_step_rebuilds_the_published_report_from_its_json(tmp_path: Path) -> None:
-    """``--report`` measures nothing: from the published ``peers.json`` it writes the
-    same markdown and docs section as the run that measured them."""
-    results = ROOT / "benchmarks" / "results"
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    shutil.copyfile(ROOT / "docs" / "peers.md", docs / "peers.md")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--report",
-            str(results / "peers.json"),
-            "--out",
-            str(tmp_path),
-            "--docs",
-            str(docs),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "peers.md").read_text() == (results / "peers.md").read_text()
-    assert (docs / "peers.md").read_text() == (ROOT / "docs" / "peers.md").read_text()
-    assert (tmp_path / "peers.png").read_bytes().startswith(PNG_MAGIC)
-    published = (results / "peers.md").read_text()
-    (count,) = [line for line in published.splitlines() if line.startswith("Met ")]
-    assert count in proc.stdout  # the targets, checked again from the JSON

@@ -3,6 +3,7 @@ from the results it published, writes the same files again."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def report(script: str, results: str, out: Path) -> None:
+def report(script: str, results: str, out: Path, *extra: str) -> str:
+    """Run ``script``'s report step on a published ``results`` file; its output."""
     command = [sys.executable, str(ROOT / "benchmarks" / script)]
     proc = subprocess.run(
-        [*command, "--report", str(RESULTS / results), "--out", str(out)],
+        [*command, "--report", str(RESULTS / results), "--out", str(out), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -24,6 +26,7 @@ def report(script: str, results: str, out: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -52,3 +55,17 @@ def test_the_transport_report_keeps_its_event_loop(tmp_path: Path, name: str) ->
     ours = (tmp_path / f"{name}.md").read_text().split("\n", 1)[1]
     published = (RESULTS / f"{name}.md").read_text().split("\n", 1)[1]
     assert ours == published
+
+
+def test_the_peers_report_rewrites_its_docs_section_and_checks_the_targets(
+    tmp_path: Path,
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copyfile(ROOT / "docs" / "peers.md", docs / "peers.md")
+    printed = report("peers.py", "peers.json", tmp_path, "--docs", str(docs))
+    assert (docs / "peers.md").read_text() == (ROOT / "docs" / "peers.md").read_text()
+    assert (tmp_path / "peers.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    published = (RESULTS / "peers.md").read_text()
+    (count,) = [line for line in published.splitlines() if line.startswith("Met ")]
+    assert count in printed  # the targets, checked again from the JSON

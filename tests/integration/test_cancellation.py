@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -63,10 +64,7 @@ class TestStorms:
 
             # Five waves of 100: a wave of 500 would spend its first 0.5 s of
             # client CPU sending, and every cancellation would land in round one.
-            for wave in range(5):
-                async with anyio.create_task_group() as tg:
-                    for i in range(100):
-                        tg.start_soon(one, wave * 100 + i)
+            await _waves(one, 5, 100)
             for redlock in redlocks:
                 await redlock.settle()
             stats = [redlock.statistics() for redlock in redlocks]
@@ -115,10 +113,7 @@ class TestStorms:
                             await lease.release()
 
             with anyio.fail_after(HANG_GUARD):
-                for wave in range(5):  # waves of 200: every round is not the first
-                    async with anyio.create_task_group() as tg:
-                        for i in range(200):
-                            tg.start_soon(one, wave * 200 + i)
+                await _waves(one, 5, 200)  # waves of 200: every round is not the first
                 for redlock in redlocks:
                     await redlock.settle()
             stats = [redlock.statistics() for redlock in redlocks]
@@ -160,10 +155,7 @@ class TestStorms:
                         held += 1
                         await anyio.sleep(rng.uniform(0, 0.01))
 
-            for wave in range(3):
-                async with anyio.create_task_group() as tg:
-                    for i in range(80):
-                        tg.start_soon(one, wave * 80 + i)
+            await _waves(one, 3, 80)
             for client in pair:
                 await client.settle()
             stats = [client.statistics() for client in pair]
@@ -181,16 +173,13 @@ class TestStorms:
         rng = random.Random(7)
         async with AsyncRedlock(servers.urls, retry_delay=0.02) as redlock:
 
-            async def one() -> None:
+            async def one(_: int) -> None:
                 names = rng.sample(["m1", "m2", "m3", "m4"], 2)
                 with anyio.move_on_after(rng.uniform(0, 0.2)):
                     async with redlock.lock(names, ttl=2.0, timeout=5.0):
                         await anyio.sleep(rng.uniform(0, 0.01))
 
-            for _ in range(3):
-                async with anyio.create_task_group() as tg:
-                    for _ in range(60):
-                        tg.start_soon(one)
+            await _waves(one, 3, 60)
             await redlock.settle()
             stats = redlock.statistics()
             assert (stats.held, stats.background_tasks, stats.in_flight) == (0, 0, 0)
@@ -457,6 +446,15 @@ class TestCancelledWaiter:
             await redlock.settle()
             assert await masters.keys() == [[b"crowd"]] * 5  # the holder's key, no queue
             await held.release()
+
+
+async def _waves(one: Callable[[int], Awaitable[None]], waves: int, size: int) -> None:
+    """``waves`` waves of ``size`` concurrent ``one(i)``, numbered across the waves;
+    each wave ends before the next starts."""
+    for wave in range(waves):
+        async with anyio.create_task_group() as tg:
+            for i in range(size):
+                tg.start_soon(one, wave * size + i)
 
 
 def _is_listener(task: asyncio.Task[object]) -> bool:

@@ -50,7 +50,8 @@ class TestFaults:
     async def test_whole_retry_delay_takes_the_jitter_out(self, servers: ServerGroup) -> None:
         """A waiter that hears no release retries every ``retry_delay`` until its
         deadline: at most 2 + timeout / retry_delay + 1 attempts (pauses drawn from
-        [0, retry_delay], 0.1 s on average, would make about twice as many)."""
+        [0, retry_delay], 0.1 s on average, would make about twice as many); at
+        least the first one and the one right after it listens."""
         async with (
             AsyncRedlock(servers.urls) as holder,
             AsyncRedlock(servers.urls, retry_delay=0.2) as waiter,
@@ -58,7 +59,7 @@ class TestFaults:
             lease = await holder.lock("jitter").acquire()
             with whole_retry_delay(waiter), deafened(waiter), pytest.raises(LockTimeoutError):
                 await waiter.lock("jitter", timeout=1.0).acquire()
-            assert 3 <= waiter.statistics().attempts <= 2 + 5 + 1
+            assert 2 <= waiter.statistics().attempts <= 2 + 5 + 1
             await lease.release()
 
     async def test_a_deafened_client_hears_no_release_until_the_block_ends(
