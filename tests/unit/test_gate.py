@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import anyio
 import pytest
 
 from asyncredlock._config import LockSpec
@@ -45,7 +46,7 @@ async def test_waiters_get_the_slot_in_arrival_order() -> None:
         gates.exit("k")
 
     tasks = [asyncio.create_task(wait(i)) for i in range(3)]
-    await asyncio.sleep(0)  # all three queued
+    await anyio.wait_all_tasks_blocked()  # all three queued
     assert gates.slots() == {"k": 3}
     gates.exit("k")
     await asyncio.gather(*tasks)
@@ -60,7 +61,7 @@ async def test_a_lease_is_handed_to_the_successor_with_the_slot() -> None:
     gates.hold("k", holder)
     waiter = Waiter(SPEC, 0.0)
     task = asyncio.create_task(gates.wait("k", waiter, math.inf))
-    await asyncio.sleep(0)
+    await anyio.wait_all_tasks_blocked()  # queued
     assert gates.successor("k", holder) is waiter
     assert gates.successor("k", FakeLease()) is None  # only the holder passes it on
     passed = FakeLease()
@@ -95,7 +96,7 @@ async def test_a_cancelled_waiter_passes_on_what_it_was_given() -> None:
     doomed, nxt = Waiter(SPEC, 0.0), Waiter(SPEC, 0.0)
     cancelled = asyncio.create_task(gates.wait("k", doomed, math.inf))
     waiting = asyncio.create_task(gates.wait("k", nxt, math.inf))
-    await asyncio.sleep(0)
+    await anyio.wait_all_tasks_blocked()  # queued
     passed = FakeLease()
     gates.hand("k", doomed, passed)  # handed over ...
     cancelled.cancel()  # ... as its task is cancelled, before it ran again
@@ -113,7 +114,7 @@ async def test_closed_gates_pass_no_lease_on() -> None:
     holder = FakeLease()
     gates.hold("k", holder)
     task = asyncio.create_task(gates.wait("k", Waiter(SPEC, 0.0), math.inf))
-    await asyncio.sleep(0)
+    await anyio.wait_all_tasks_blocked()  # queued
     gates.close()
     assert gates.successor("k", holder) is None
     gates.exit("k", holder)
