@@ -74,7 +74,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fanout import measure_quorum_round, measure_rtt
 from lockbench.adapters import (
     PEERS,
     UNCONTENDED,
@@ -105,6 +104,7 @@ from lockbench.peers_report import (
     targets_section,
     write_outputs,
 )
+from lockbench.rtt import MeasuredRtt, measure_quorum_round, measure_rtt
 from lockbench.settings import CONTENTION_WORKERS, POOL, SERVERS, THROUGHPUT_WORKERS, TTL, WAIT
 from redis.asyncio import Redis
 
@@ -977,7 +977,7 @@ class Runner:
     ) -> None:
         self.peers, self.infos = peers, infos
         self.servers, self.proxies, self.plan = servers, proxies, plan
-        self.rtts: dict[str, Any] = {}
+        self.rtts: dict[str, MeasuredRtt] = {}
         self.loop_errors: dict[str, Failures] = {}
         self.current: str | None = None
 
@@ -994,11 +994,11 @@ class Runner:
         """Set the proxies' delay; measure it once per RTT."""
         self.proxies.set_delay(rtt_ms / 2 / 1000)
         if f"{rtt_ms:g}" not in self.rtts:
-            measured = await measure_rtt(self.proxies, self.plan.pings)
-            measured["quorum_round"] = await measure_quorum_round(
+            proxy = await measure_rtt(self.proxies, self.plan.pings)
+            quorum = await measure_quorum_round(
                 self.proxies.urls(SERVERS), SERVERS // 2 + 1, self.plan.pings
             )
-            self.rtts[f"{rtt_ms:g}"] = measured
+            self.rtts[f"{rtt_ms:g}"] = MeasuredRtt(**proxy, quorum_round=quorum)
 
     def skipped(self, scenario: Scenario, case: Case) -> dict[str, dict[str, Any]]:
         """The records of the libraries that do not run in ``case``."""

@@ -27,6 +27,8 @@ from typing import Any, TypedDict
 
 import anyio
 from lockbench.harness import (
+    Environment,
+    Summary,
     add_report_option,
     environment,
     publish_section,
@@ -58,7 +60,7 @@ class ReadRate(TypedDict):
     cycles: int
     cycles_per_s: float
     cpu_s_per_1000: float
-    acquire: dict[str, float | int]  # summarize(): p50_ms, p99_ms, ...
+    acquire: Summary
     handoffs: int
 
 
@@ -68,7 +70,7 @@ class WriterWait(TypedDict):
     options: dict[str, Any]  # the rwlock's fairness options
     writes: int
     writer_timeouts: int
-    writer_wait: dict[str, float | int] | None  # summarize(); None: it never wrote
+    writer_wait: Summary | None  # None: it never wrote
     reads: int
     reads_per_s: float
 
@@ -76,7 +78,7 @@ class WriterWait(TypedDict):
 class RWLockReport(TypedDict):
     """``rwlock.json``."""
 
-    environment: dict[str, Any]
+    environment: Environment
     masters: int
     seconds_per_case: float
     quick: bool
@@ -276,7 +278,7 @@ def plot(results: RWLockReport, path: Path) -> None:
     left.set_title(f"read vs exclusive, N={results['masters']}")
     left.tick_params(axis="x", rotation=30)
     modes = list(results["writer_wait"])
-    waits = [(results["writer_wait"][m]["writer_wait"] or {}).get("p50_ms", 0.0) for m in modes]
+    waits = [w["p50_ms"] if (w := results["writer_wait"][m]["writer_wait"]) else 0.0 for m in modes]
     right.bar(modes, waits, color="#cc6677")
     right.set_yscale("log")
     right.set_ylabel("writer wait p50 (ms, log scale)")

@@ -4,6 +4,7 @@
 - `lockbench.settings`: what every library gets (TTL, wait, connections per master).
 - `lockbench.adapters`: one module per library under test, each a session (its
   clients for one case) giving a handle per worker, and the registry ``PEERS``.
+- `lockbench.rtt`: the round trips a run is measured against (proxy PING, quorum round).
 - `lockbench.targets`: the limits of ``benchmarks/targets.toml``, checked when read.
 - `lockbench.peers_report`: the peers benchmark's report, from its JSON.
 

@@ -4,8 +4,8 @@ environment stamp, and publishing.
 - `ServerGroup` servers plus a `ProxyHost`: one ``FaultProxy`` per server, hosted in a
   *separate process* so that forwarding bytes does not compete with the measured client
   for its event loop (this machine may have only two cores).
-- `summarize()`: percentiles and mean of latency samples, in milliseconds.
-- `environment()`: what the numbers were measured on.
+- `summarize()`: percentiles and mean of latency samples, in milliseconds (`Summary`).
+- `environment()`: what the numbers were measured on (`Environment`), and `machine_line()`.
 - Writers for JSON, markdown and the docs page, and a headless matplotlib.
 
 Scripts import this as ``lockbench.harness`` (Python puts a script's own directory on
@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any, Self
+from typing import Any, NotRequired, Self, TypedDict
 
 import redis
 
@@ -38,8 +38,11 @@ import asyncredlock
 from asyncredlock.testing import FaultProxy, ServerGroup, find_server_binary
 
 __all__ = [
+    "Environment",
     "ProxyHost",
+    "Summary",
     "environment",
+    "machine_line",
     "publish_section",
     "pyplot",
     "servers_behind_proxies",
@@ -237,7 +240,19 @@ def servers_behind_proxies(n: int) -> Iterator[tuple[ServerGroup, ProxyHost]]:
 # --- statistics ----------------------------------------------------------------------
 
 
-def summarize(seconds: Sequence[float]) -> dict[str, float | int]:
+class Summary(TypedDict):
+    """`summarize()`'s record of latency samples, in milliseconds."""
+
+    iterations: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+
+
+def summarize(seconds: Sequence[float]) -> Summary:
     """p50, p90, p99, mean, min and max of latency samples, in milliseconds.
 
     Percentiles interpolate linearly between order statistics (the "inclusive"
@@ -264,7 +279,24 @@ def summarize(seconds: Sequence[float]) -> dict[str, float | int]:
 # --- environment -----------------------------------------------------------------------
 
 
-def environment() -> dict[str, object]:
+class Environment(TypedDict):
+    """`environment()`'s stamp: the machine, software versions and time of a run."""
+
+    date: str
+    python: str
+    implementation: str
+    platform: str
+    cpu_count: int | None
+    cpu_model: str
+    redis_py: str
+    hiredis: str | None
+    asyncredlock: str
+    server: str
+    server_binary: str
+    event_loop: NotRequired[str]  # set by the scripts that run on a chosen loop
+
+
+def environment() -> Environment:
     """The machine, software versions and time of a run."""
     binary = find_server_binary()
     return {
@@ -280,6 +312,15 @@ def environment() -> dict[str, object]:
         "server": _server_version(binary),
         "server_binary": binary,
     }
+
+
+def machine_line(env: Environment) -> str:
+    """Where and when the numbers were measured, as one sentence."""
+    return (
+        f"Measured {env['date']} on {env['cpu_count']} CPUs ({env['cpu_model']}), "
+        f"{env['platform']}; Python {env['python']}, redis-py {env['redis_py']} "
+        f"(hiredis {env['hiredis']}), {env['server']}, asyncredlock {env['asyncredlock']}."
+    )
 
 
 def _cpu_model() -> str:

@@ -15,12 +15,15 @@ from typing import Any, NotRequired, TypedDict
 
 from .adapters import LibraryInfo
 from .harness import (
+    Environment,
+    machine_line,
     publish_between,
     publish_section,
     pyplot,
     write_json,
     write_text,
 )
+from .rtt import MeasuredRtt
 from .settings import CONTENTION_WORKERS, SERVERS, THROUGHPUT_WORKERS
 from .targets import TARGETS, TargetRow
 
@@ -60,9 +63,9 @@ class PeersReport(TypedDict):
     unit: str
     settings: dict[str, Any]  # what every library got, and the run's guards
     plan: dict[str, Any]
-    environment: dict[str, Any]
+    environment: Environment
     libraries: dict[str, LibraryInfo]
-    measured_rtt: dict[str, Any]  # per nominal RTT: PING p50s, one proxy and a quorum round
+    measured_rtt: dict[str, MeasuredRtt]  # per nominal RTT
     scenarios: list[ScenarioRecord]
     loop_errors: dict[str, Any]
     seconds: float
@@ -306,15 +309,6 @@ def loop_error_line(report: PeersReport) -> str:
     )
 
 
-def machine_line(env: dict[str, Any]) -> str:
-    """Where and when the numbers were measured."""
-    return (
-        f"Measured {env['date']} on {env['cpu_count']} CPUs ({env['cpu_model']}), "
-        f"{env['platform']}; Python {env['python']}, redis-py {env['redis_py']} "
-        f"(hiredis {env['hiredis']}), {env['server']}, asyncredlock {env['asyncredlock']}."
-    )
-
-
 def body(report: PeersReport, level: str) -> str:
     """Libraries, one section per scenario, notes, machine."""
     infos = report["libraries"]
@@ -400,7 +394,7 @@ def targets(report: PeersReport) -> list[TargetRow]:
 
 
 def latency_targets(
-    by_id: dict[str, ScenarioRecord], infos: dict[str, LibraryInfo], rtts: dict[str, Any]
+    by_id: dict[str, ScenarioRecord], infos: dict[str, LibraryInfo], rtts: dict[str, MeasuredRtt]
 ) -> list[TargetRow]:
     """a: uncontended p50 against aioredlock (N = 5), the fastest peer (N = 1), both at
     RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
@@ -429,9 +423,10 @@ def latency_targets(
     target = f"a. N={SERVERS}, RTT 2 ms: p50 ≤ {TARGETS.latency_rtt2_vs_floor:g}x two round trips"
     args = (target, f"N={SERVERS}, RTT 2 ms", "<=", TARGETS.latency_rtt2_vs_floor, "x")
     ours = None if case is None else ok_result(case, OURS)
-    measured = rtts.get("2", {})
-    rtt = measured.get("p50_ms")
-    quorum_rtt = measured.get("quorum_round", {}).get("p50_ms")
+    measured = rtts.get("2")
+    rtt = measured["p50_ms"] if measured else None
+    quorum = measured.get("quorum_round") if measured else None
+    quorum_rtt = quorum["p50_ms"] if quorum else None
     if ours is None or not rtt:
         rows.append(check(*args, None, "not in the results"))
         return rows
