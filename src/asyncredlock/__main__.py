@@ -116,7 +116,7 @@ def _add_inspect(commands: argparse._SubParsersAction[_Parser], masters: _Parser
         description="Show, per master, the holder value, seconds left and fence "
         "counter of a lock, and how many readers (read-write locks) and queued "
         "waiters it has (or why the master could not be read), and the holder "
-        "found on a majority. Exit 1 when a majority of masters did not answer.",
+        "found on a majority, with its identity. Exit 1 when a majority of masters did not answer.",
     )
     inspect.add_argument("--json", action="store_true", help="print JSON")
     inspect.set_defaults(command=_inspect)
@@ -217,8 +217,9 @@ def _state_json(state: LockState, quorum: int) -> str:
         "key": state.key,
         "quorum": quorum,
         "holder": state.holder,
+        "identity": state.identity,
         "answered": _answered(state),
-        "masters": [dataclasses.asdict(node) for node in state.nodes],
+        "masters": [dataclasses.asdict(node) | {"identity": node.identity} for node in state.nodes],
     }
     return json.dumps(document, indent=2)
 
@@ -258,7 +259,8 @@ def _majority_line(state: LockState, quorum: int) -> str:
     if holder is None:
         return "majority holder: none (no value is held on a quorum)"
     count = sum(1 for node in state.nodes if node.holder == holder)
-    return f"majority holder: {holder} (on {count} of {_masters(len(state.nodes))})"
+    identity = "" if state.identity is None else f"; identity {state.identity}"
+    return f"majority holder: {holder} (on {count} of {_masters(len(state.nodes))}{identity})"
 
 
 # -- force-release ---------------------------------------------------------------------

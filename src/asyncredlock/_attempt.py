@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from ._protocol import (
     classify_commit,
     fence_tokens,
     holder_expires_in,
+    holder_value,
 )
 from ._quorum import Decision, Round
 from ._stats import LockCounters, Taken
@@ -244,11 +244,12 @@ class Acquisition:
         soon as its entry would have lapsed); its lease then extends it."""
         settings, spec = self.core.settings, self.spec
         ttl = max(1.0, 3 * (settings.retry_delay + settings.node_timeout))
+        handed = not spec.shared and spec.auto_extend
         return QueueEntry(
             waiter=waiter_id(self.core.waker.client, reader=spec.shared),
             score=self.arrival,
             ttl=ttl,
-            handover=None if spec.shared or not spec.auto_extend else secrets.token_hex(16),
+            handover=holder_value(settings.identity) if handed else None,
             handover_ttl=min(ttl, spec.ttl),
         )
 
@@ -318,7 +319,7 @@ class Acquisition:
     async def _attempt(self, queue: bool, *, terms: bool) -> Lease | _Failed:
         """One round on every master (and, fenced, its commit round when needed)."""
         core, spec, entry = self.core, self.spec, self.entry
-        value = secrets.token_hex(16)
+        value = holder_value(core.settings.identity)
         start = core.clock()
         if not terms and entry is not None and entry.handover is not None:
             entry = dataclasses.replace(entry, handover=None)

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._keys import Resources
 
-__all__ = ["DEFAULTS", "LockSpec", "Role", "Settings", "check_name", "check_seconds"]
+__all__ = [
+    "DEFAULTS",
+    "LockSpec",
+    "Role",
+    "Settings",
+    "check_identity",
+    "check_name",
+    "check_seconds",
+    "default_identity",
+]
 
 
 def check_seconds(
@@ -47,6 +58,35 @@ def check_name(name: object) -> str:
     return name
 
 
+IDENTITY_MAX = 128  # characters: it is written into every lock key's value
+
+
+def default_identity() -> str:
+    """``"<hostname>:<pid>"``: who holds a lock, for an operator reading the masters."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def check_identity(identity: object) -> str:
+    """Validate a holder identity (written before the random part of each lock value).
+
+    Raises:
+        TypeError: ``identity`` is not a ``str``.
+        ValueError: It is empty, longer than 128 characters, has whitespace or
+            control characters, or cannot be encoded as UTF-8.
+    """
+    if not isinstance(identity, str):
+        raise TypeError(f"identity must be a str, not {type(identity).__name__}")
+    if not 0 < len(identity) <= IDENTITY_MAX:
+        raise ValueError(f"identity must have 1 to {IDENTITY_MAX} characters, got {len(identity)}")
+    try:
+        identity.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"identity cannot be encoded as UTF-8: {identity!r}") from None
+    if not identity.isprintable() or any(c.isspace() for c in identity):
+        raise ValueError(f"identity must have no whitespace or control characters: {identity!r}")
+    return identity
+
+
 def _check_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -70,6 +110,7 @@ class Settings:
     auto_extend: bool = True
     fencing: bool = True
     clock: Callable[[], float] = time.monotonic
+    identity: str = field(default_factory=default_identity)
 
     def __post_init__(self) -> None:
         seconds = {
@@ -95,6 +136,7 @@ class Settings:
             raise TypeError("fencing must be a bool")
         if not callable(self.clock):
             raise TypeError("clock must be a callable returning seconds")
+        check_identity(self.identity)
 
     def drift(self, ttl: float) -> float:
         """Clock drift allowance for a lock of ``ttl`` seconds (Redlock's rule)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ._config import Settings
 from ._node import Reply
+from ._protocol import identity_of
 from ._quorum import quorum_of
 
 __all__ = ["LockState", "NodeLockState", "node_state"]
@@ -17,7 +18,8 @@ class NodeLockState:
 
     Attributes:
         node: The master's display name.
-        holder: The value in the lock key (the holder's random id), or ``None``.
+        holder: The value in the lock key (the holder's identity and random id),
+            or ``None``.
         ttl: Seconds until the key expires, or ``None`` when there is no key or
             it has no expiry.
         fence: The resource's fence counter there, or ``None`` when it has none.
@@ -35,6 +37,13 @@ class NodeLockState:
     error: str | None = None
     readers: tuple[tuple[str, float], ...] = ()
     queue: tuple[str, ...] = ()
+
+    @property
+    def identity(self) -> str | None:
+        """The holder's identity (``AsyncRedlock(identity=...)``, by default
+        ``"<hostname>:<pid>"``), read from its value; ``None`` when the lock is
+        free here or its value was not written by asyncredlock."""
+        return None if self.holder is None else identity_of(self.holder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,13 @@ class LockState:
             if values.count(value) >= quorum:
                 return value
         return None
+
+    @property
+    def identity(self) -> str | None:
+        """The identity of the majority `holder`, or ``None`` (see
+        `NodeLockState.identity`)."""
+        holder = self.holder
+        return None if holder is None else identity_of(holder)
 
 
 def node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:

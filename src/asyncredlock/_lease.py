@@ -44,7 +44,8 @@ class Lease:
         key: The Redis key that holds the lock (the name after the prefix; for
             several resources, the first one's).
         keys: The Redis key of each resource.
-        value: This holder's random value (128 bits from `secrets`).
+        value: This holder's value in the lock key: the ``AsyncRedlock``'s
+            ``identity``, a colon, and 128 random bits (from `secrets`) in hex.
         ttl: The time to live, in seconds, set on each extension.
         token: The fencing token: an ``int`` that strictly increases with each
             acquisition of the resource (committed on a majority of masters), for

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, ParamSpec, Self, TypeVar
 
 import anyio
 from redis.asyncio import Redis, RedisCluster
 
-from ._config import DEFAULTS, Settings, check_name, check_seconds
+from ._config import DEFAULTS, Settings, check_name, check_seconds, default_identity
 from ._connect import make_nodes
 from ._core import Core
 from ._errors import QuorumUnavailableError
@@ -24,10 +25,14 @@ from ._protocol import classify_deleted
 from ._rwlock import RWLock
 from ._scripts import DELETE, INSPECT
 from ._stats import RedlockStatistics
+from ._template import NameTemplate, serialize
 
 __all__ = ["AsyncRedlock"]
 
 logger = logging.getLogger("asyncredlock")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class AsyncRedlock:
@@ -77,6 +82,12 @@ class AsyncRedlock:
             Redlock, with ``lease.token`` ``None``.
         clock: The monotonic clock for validity (``time.monotonic``); replace it
             only in tests.
+        identity: Who holds the locks taken through this ``AsyncRedlock``, for
+            people reading the masters (``"<hostname>:<pid>"`` of the process that
+            made it, by default). Each lock value is the identity, a colon and 128
+            random bits, so ``inspect()`` (`NodeLockState.identity`) and the CLI
+            show it; the key and its layout stay those of every Redlock client.
+            At most 128 characters, no whitespace.
 
     Raises:
         TypeError: A master or setting has the wrong type.
@@ -99,6 +110,7 @@ class AsyncRedlock:
         auto_extend: bool = DEFAULTS.auto_extend,
         fencing: bool = DEFAULTS.fencing,
         clock: Callable[[], float] = DEFAULTS.clock,
+        identity: str | None = None,
     ) -> None:
         if max_connections is not None:
             warnings.warn(
@@ -119,6 +131,7 @@ class AsyncRedlock:
             auto_extend=auto_extend,
             fencing=fencing,
             clock=clock,
+            identity=default_identity() if identity is None else identity,
         )
         self._core = Core(make_nodes(masters, self._settings), self._settings)
 
@@ -135,6 +148,12 @@ class AsyncRedlock:
     def quorum(self) -> int:
         """How many masters must agree: ``N // 2 + 1``."""
         return self._core.quorum
+
+    @property
+    def identity(self) -> str:
+        """Who holds the locks taken through this ``AsyncRedlock``, as written in
+        their values (see the ``identity`` argument)."""
+        return self._settings.identity
 
     def lock(
         self,
@@ -194,6 +213,53 @@ class AsyncRedlock:
             fencing=fencing,
             fair=fair,
         )
+
+    def locked(
+        self,
+        name: str,
+        /,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        auto_extend: bool | None = None,
+        fencing: bool | None = None,
+        fair: bool = False,
+    ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+        """A decorator: each call of a coroutine function runs holding a lock.
+
+        ::
+
+            @redlock.locked("jobs:{job_id}", ttl=30)
+            async def run_job(job_id: int, *, dry_run: bool = False) -> None: ...
+
+        The lock's name is ``name`` filled (as ``str.format`` does) with the
+        call's arguments by parameter name, defaults included: calls that fill
+        in the same name run one at a time, across every client of the masters;
+        calls with different names run concurrently. The call waits for the
+        lock as ``lock(...).acquire()`` does, and the lease is held, extended
+        and released as in ``async with lock(...)``: a lost lease cancels the
+        call and raises `LockLostError`.
+
+        Args:
+            name: The name template: ``"jobs:{job_id}"``, ``"user:{user.id}"``;
+                a name without fields is one lock for every call.
+            ttl, timeout, auto_extend, fencing, fair: As for `lock`.
+
+        Raises:
+            TypeError: The template is not a str, a setting has the wrong type
+                (here), or the decorated object is not a coroutine function.
+            ValueError: The template is empty or malformed, has a positional
+                field (``{}``), names a parameter the function does not have
+                (when decorating), or a setting is out of range (here). At each
+                call, the errors of `lock` for the filled name (before any I/O),
+                and ``TypeError`` for arguments that do not fit the signature.
+        """
+        template = NameTemplate(name)
+        make = functools.partial(
+            self.lock, ttl=ttl, timeout=timeout, auto_extend=auto_extend, fencing=fencing, fair=fair
+        )
+        make(template.text)  # the settings are checked now, not at the first call
+        return serialize(template, make)
 
     def rwlock(self, name: str, *, fair: bool = False, patience: float = 1.0) -> RWLock:
         """A read-write lock on the resource ``name``: many readers or one writer.

@@ -34,11 +34,12 @@ class TestInspect:
     async def test_shows_the_holder_of_a_held_lock(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        async with AsyncRedlock(servers.urls) as redlock, redlock.lock("cli:held") as lease:
+        redlock = AsyncRedlock(servers.urls, identity="web-3")
+        async with redlock, redlock.lock("cli:held") as lease:
             code = await cli("inspect", "cli:held", *master_args(servers.urls))
         out = capsys.readouterr().out
         assert code == 0
-        assert f"majority holder: {lease.value} (on 5 of 5 masters)" in out
+        assert f"majority holder: {lease.value} (on 5 of 5 masters; identity web-3)" in out
         rows = [line for line in out.splitlines() if line.startswith("redis://")]
         assert [row.split()[0] for row in rows] == servers.urls
         assert all(row.split()[1] == lease.value for row in rows)
@@ -69,7 +70,7 @@ class TestInspect:
     ) -> None:
         urls = ",".join(servers.urls)
         async with (
-            AsyncRedlock(servers.urls) as redlock,
+            AsyncRedlock(servers.urls, identity="worker-7") as redlock,
             redlock.lock("cli:json", ttl=30.0) as lease,
         ):
             code = await cli("inspect", "cli:json", "--json", "--masters", urls)
@@ -77,8 +78,10 @@ class TestInspect:
         assert code == 0
         assert (document["resource"], document["key"]) == ("cli:json", "cli:json")
         assert (document["holder"], document["quorum"], document["answered"]) == (lease.value, 3, 5)
+        assert document["identity"] == "worker-7"
         assert [master["node"] for master in document["masters"]] == servers.urls
         assert all(master["holder"] == lease.value for master in document["masters"])
+        assert all(master["identity"] == "worker-7" for master in document["masters"])
         assert all(0 < master["ttl"] <= 30.0 for master in document["masters"])
         assert all(master["error"] is None for master in document["masters"])
 
@@ -92,7 +95,7 @@ class TestInspect:
         code = await cli("inspect", "cli:free", "--json")
         document = json.loads(capsys.readouterr().out)
         assert code == 0
-        assert document["holder"] is None
+        assert (document["holder"], document["identity"]) == (None, None)
         assert all(master["holder"] is None for master in document["masters"])
 
     async def test_fails_when_a_majority_does_not_answer(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
 
 import anyio
 import pytest
@@ -195,3 +197,48 @@ class TestLease:
             await lease.release()
             await redlock.settle()  # release returns at quorum; the rest follow
             assert await masters.holding("ext") == 0
+
+
+class TestHolderIdentity:
+    """Who holds a lock can be read off the masters, without changing the key."""
+
+    async def test_inspect_names_the_holder_on_a_quorum(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls, identity="web-3") as redlock:
+            async with redlock.lock("named") as lease:
+                state = await redlock.inspect("named")
+                named = [node.identity for node in state.nodes].count("web-3")
+                assert named >= redlock.quorum
+                assert state.identity == "web-3"
+                # the key holds a plain string value, as for any Redlock client
+                assert await masters.clients[0].get("named") == lease.value.encode()
+            await redlock.settle()
+            state = await redlock.inspect("named")
+            assert state.identity is None
+            assert all(node.identity is None for node in state.nodes)
+
+    async def test_the_process_is_the_holder_by_default(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock, redlock.lock("mine"):
+            state = await redlock.inspect("mine")
+        assert state.identity == f"{socket.gethostname()}:{os.getpid()}"
+
+    async def test_readers_and_fenced_writers_carry_it_too(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls, identity="reports") as redlock:
+            rw = redlock.rwlock("doc")
+            async with rw.read() as reader:
+                assert reader.value.startswith("reports:")
+                state = await redlock.inspect("doc")
+                assert any(value == reader.value for value, _ in state.nodes[0].readers)
+            async with rw.write() as writer:
+                assert writer.token is not None
+                assert (await redlock.inspect("doc")).identity == "reports"
+
+    async def test_a_value_another_client_wrote_has_no_identity(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        for client in masters.clients:
+            await client.set("foreign", "5f2c9a0e", px=30_000)
+        async with AsyncRedlock(servers.urls) as redlock:
+            state = await redlock.inspect("foreign")
+        assert (state.holder, state.identity) == ("5f2c9a0e", None)

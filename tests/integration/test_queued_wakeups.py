@@ -391,6 +391,33 @@ class TestHandOver:
             await redlock.settle()
         assert await masters.keys() == [[]] * 5
 
+    async def test_a_handed_key_names_the_waiter_it_was_handed_to(
+        self, servers: ServerGroup
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls, identity="holder-1") as holder,
+            AsyncRedlock(servers.urls, identity="waiter-2") as redlock,
+        ):
+            held = await holder.lock("named").acquire()
+            waiting = Waiting([redlock])
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    leases: list[Lease] = []
+
+                    async def take() -> None:
+                        leases.append(await redlock.lock("named").acquire())
+
+                    tg.start_soon(take)
+                    await waiting.reach(1)
+                    assert (await holder.inspect("named")).identity == "holder-1"
+                    await held.release()
+            (lease,) = leases
+            assert lease.statistics().source == "hand-over"
+            assert lease.value.startswith("waiter-2:")
+            state = await redlock.inspect("named")
+            assert (state.holder, state.identity) == (lease.value, "waiter-2")
+            await lease.release()
+
     async def test_a_lease_handed_over_takes_its_entry_out_where_it_was_not_handed(
         self, servers: ServerGroup, masters: Masters
     ) -> None:

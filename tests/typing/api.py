@@ -103,10 +103,12 @@ async def operator_tools(redlock: AsyncRedlock) -> None:
     assert_type(state.resource, str)
     assert_type(state.key, str)
     assert_type(state.holder, str | None)
+    assert_type(state.identity, str | None)
     assert_type(state.nodes, tuple[NodeLockState, ...])
     node = state.nodes[0]
     assert_type(node.node, str)
     assert_type(node.holder, str | None)
+    assert_type(node.identity, str | None)
     assert_type(node.ttl, float | None)
     assert_type(node.fence, int | None)
     assert_type(node.error, str | None)
@@ -208,3 +210,15 @@ async def fencing(lease: Lease, client: Redis) -> None:
     except MissingRecordError as exc:
         assert_type(exc, MissingRecordError)
     assert_type(asyncredlock.StaleTokenError, type[StaleTokenError])
+
+
+async def decorated(redlock: AsyncRedlock) -> None:
+    @redlock.locked("jobs:{job_id}", ttl=30.0, timeout=0)
+    async def run_job(job_id: int, *, dry_run: bool = False) -> str:
+        return f"{job_id} {dry_run}"
+
+    assert_type(await run_job(7, dry_run=True), str)
+    await run_job("7")  # type: ignore[arg-type]
+    redlock.locked("jobs", ttl="30")  # type: ignore[arg-type]
+    assert_type(redlock.identity, str)
+    AsyncRedlock(["redis://h1"], identity="web-3")

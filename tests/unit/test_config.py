@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -96,13 +97,20 @@ class TestSettings:
             True,
         )
         assert DEFAULTS.fencing is True
+        assert Settings().identity == f"{socket.gethostname()}:{os.getpid()}"
 
     def test_asyncredlock_takes_every_default_from_settings(self) -> None:
         parameters = inspect.signature(AsyncRedlock).parameters
         settings = [field.name for field in dataclasses.fields(Settings)]
         assert set(settings) <= set(parameters)
         for name in settings:
-            assert parameters[name].default == getattr(DEFAULTS, name), name
+            if name != "identity":  # None: the process's own, when the AsyncRedlock is made
+                assert parameters[name].default == getattr(DEFAULTS, name), name
+        assert parameters["identity"].default is None
+
+    def test_identity_is_the_process_of_the_maker_unless_given(self) -> None:
+        assert AsyncRedlock(nowhere()).identity == f"{socket.gethostname()}:{os.getpid()}"
+        assert AsyncRedlock(nowhere(), identity="web-3").identity == "web-3"
 
     def test_frozen(self) -> None:
         settings = Settings()
@@ -216,6 +224,12 @@ class TestAsyncRedlockSettings:
             ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
             ({"fencing": "no"}, TypeError, r"^fencing must be a bool"),
             ({"clock": "monotonic"}, TypeError, r"^clock must be a callable"),
+            ({"identity": b"web-3"}, TypeError, r"^identity must be a str"),
+            ({"identity": ""}, ValueError, r"^identity must have 1 to 128 characters"),
+            ({"identity": "w" * 129}, ValueError, r"^identity must have 1 to 128 characters"),
+            ({"identity": "web 3"}, ValueError, r"^identity must have no whitespace"),
+            ({"identity": "web\x003"}, ValueError, r"^identity must have no whitespace"),
+            ({"identity": "web-\ud800"}, ValueError, r"^identity cannot be encoded"),
         ],
     )
     def test_bad_setting_refused_naming_it(

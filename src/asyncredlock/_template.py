@@ -1,0 +1,105 @@
+"""Lock names made per call from a template: ``"orders:{order_id}"`` filled with a
+function's arguments (``AsyncRedlock.locked``) or a request's path parameters
+(``contrib``)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import string
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ParamSpec, TypeVar
+
+__all__ = ["NameTemplate", "serialize"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class NameTemplate:
+    """A ``str.format`` template whose fields are all named, checked when made.
+
+    ``"jobs:{job_id}"``, ``"user:{user.id}"`` and ``"cell:{grid[3]}"`` name the
+    value (or its attribute or item) to fill in; ``"{}"`` and ``"{0}"`` are refused,
+    since the values come by name.
+    """
+
+    __slots__ = ("fields", "text")
+
+    def __init__(self, text: object) -> None:
+        """Raises:
+        TypeError: ``text`` is not a ``str``.
+        ValueError: It is empty, malformed (an unmatched brace), or has a
+            positional field.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a lock name template must be a str, not {type(text).__name__}")
+        if not text:
+            raise ValueError("a lock name template must not be empty")
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError as exc:
+            raise ValueError(f"malformed lock name template {text!r}: {exc}") from None
+        fields = set()
+        for _, field, _, _ in parsed:
+            if field is None:
+                continue
+            root = field.partition(".")[0].partition("[")[0]
+            if not root or root.isdigit():
+                raise ValueError(
+                    f"lock name template {text!r}: fields must be named, as in"
+                    ' "orders:{order_id}"'
+                )
+            fields.add(root)
+        self.text = text
+        #: The names the template needs, without attributes or items.
+        self.fields = frozenset(fields)
+
+    def __repr__(self) -> str:
+        return f"NameTemplate({self.text!r})"
+
+    def check_names(self, available: Iterable[str], what: str) -> None:
+        """Raise `ValueError` unless every field is one of ``available`` (``what``
+        says where they come from, for the message)."""
+        missing = sorted(self.fields - set(available))
+        if missing:
+            raise ValueError(
+                f"lock name template {self.text!r} uses {', '.join(missing)},"
+                f" which {'is' if len(missing) == 1 else 'are'} not {what}"
+            )
+
+    def fill(self, values: Mapping[str, object]) -> str:
+        """The lock name for ``values``.
+
+        Raises:
+            ValueError: A field's attribute or item is missing in ``values``.
+        """
+        try:
+            return self.text.format_map(values)
+        except (KeyError, AttributeError, IndexError, TypeError) as exc:
+            raise ValueError(f"cannot fill lock name template {self.text!r}: {exc!r}") from None
+
+
+def serialize(
+    template: NameTemplate, lock: Callable[[str], AbstractAsyncContextManager[object]]
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    """A decorator running each call of a coroutine function inside
+    ``lock(template filled with the call's arguments)``."""
+
+    def decorate(function: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        if not inspect.iscoroutinefunction(function):
+            raise TypeError(f"locked() decorates coroutine functions (async def), not {function!r}")
+        signature = inspect.signature(function)
+        template.check_names(signature.parameters, f"parameters of {function.__qualname__}()")
+
+        @functools.wraps(function)
+        async def locked(*args: P.args, **kwargs: P.kwargs) -> T:
+            bound = signature.bind(*args, **kwargs)  # TypeError as the call would raise
+            bound.apply_defaults()
+            async with lock(template.fill(bound.arguments)):
+                return await function(*args, **kwargs)
+
+        return locked
+
+    return decorate
