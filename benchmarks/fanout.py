@@ -38,6 +38,9 @@ table) and ``fanout.png`` (the plot) to ``--out``; with ``--docs`` it also copie
 plot to ``DOCS/img/fanout.png`` and writes the results section of
 ``DOCS/benchmarks.md`` (after its ``<!-- BENCH-TABLE -->`` line); with ``--readme`` it
 writes a summary table between the ``<!-- BENCH-SUMMARY -->`` lines of that file.
+This script measures and writes the JSON; everything made from it is
+`lockbench.fanout_report`, which ``--report fanout.json`` runs alone on results
+already written.
 """
 
 from __future__ import annotations
@@ -48,27 +51,36 @@ import dataclasses
 import gc
 import random
 import secrets
-import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import ParamSpec, Self, TypeVar
 
+from lockbench.fanout_report import (
+    COUNTERS,
+    EXTRA_ROUNDS,
+    LABELS,
+    ApartStatistics,
+    CaseRecord,
+    ClientStatistics,
+    FanoutReport,
+    FencingRecord,
+    MethodRecord,
+    SettingsRecord,
+    markdown_table,
+    method_notes,
+    write_outputs,
+)
 from lockbench.harness import (
     ProxyHost,
+    Summary,
     add_report_option,
     environment,
-    machine_line,
-    publish_between,
-    publish_section,
-    pyplot,
     read_report,
     servers_behind_proxies,
     summarize,
-    write_json,
-    write_text,
 )
 from lockbench.rtt import make_client, measure_rtt
 from redis.asyncio import Redis
@@ -77,65 +89,19 @@ from redis.exceptions import RedisError
 from asyncredlock import AsyncRedlock
 from asyncredlock._keys import aux_key  # the fence counter's key, to set it apart
 
+P = ParamSpec("P")  # the arguments of the call CommitRounds counts
+R = TypeVar("R")  # and what it returns
+
 HERE = Path(__file__).resolve().parent
-MARKER = "<!-- BENCH-TABLE -->"
-SUMMARY_START = "<!-- BENCH-SUMMARY -->"
-SUMMARY_END = "<!-- /BENCH-SUMMARY -->"
 SEED = 1729  # seeds `random`, which asyncredlock's retry jitter draws from
 TTL = 10.0  # seconds: the lock's time to live, as asyncredlock's default
 NODE_TIMEOUT = 0.1  # seconds: per-master timeout of every client
 DRIFT_FACTOR = 0.01
 NS = (1, 3, 5, 7)
 RTTS_MS = (0.0, 2.0, 10.0)
-METHODS = ("sequential", "asyncredlock", "asyncredlock_fenced", "asyncredlock_fenced_apart")
-LABELS = {
-    "sequential": "sequential",
-    "asyncredlock": "asyncredlock",
-    "asyncredlock_fenced": "asyncredlock fenced",
-    "asyncredlock_fenced_apart": "asyncredlock fenced, counters apart",
-}
-#: The fenced methods, and how many rounds each is expected to add to plain Redlock:
-#: none when the fence counters are in step (the commit round is skipped), one when
-#: they are apart (the commit round runs).
-EXTRA_ROUNDS = {"asyncredlock_fenced": 0, "asyncredlock_fenced_apart": 1}
-APART = "asyncredlock_fenced_apart"  # not measured with one master: see APART_NOTE
-NOT_MEASURED = "n/a"  # in a table cell
-COUNTERS = {"asyncredlock_fenced": "in step", "asyncredlock_fenced_apart": "apart"}
-# A fencing cost more than FENCING_TOLERANCE round trips off the expected number of
-# extra rounds is reported, as are the cases of the headline.
-FENCING_TOLERANCE = 0.5
-FENCING_HEADLINE_NS = (3, 5)
-FENCING_HEADLINE_RTTS_MS = (2.0, 10.0)
-RELEASE_NOTE = (
-    "asyncredlock's release() returns once a quorum of masters confirmed; the other "
-    "masters are released in the background, so its times do not include them. The "
-    "sequential loop waits for every master, as the textbook does."
-)
-SEQUENTIAL_NOTE = (
-    f"sequential: SET NX PX then a compare-and-delete EVAL, one master at a time, each "
-    f"under asyncio.wait_for({NODE_TIMEOUT:g} s), redis-py retries off; a blackholed "
-    f"master costs that timeout once in acquire and once in release."
-)
-FENCING_NOTE = (
-    "asyncredlock runs with fencing=False (plain Redlock, one round over the masters), "
-    "like for like with the sequential loop. asyncredlock fenced is the same client with "
-    "fencing on, taking the same lock again and again: its fence counters stay in step, "
-    "a quorum of masters returns the token itself in the first round, and the commit "
-    "round is skipped. asyncredlock fenced, counters apart is the same, but before each "
-    "acquisition (outside the timed region, over direct connections that bypass the "
-    "proxies) the key's fence counter on master i is set to top + 1 + i (top: the "
-    "largest), so no two masters count the same token and the commit round runs, as "
-    "after contention, on a master that missed rounds, or for a new resource. Fencing "
-    "cost: a fenced p50 minus asyncredlock p50, in ms and in round trips (RTTs: the "
-    "PING p50 measured through one proxy at that RTT); expected about 0 RTT in step, "
-    "about 1 RTT (the commit round) apart. The benchmark counts the commit rounds each "
-    "fenced acquisition ran."
-)
-APART_NOTE = (
-    "With one master the counters cannot be apart (a quorum of one returns the token "
-    "itself every time, so the commit round never runs): the counters-apart method is "
-    "not measured at N=1."
-)
+APART = "asyncredlock_fenced_apart"  # not measured with one master: see fanout_report.APART_NOTE
+# What every client of the run got: the JSON's settings (the sequential note reads its timeout).
+SETTINGS: SettingsRecord = {"ttl_s": TTL, "node_timeout_s": NODE_TIMEOUT, "seed": SEED}
 
 RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -296,13 +262,14 @@ class CommitRounds:
     def __init__(self, redlock: AsyncRedlock) -> None:
         self.count = 0
         core = redlock._core
-        start_round = core.commit_round
+        core.commit_round = self._counting(core.commit_round)  # type: ignore[method-assign]
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
+    def _counting(self, start_round: Callable[P, R]) -> Callable[P, R]:
+        def counted(*args: P.args, **kwargs: P.kwargs) -> R:
             self.count += 1
             return start_round(*args, **kwargs)
 
-        core.commit_round = counted  # type: ignore[method-assign]
+        return counted
 
 
 class FenceSkewer:
@@ -390,7 +357,7 @@ class Samples:
         self.release.append(sample[1])
         self.commit_rounds += sample[2]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MethodRecord:
         """Stats of acquire + release (``total``) and of each phase, in ms."""
         total = [a + r for a, r in zip(self.acquire, self.release, strict=True)]
         return {
@@ -416,7 +383,7 @@ async def measure(runners: dict[str, Runner], plan: Plan, iterations: int) -> di
 
 async def run_case(
     case: Case, servers: Sequence[str], proxies: ProxyHost, plan: Plan, rtt_p50_ms: float
-) -> dict[str, Any]:
+) -> CaseRecord:
     """Measure the four methods in ``case``; the proxies' delay is already set.
 
     ``servers`` are the servers' own URLs (for setting fence counters apart, outside
@@ -430,48 +397,58 @@ async def run_case(
         proxies.set_blackhole(case.n - 1, True)
     started = time.perf_counter()
     try:
-        async with (
-            SequentialRedlock(urls) as seq,
-            AsyncRedlock(urls, ttl=TTL, fencing=False) as plain,
-            AsyncRedlock(urls, ttl=TTL, fencing=True) as fenced,
-            AsyncRedlock(urls, ttl=TTL, fencing=True) as apart,
-            FenceSkewer(servers[: case.n]) as skewer,
-        ):
-            key = f"fanout:{case.name}"
-            runners = {
-                "sequential": sequential_runner(seq, f"{key}:seq"),
-                "asyncredlock": asyncredlock_runner(plain, f"{key}:arl"),
-                "asyncredlock_fenced": asyncredlock_runner(
-                    fenced, f"{key}:arlf", CommitRounds(fenced)
-                ),
-            }
-            if case.n > 1:  # one master's count is always the token: see APART_NOTE
-                runners[APART] = asyncredlock_runner(
-                    apart, f"{key}:arlf-apart", CommitRounds(apart), skewer
-                )
-            samples = await measure(runners, plan, plan.iterations_for(case))
-            clients = {"asyncredlock": plain, "asyncredlock_fenced": fenced, APART: apart}
-            stats = {
-                name: dataclasses.asdict(client.statistics())
-                for name, client in clients.items()
-                if name in runners
-            }
+        samples, stats = await measure_case(case, servers[: case.n], urls, plan)
     finally:
         if case.blackholed:
             proxies.set_blackhole(case.n - 1, False)
     return case_result(case, samples, stats, rtt_p50_ms, started)
 
 
+async def measure_case(
+    case: Case, servers: Sequence[str], urls: Sequence[str], plan: Plan
+) -> tuple[dict[str, Samples], dict[str, ClientStatistics]]:
+    """The samples of each method measured in ``case`` over ``urls``, and the
+    statistics of each asyncredlock client measured, taken before it closes."""
+    async with (
+        SequentialRedlock(urls) as seq,
+        AsyncRedlock(urls, ttl=TTL, fencing=False) as plain,
+        AsyncRedlock(urls, ttl=TTL, fencing=True) as fenced,
+        AsyncRedlock(urls, ttl=TTL, fencing=True) as apart,
+        FenceSkewer(servers) as skewer,
+    ):
+        key = f"fanout:{case.name}"
+        runners = {
+            "sequential": sequential_runner(seq, f"{key}:seq"),
+            "asyncredlock": asyncredlock_runner(plain, f"{key}:arl"),
+            "asyncredlock_fenced": asyncredlock_runner(fenced, f"{key}:arlf", CommitRounds(fenced)),
+        }
+        if case.n > 1:  # one master's count is always the token: see fanout_report.APART_NOTE
+            runners[APART] = asyncredlock_runner(
+                apart, f"{key}:arlf-apart", CommitRounds(apart), skewer
+            )
+        samples = await measure(runners, plan, plan.iterations_for(case))
+        clients = {"asyncredlock": plain, "asyncredlock_fenced": fenced, APART: apart}
+        stats = {
+            name: dataclasses.asdict(client.statistics())
+            for name, client in clients.items()
+            if name in runners
+        }
+    return samples, stats
+
+
 def case_result(
     case: Case,
     samples: dict[str, Samples],
-    stats: dict[str, dict[str, int]],
+    stats: dict[str, ClientStatistics],
     rtt_p50_ms: float,
     started: float,
-) -> dict[str, Any]:
+) -> CaseRecord:
     """The JSON record of one case."""
     methods = {name: s.summary() for name, s in samples.items()}
     seq, par = (methods[m]["total"]["p50_ms"] for m in ("sequential", "asyncredlock"))
+    apart: ApartStatistics = (
+        {"asyncredlock_fenced_apart_statistics": stats[APART]} if APART in stats else {}
+    )
     return {
         "name": case.name,
         "n": case.n,
@@ -481,7 +458,9 @@ def case_result(
         "methods": methods,
         # counters include warm-up; gauges (in_flight, background_tasks) are taken
         # right after the last iteration, before the client is closed
-        **{f"{name}_statistics": stat for name, stat in stats.items()},
+        "asyncredlock_statistics": stats["asyncredlock"],
+        "asyncredlock_fenced_statistics": stats["asyncredlock_fenced"],
+        **apart,
         "speedup_p50": round(seq / par, 2),
         "measured_rtt_p50_ms": rtt_p50_ms,
         "fencing": {
@@ -494,8 +473,8 @@ def case_result(
 
 
 def fencing_record(
-    methods: dict[str, dict[str, Any]], samples: Samples, method: str, rtt_p50_ms: float
-) -> dict[str, Any]:
+    methods: dict[str, MethodRecord], samples: Samples, method: str, rtt_p50_ms: float
+) -> FencingRecord:
     """What fencing cost ``method`` over plain asyncredlock in one case, and the
     commit rounds it ran in the measured iterations."""
     fenced, plain = methods[method], methods["asyncredlock"]
@@ -519,9 +498,10 @@ def fencing_record(
 
 async def run_all(
     servers: Sequence[str], proxies: ProxyHost, plan: Plan
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[CaseRecord], dict[str, Summary]]:
     """Every case, grouped by RTT; plus the measured PING round trip per RTT."""
-    results, rtts = [], {}
+    results: list[CaseRecord] = []
+    rtts: dict[str, Summary] = {}
     for rtt in RTTS_MS:
         proxies.set_delay(rtt / 2 / 1000)
         rtts[f"{rtt:g}"] = await measure_rtt(proxies, plan.pings)
@@ -533,7 +513,7 @@ async def run_all(
     return results, rtts
 
 
-def progress(result: dict[str, Any]) -> str:
+def progress(result: CaseRecord) -> str:
     """One line per finished case for the terminal."""
     seq, par = (result["methods"][m]["total"] for m in ("sequential", "asyncredlock"))
     fenced = "  ".join(
@@ -546,391 +526,6 @@ def progress(result: dict[str, Any]) -> str:
         f"asyncredlock p50 {par['p50_ms']:7.2f} ms  x{result['speedup_p50']:<6g} "
         f"fenced {fenced}  ({result['seconds']:g} s)"
     )
-
-
-# --- reporting -------------------------------------------------------------------------
-
-
-def markdown_table(cases: Sequence[dict[str, Any]]) -> str:
-    """Rows = cases; acquire + release latency of the four methods, the p50 speed-up
-    (sequential / asyncredlock) and the fencing cost of each fenced method (its p50 -
-    asyncredlock p50, in round trips)."""
-    head = (
-        "| Case | N | RTT (ms) | sequential p50 (ms) | sequential p99 (ms) "
-        "| asyncredlock p50 (ms) | asyncredlock p99 (ms) | speed-up (p50) "
-        "| asyncredlock fenced p50 (ms) | asyncredlock fenced p99 (ms) "
-        "| fencing cost, in step (RTTs) "
-        "| fenced, counters apart p50 (ms) | fenced, counters apart p99 (ms) "
-        "| fencing cost, apart (RTTs) |\n"
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
-    )
-    rows = []
-    for c in cases:
-        seq, par = (c["methods"][m]["total"] for m in ("sequential", "asyncredlock"))
-        fenced = " | ".join(
-            fenced_cells(c, m) if m in c["methods"] else " | ".join([NOT_MEASURED] * 3)
-            for m in EXTRA_ROUNDS
-        )
-        rtt = f"{c['rtt_ms']:g}"
-        case = "1 of 5 blackholed" if c["blackholed"] else "all up"
-        rows.append(
-            f"| {case} | {c['n']} | {rtt} | {seq['p50_ms']:.2f} | {seq['p99_ms']:.2f} "
-            f"| {par['p50_ms']:.2f} | {par['p99_ms']:.2f} | {c['speedup_p50']:.2f}x "
-            f"| {fenced} |"
-        )
-    return head + "\n".join(rows) + "\n"
-
-
-def fenced_cells(case: dict[str, Any], method: str) -> str:
-    """p50, p99 and fencing cost in RTTs of one fenced method in one case."""
-    total = case["methods"][method]["total"]
-    cost = case["fencing"][method]["cost_rtts"]
-    return f"{total['p50_ms']:.2f} | {total['p99_ms']:.2f} | {cost:+.2f}"
-
-
-def summary_table(report: dict[str, Any]) -> str:
-    """The README's excerpt: p50 of the four methods for N = 3 and 5 and the blackhole
-    case, with where and when it was measured."""
-    head = (
-        "| Case | N | RTT (ms) | sequential p50 (ms) | asyncredlock p50 (ms) "
-        "| speed-up (p50) | asyncredlock fenced p50 (ms) | fenced, counters apart p50 (ms) |\n"
-        "|---|--:|--:|--:|--:|--:|--:|--:|\n"
-    )
-    rows = []
-    for c in report["cases"]:
-        if c["n"] not in (3, 5):
-            continue
-        seq, par, fenced, apart = (
-            f"{c['methods'][m]['total']['p50_ms']:.2f}" if m in c["methods"] else NOT_MEASURED
-            for m in METHODS
-        )
-        case = "1 of 5 blackholed" if c["blackholed"] else "all up"
-        rows.append(
-            f"| {case} | {c['n']} | {c['rtt_ms']:g} | {seq} | {par} "
-            f"| {c['speedup_p50']:.2f}x | {fenced} | {apart} |"
-        )
-    return (
-        head
-        + "\n".join(rows)
-        + "\n\nAcquire + release, p50 in milliseconds. asyncredlock fenced: fence counters "
-        + "in step, the usual case, so the commit round is skipped; counters apart (after "
-        + "contention, a master that missed rounds, a new resource): the commit round "
-        + "runs. Every case, p99 and the notes: "
-        + "[docs/benchmarks.md](docs/benchmarks.md). "
-        + machine_line(report["environment"])
-        + "\n"
-    )
-
-
-def notes(report: dict[str, Any]) -> str:
-    """What the table measured, under it."""
-    rtt = ", ".join(f"{k} ms → {v['p50_ms']:.2f} ms" for k, v in report["measured_rtt"].items())
-    iters = sorted({c["iterations"] for c in report["cases"]}, reverse=True)
-    return (
-        "Acquire + release of one uncontended lock, in milliseconds. "
-        f"Iterations per method and case: {', '.join(map(str, iters))} "
-        f"(after {report['plan']['warmup']} warm-up iterations).\n\n"
-        f"- {RELEASE_NOTE}\n"
-        f"- {SEQUENTIAL_NOTE}\n"
-        f"- {FENCING_NOTE} {APART_NOTE}\n"
-        f"- RTT is the delay the proxies add (nominal → PING p50 measured through one "
-        f"proxy): {rtt}.\n" + "".join(f"- {line}\n" for line in findings(report["cases"]))
-    )
-
-
-def findings(cases: Sequence[dict[str, Any]]) -> list[str]:
-    """Observations computed from the results: where the fan-out lost, which commit
-    rounds ran, what fencing cost, what the blackhole left."""
-    lines = []
-    slower = [c for c in cases if c["speedup_p50"] < 1]
-    if slower:
-        where = "; ".join(f"{c['name']} ({c['speedup_p50']:.2f}x)" for c in slower)
-        why = (
-            " With one master there is nothing to overlap, so only the fan-out's own "
-            "per-call work (a task per master, quorum bookkeeping, a Lua script instead "
-            "of a bare SET) shows."
-            if all(c["n"] == 1 for c in slower)
-            else ""
-        )
-        lines.append(f"asyncredlock's p50 was higher than the sequential loop's in: {where}.{why}")
-    if cases:
-        lines.append(commits_finding(cases))
-        lines.extend(fencing_finding(cases, method) for method in EXTRA_ROUNDS)
-    for c in (c for c in cases if c["blackholed"]):
-        plain = c["asyncredlock_statistics"]
-        fenced = "; ".join(
-            f"{LABELS[m]}: {g['in_flight']} and {g['background_tasks']}"
-            for m in EXTRA_ROUNDS
-            if (g := c.get(f"{m}_statistics")) is not None
-        )
-        lines.append(
-            f"At the end of the blackhole case asyncredlock had {plain['in_flight']} calls "
-            f"in flight and {plain['background_tasks']} background tasks ({fenced}), "
-            "mostly waiting on the silent master (each ends at the socket timeout, 5 s by "
-            "default)."
-        )
-    return lines
-
-
-def commits_finding(cases: Sequence[dict[str, Any]]) -> str:
-    """How many commit rounds each fenced method ran, against none with the counters
-    in step and one per acquisition with them apart; every case that differs."""
-    parts, odd = [], []
-    for method, extra in EXTRA_ROUNDS.items():
-        records = [(c, c["fencing"][method]) for c in cases if method in c["fencing"]]
-        if not records:
-            continue
-        ran = sum(f["commit_rounds"] for _, f in records)
-        total = sum(f["acquisitions"] for _, f in records)
-        expected = "one per acquisition" if extra else "none"
-        parts.append(f"{LABELS[method]} {ran} of {total} (expected: {expected})")
-        odd += [
-            (method, f"{c['name']}: {LABELS[method]} {f['commit_rounds']} of {f['acquisitions']}")
-            for c, f in records
-            if f["commit_rounds"] != extra * f["acquisitions"]
-        ]
-    line = (
-        "Commit rounds run by the measured acquisitions (counted in the client), over all "
-        f"cases: {'; '.join(parts)}. "
-    )
-    if not odd:
-        return line + (
-            "So in every case the counters-in-step acquisitions skipped their commit "
-            "round and the counters-apart ones ran it."
-        )
-    why = (
-        " With the counters in step a commit round still runs when a master that "
-        "answered early had missed a round: one whose release of the previous lease was "
-        "still on its way when the next acquisition, sent right after the release "
-        "returned at quorum, reached it refuses that acquisition and does not count its "
-        "fence up."
-        if any(EXTRA_ROUNDS[method] == 0 for method, _ in odd)
-        else ""
-    )
-    return line + f"Cases that differ: {'; '.join(where for _, where in odd)}.{why}"
-
-
-def fencing_finding(cases: Sequence[dict[str, Any]], method: str) -> str:
-    """What fencing cost ``method`` in the headline cases, and every case more than
-    the tolerance off its expected number of extra rounds."""
-    extra = EXTRA_ROUNDS[method]
-    cases = [c for c in cases if method in c["fencing"]]
-
-    def cost(c: dict[str, Any]) -> str:
-        f = c["fencing"][method]
-        return f"{f['cost_p50_ms']:+.2f} ms ({f['cost_rtts']:+.2f} RTT)"
-
-    headline = []
-    for n in FENCING_HEADLINE_NS:
-        row = [
-            f"{cost(c)} at RTT {c['rtt_ms']:g} ms"
-            for c in cases
-            if c["n"] == n and c["rtt_ms"] in FENCING_HEADLINE_RTTS_MS and not c["blackholed"]
-        ]
-        if row:
-            headline.append(f"N={n}: {', '.join(row)}")
-    lo, hi = extra - FENCING_TOLERANCE, extra + FENCING_TOLERANCE
-    off = [c for c in cases if not lo <= c["fencing"][method]["cost_rtts"] <= hi]
-    line = (
-        f"Fencing cost, counters {COUNTERS[method]} ({LABELS[method]} p50 - asyncredlock "
-        f"p50; one RTT is the PING p50 at that RTT; expected about {extra} RTT): "
-        f"{'; '.join(headline) or 'no headline case measured'}. "
-    )
-    if not off:
-        what = (
-            "costs about the one round trip of its commit round, nothing else"
-            if extra
-            else "costs no extra round trip: its commit round is skipped"
-        )
-        return line + f"Every case is within {lo:g} to {hi:g} RTT: fencing {what}."
-
-    def gap(c: dict[str, Any]) -> str:
-        diff = c["fencing"][method]["cost_rtts"] - extra
-        return f"{abs(diff):.2f} RTT {'more' if diff > 0 else 'less'} than the {extra} expected"
-
-    where = "; ".join(f"{c['name']}: {cost(c)}, {gap(c)}" for c in off)
-    return line + f"Outside {lo:g} to {hi:g} RTT: {where}. {rounds_finding(off, method)}"
-
-
-def rounds_finding(cases: Sequence[dict[str, Any]], method: str) -> str:
-    """How ``method``'s acquire p50 compares with the unfenced one in ``cases``
-    (``1 + extra`` times is exactly the expected extra rounds), and whether its
-    release p50 differs by more than the tolerance (fencing adds nothing there)."""
-    extra = EXTRA_ROUNDS[method]
-    records = [(c, c["fencing"][method]) for c in cases]
-    ratios = [f["acquire_ratio"] for _, f in records]
-    other = [(c, f) for c, f in records if abs(f["acquire_ratio"] - 1 - extra) > FENCING_TOLERANCE]
-    slower = [
-        (c, f)
-        for c, f in records
-        if abs(f["release_cost_p50_ms"]) > FENCING_TOLERANCE * c["measured_rtt_p50_ms"]
-    ]
-    rounds = "one more acquisition round" if extra else "no more acquisition rounds"
-    line = (
-        f"In these, the {LABELS[method]} acquire p50 was {min(ratios):.2f} to "
-        f"{max(ratios):.2f} times the unfenced one"
-    )
-    if not other and not slower:
-        top = max(abs(f["release_cost_p50_ms"]) for _, f in records)
-        why = (
-            " A round over N masters waits for the quorum-th answer (plus the client's "
-            "and the servers' work), so it takes longer than one PING through one proxy."
-            if extra
-            else " The difference lies within the one round (or is noise), not in a round "
-            "of its own."
-        )
-        return f"{line} and the release p50 within {top:.2f} ms of it: {rounds}, nothing else.{why}"
-    parts = [f"{line} (about {1 + extra} would be {rounds})."]
-    if other:
-        where = "; ".join(f"{c['name']} ({f['acquire_ratio']:.2f}x)" for c, f in other)
-        parts.append(f"Not about {1 + extra} in: {where}.")
-    if slower:
-        where = "; ".join(
-            f"{c['name']} ({f['release_cost_p50_ms']:+.2f} ms, "
-            f"{f['release_cost_p50_ms'] / c['measured_rtt_p50_ms']:+.2f} RTT)"
-            for c, f in slower
-        )
-        parts.append(
-            f"{LABELS[method]} release p50 minus the unfenced one, beyond "
-            f"{FENCING_TOLERANCE:g} RTT: {where}."
-        )
-    return " ".join(parts)
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """``fanout.md``: the table, what it measured, and where."""
-    return (
-        "# Sequential vs parallel acquisition\n\n"
-        + markdown_table(report["cases"])
-        + "\n"
-        + notes(report)
-        + "\n"
-        + machine_line(report["environment"])
-        + "\n"
-    )
-
-
-def docs_section(report: dict[str, Any]) -> str:
-    """The generated part of ``docs/benchmarks.md``."""
-    return (
-        markdown_table(report["cases"])
-        + "\n"
-        + notes(report)
-        + "\n![Sequential vs parallel acquisition](img/fanout.png)\n\n"
-        + machine_line(report["environment"])
-        + "\n\nTo rerun (about 5 minutes; `--quick` for a smoke run of a few seconds):\n\n"
-        + "```bash\npip install -e '.[bench]'\n"
-        + "python benchmarks/fanout.py --out benchmarks/results \\\n"
-        + "    --docs docs --readme README.md\n```\n"
-    )
-
-
-COLORS = {
-    "sequential": "tab:gray",
-    "asyncredlock": "tab:blue",
-    "asyncredlock_fenced": "tab:red",
-    "asyncredlock_fenced_apart": "tab:purple",
-}
-STYLES: dict[str, dict[str, Any]] = {
-    "sequential": {"linestyle": "--", "marker": "o", "markerfacecolor": "white"},
-    "asyncredlock": {"linestyle": "-", "marker": "o"},
-    "asyncredlock_fenced": {"linestyle": "-", "marker": "s", "markersize": 5},
-    "asyncredlock_fenced_apart": {"linestyle": ":", "marker": "^", "markersize": 6},
-}
-
-
-def plot(cases: Sequence[dict[str, Any]], path: Path) -> None:
-    """p50 acquire + release vs N: one panel per RTT, one line per method in each; the
-    blackhole case starred in its RTT's panel; one legend for all."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(RTTS_MS), figsize=(13.5, 5.2), dpi=110)
-    for ax, rtt in zip(axes, RTTS_MS, strict=True):
-        row = [c for c in cases if c["rtt_ms"] == rtt and not c["blackholed"]]
-        for method in METHODS:
-            plot_line(ax, row, method)
-        mark_blackhole(ax, [c for c in cases if c["rtt_ms"] == rtt and c["blackholed"]])
-        style_axes(ax, rtt)
-    axes[0].set_ylabel("acquire + release, p50 (ms, log scale)")
-    fig.suptitle(
-        "Sequential vs parallel Redlock acquisition, one uncontended lock "
-        "(RTT: delay added by a proxy per master; lower is better)",
-        fontsize=11,
-    )
-    handles, labels = axes[0].get_legend_handles_labels()
-    for ax in axes[1:]:  # the blackhole star is only in its own panel
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def plot_line(ax: Any, row: Sequence[dict[str, Any]], method: str) -> None:
-    """One method at one RTT across N (where it was measured)."""
-    row = [c for c in row if method in c["methods"]]
-    if not row:
-        return
-    ax.plot(
-        [c["n"] for c in row],
-        [c["methods"][method]["total"]["p50_ms"] for c in row],
-        color=COLORS[method],
-        linewidth=1.8,
-        label=LABELS[method],
-        **STYLES[method],
-    )
-
-
-def mark_blackhole(ax: Any, cases: Sequence[dict[str, Any]]) -> None:
-    """Stars for the blackhole case (one master silent), labelled with their p50; the
-    lowest label goes under its star, the others above theirs."""
-    for c in cases:
-        ys = {m: c["methods"][m]["total"]["p50_ms"] for m in METHODS if m in c["methods"]}
-        lowest = min(ys, key=ys.__getitem__)
-        for method, y in ys.items():
-            face = "white" if method == "sequential" else COLORS[method]
-            ax.plot(
-                [c["n"]],
-                [y],
-                marker="*",
-                markersize=15,
-                color=COLORS[method],
-                markerfacecolor=face,
-                linestyle="none",
-                label=f"1 of {c['n']} masters blackholed" if method == METHODS[0] else None,
-            )
-            below = method == lowest
-            ax.annotate(
-                f"{'1 blackholed: ' if method == 'sequential' else ''}{y:.1f} ms",
-                (c["n"], y),
-                xytext=(-10, -5 if below else 5),
-                textcoords="offset points",
-                horizontalalignment="right",
-                verticalalignment="top" if below else "bottom",
-                fontsize=8,
-                color=COLORS[method],
-                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"},
-            )
-
-
-def style_axes(ax: Any, rtt: float) -> None:
-    """Log-y with plain millisecond labels, N on x, the RTT as title, grid."""
-    from matplotlib.ticker import FormatStrFormatter, LogLocator
-
-    ax.set_yscale("log")
-    low, high = ax.get_ylim()
-    ax.set_ylim(low / 1.3, high * 1.3)  # room for the blackhole labels
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(FormatStrFormatter(""))
-    ax.set_xticks(NS)
-    ax.set_xlim(0.6, 7.4)
-    ax.set_xlabel("masters (N)")
-    ax.set_title(f"RTT {rtt:g} ms", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
 
 
 # --- main ------------------------------------------------------------------------------
@@ -949,7 +544,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run(plan: Plan) -> dict[str, Any]:
+def run(plan: Plan) -> FanoutReport:
     """Start servers and proxies, run every case, stop everything (also on error)."""
     started = time.perf_counter()
     with servers_behind_proxies(max(NS)) as (servers, proxies):
@@ -959,8 +554,8 @@ def run(plan: Plan) -> dict[str, Any]:
         "unit": "ms",
         "measures": "acquire + release latency of one uncontended lock",
         "methods": LABELS,
-        "notes": [RELEASE_NOTE, SEQUENTIAL_NOTE, FENCING_NOTE, APART_NOTE],
-        "settings": {"ttl_s": TTL, "node_timeout_s": NODE_TIMEOUT, "seed": SEED},
+        "notes": method_notes(SETTINGS),
+        "settings": SETTINGS,
         "plan": {
             "quick": plan is QUICK,
             "iterations_by_rtt_ms": {f"{k:g}": v for k, v in plan.iterations.items()},
@@ -975,25 +570,10 @@ def run(plan: Plan) -> dict[str, Any]:
     }
 
 
-def write_outputs(
-    report: dict[str, Any], out: Path, docs: Path | None, readme: Path | None = None
-) -> None:
-    """JSON, markdown and PNG into ``out``; the plot and section into ``docs`` and the
-    summary into ``readme``, if given."""
-    write_json(out / "fanout.json", report)
-    write_text(out / "fanout.md", markdown(report))
-    plot(report["cases"], out / "fanout.png")
-    if docs is not None:
-        (docs / "img").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "fanout.png", docs / "img" / "fanout.png")
-        publish_section(docs / "benchmarks.md", MARKER, docs_section(report))
-    if readme is not None:
-        publish_between(readme, SUMMARY_START, SUMMARY_END, summary_table(report))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and write its outputs."""
     args = parse_args(argv)
+    report: FanoutReport
     if args.report is not None:
         report = read_report(args.report)
     else:
