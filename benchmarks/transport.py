@@ -33,7 +33,10 @@ Run from the repository root::
     python benchmarks/transport.py [--duration 3] [--reps 3] [--quick] [--out DIR]
 
 It writes ``transport.json`` and ``transport.md`` to ``--out`` (default
-``benchmarks/results``). It asserts no timing.
+``benchmarks/results``; ``transport-uvloop.*`` with ``--loop uvloop``), and with
+``--docs`` the table into ``DOCS/transport.md``: that report step is
+``lockbench.transport_report``, and ``--report JSON`` runs it alone on results already
+written. It asserts no timing.
 """
 
 from __future__ import annotations
@@ -46,19 +49,26 @@ import importlib
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from lockbench.harness import (
-    add_report_option,
-    environment,
-    publish_between,
-    read_report,
-    write_json,
-    write_text,
+from lockbench.harness import add_report_option, environment, read_report
+from lockbench.transport_report import (
+    CandidateRecord,
+    ColdStart,
+    Latency,
+    Measured,
+    Plan,
+    Sample,
+    Spread,
+    Throughput,
+    TransportReport,
+    Unavailable,
+    markdown,
+    write_outputs,
 )
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -77,7 +87,7 @@ RELEASE = (
 )
 
 #: One master's call: (script sha, keys, args) -> an awaitable of the reply.
-Call = Callable[[str, Sequence[str], Sequence[str]], Awaitable[Any]]
+Call = Callable[[str, Sequence[str], Sequence[str]], Awaitable[object]]
 
 
 class Client:
@@ -86,10 +96,13 @@ class Client:
     calls: list[Call]
 
     async def close(self) -> None:
+        """Close every connection."""
         raise NotImplementedError
 
 
 class LinkClient(Client):
+    """asyncredlock's ``Link`` per master, opened by redis-py or by a plain socket."""
+
     def __init__(self, urls: Sequence[str], *, plain: bool) -> None:
         self.links = [
             Link(
@@ -111,7 +124,7 @@ _LINK = {"node_timeout": 0.1, "socket_timeout": 5.0}
 
 
 def _link_call(link: Link) -> Call:
-    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[Any]:
+    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[object]:
         return link.call(("EVALSHA", sha, len(keys), *keys, *args))
 
     return call
@@ -135,6 +148,8 @@ def _plain_opener(url: str) -> Callable[[Stream], Awaitable[None]]:
 
 
 class RedisPyClient(Client):
+    """redis-py's ``Redis`` on a ``BlockingConnectionPool`` of 256 per master."""
+
     def __init__(self, urls: Sequence[str]) -> None:
         self.clients = [
             Redis(connection_pool=BlockingConnectionPool.from_url(url, max_connections=256))
@@ -148,14 +163,16 @@ class RedisPyClient(Client):
             await client.connection_pool.disconnect()  # a pool passed in is not closed
 
 
-def _execute(execute: Callable[..., Awaitable[Any]]) -> Call:
-    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[Any]:
+def _execute(execute: Callable[..., Awaitable[object]]) -> Call:
+    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[object]:
         return execute("EVALSHA", sha, len(keys), *keys, *args)
 
     return call
 
 
 class CoredisClient(Client):
+    """coredis's ``Redis`` per master (imported only when the candidate runs)."""
+
     def __init__(self, urls: Sequence[str]) -> None:
         coredis = importlib.import_module("coredis")
         self.clients = [coredis.Redis.from_url(url, max_connections=256) for url in urls]
@@ -163,6 +180,7 @@ class CoredisClient(Client):
         self.stack = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
+        """Open the pools."""
         for client in self.clients:  # coredis 6 opens its pool in the context
             await self.stack.enter_async_context(client)
 
@@ -172,20 +190,23 @@ class CoredisClient(Client):
 
 
 def _coredis_call(client: Any) -> Call:
-    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[Any]:
-        reply: Awaitable[Any] = client.evalsha(sha, keys=list(keys), args=list(args))
+    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[object]:
+        reply: Awaitable[object] = client.evalsha(sha, keys=list(keys), args=list(args))
         return reply
 
     return call
 
 
 class GlideClient(Client):
+    """valkey-glide's ``GlideClient`` per master (imported only when the candidate runs)."""
+
     def __init__(self, urls: Sequence[str]) -> None:
         self.urls = urls
         self.clients: list[Any] = []
         self.calls = []
 
     async def start(self) -> None:
+        """Create the clients (glide connects as it creates them)."""
         glide = importlib.import_module("glide")
         for url in self.urls:
             parts = urlsplit(url)
@@ -203,8 +224,8 @@ class GlideClient(Client):
 
 
 def _glide_call(client: Any) -> Call:
-    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[Any]:
-        reply: Awaitable[Any] = client.custom_command(
+    def call(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[object]:
+        reply: Awaitable[object] = client.custom_command(
             ["EVALSHA", sha, str(len(keys)), *keys, *args]
         )
         return reply
@@ -214,6 +235,8 @@ def _glide_call(client: Any) -> Call:
 
 @dataclass(frozen=True)
 class Candidate:
+    """A transport under test: its id in the JSON, its label, and its client."""
+
     id: str
     label: str
     make: Callable[[Sequence[str]], Client]
@@ -241,29 +264,31 @@ class Background:
     """Replies not waited for by the cycle that sent them, awaited before the end."""
 
     def __init__(self) -> None:
-        self.pending: set[asyncio.Future[Any]] = set()
+        self.pending: set[asyncio.Future[object]] = set()
         self.errors = 0
 
-    def keep(self, future: asyncio.Future[Any]) -> None:
+    def keep(self, future: asyncio.Future[object]) -> None:
+        """Await ``future`` later if it is not done yet."""
         if not future.done():
             self.pending.add(future)
             future.add_done_callback(self.pending.discard)
 
     async def drain(self, seconds: float) -> None:
+        """Wait (at most ``seconds``) until every kept reply is in."""
         if self.pending:
             await asyncio.wait(set(self.pending), timeout=seconds)
 
 
 async def quorum_of(
-    calls: list[Awaitable[Any]], background: Background
-) -> tuple[list[Any], list[asyncio.Future[Any]]]:
+    calls: list[Awaitable[object]], background: Background
+) -> tuple[list[object], list[asyncio.Future[object]]]:
     """Wait until QUORUM replies are in; the rest go on in ``background``. Returns the
     replies in and every call's future (in the order of ``calls``)."""
-    futures: list[asyncio.Future[Any]] = [asyncio.ensure_future(call) for call in calls]
-    done: list[Any] = []
+    futures: list[asyncio.Future[object]] = [asyncio.ensure_future(call) for call in calls]
+    done: list[object] = []
     enough = asyncio.get_running_loop().create_future()
 
-    def arrived(future: asyncio.Future[Any]) -> None:
+    def arrived(future: asyncio.Future[object]) -> None:
         done.append(_value(future))
         if len(done) >= QUORUM and not enough.done():
             enough.set_result(None)
@@ -276,7 +301,7 @@ async def quorum_of(
     return done, futures
 
 
-def _value(future: asyncio.Future[Any]) -> Any:
+def _value(future: asyncio.Future[object]) -> object:
     if future.cancelled():
         return None
     if future.exception() is not None:
@@ -285,12 +310,14 @@ def _value(future: asyncio.Future[Any]) -> Any:
     return result.value if isinstance(result, Reply) else result
 
 
-async def _after(first: asyncio.Future[Any], then: Callable[[], Awaitable[Any]]) -> Any:
+async def _after(first: asyncio.Future[object], then: Callable[[], Awaitable[object]]) -> object:
     await asyncio.wait([first])
     return await then()
 
 
 async def one_cycle(client: Client, shas: tuple[str, str], key: str, bg: Background) -> None:
+    """Acquire ``key`` on every master, decided at QUORUM, then release it likewise; an
+    acquisition short of its quorum counts in ``bg.errors``."""
     value = f"v{time.monotonic_ns()}"
     keys = (key, f"{{{key}}}:fence")
     replies, acquired = await quorum_of(
@@ -301,7 +328,7 @@ async def one_cycle(client: Client, shas: tuple[str, str], key: str, bg: Backgro
     # On each master the release goes after that master answered the acquire: a client
     # whose calls to one master can travel on different connections (a pool) could
     # otherwise have the release overtake the acquire and leave the key behind.
-    releases: list[Awaitable[Any]] = []
+    releases: list[Awaitable[object]] = []
     for call, first in zip(client.calls, acquired, strict=True):
         release = functools.partial(call, shas[1], (key,), (value,))
         releases.append(release() if first.done() else _after(first, release))
@@ -312,6 +339,7 @@ async def one_cycle(client: Client, shas: tuple[str, str], key: str, bg: Backgro
 
 
 async def open_client(candidate: Candidate, urls: Sequence[str]) -> Client:
+    """A new client of ``candidate`` to the masters at ``urls``, started."""
     client = candidate.make(urls)
     if isinstance(client, GlideClient | CoredisClient):
         await client.start()
@@ -319,6 +347,7 @@ async def open_client(candidate: Candidate, urls: Sequence[str]) -> Client:
 
 
 async def load_scripts(urls: Sequence[str]) -> tuple[str, str]:
+    """Load the acquire and release scripts on every master; their shas."""
     shas = []
     for source in (ACQUIRE, RELEASE):
         for url in urls:
@@ -330,7 +359,9 @@ async def load_scripts(urls: Sequence[str]) -> tuple[str, str]:
 
 async def throughput(
     candidate: Candidate, urls: Sequence[str], shas: tuple[str, str], duration: float
-) -> dict[str, Any]:
+) -> Throughput:
+    """``WORKERS`` workers on distinct keys, each warmed up by one cycle: cycles/s and
+    client CPU over a window of ``duration`` s."""
     client = await open_client(candidate, urls)
     bg = Background()
     stop = False
@@ -353,16 +384,7 @@ async def throughput(
         tasks = [asyncio.create_task(worker(i)) for i in range(WORKERS)]
         await asyncio.wait_for(warmed.wait(), 60)
         await asyncio.sleep(min(0.5, duration / 4))
-        start_count, cpu, wall = count, time.process_time(), time.perf_counter()
-        await asyncio.sleep(duration)
-        # a window with no cycle in it measures nothing (a loaded machine can stall a
-        # short one): it lasts until one cycle ends, for at most 30 s more
-        for _ in range(3000):
-            if count > start_count:
-                break
-            await asyncio.sleep(0.01)
-        cycles = count - start_count
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        cycles, cpu, wall = await window(lambda: count, duration)
         stop = True
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
         await bg.drain(10)
@@ -375,9 +397,23 @@ async def throughput(
     }
 
 
+async def window(counted: Callable[[], int], duration: float) -> tuple[int, float, float]:
+    """The cycles ``counted`` over ``duration`` s, and the client CPU and wall seconds
+    they took. A window with no cycle in it measures nothing (a loaded machine can stall
+    a short one): it lasts until one cycle ends, for at most 30 s more."""
+    start, cpu, wall = counted(), time.process_time(), time.perf_counter()
+    await asyncio.sleep(duration)
+    for _ in range(3000):
+        if counted() > start:
+            break
+        await asyncio.sleep(0.01)
+    return counted() - start, time.process_time() - cpu, time.perf_counter() - wall
+
+
 async def latency(
     candidate: Candidate, urls: Sequence[str], shas: tuple[str, str], count: int
-) -> dict[str, Any]:
+) -> Latency:
+    """One worker: p50 and p99 of ``count`` cycles, after 20 to warm up."""
     client = await open_client(candidate, urls)
     bg = Background()
     times = []
@@ -396,9 +432,9 @@ async def latency(
     return {"p50_ms": 1000 * times[len(times) // 2], "p99_ms": 1000 * times[int(len(times) * 0.99)]}
 
 
-async def cold_start(
-    candidate: Candidate, urls: Sequence[str], shas: tuple[str, str]
-) -> dict[str, Any]:
+async def cold_start(candidate: Candidate, urls: Sequence[str], shas: tuple[str, str]) -> ColdStart:
+    """A fresh client and ``WORKERS`` callers at once: the time until every first cycle
+    is done, and the connections the client opened to the first master."""
     await settled(urls[0], 0)
     before = await connected(urls[0])
     start = time.perf_counter()
@@ -429,12 +465,14 @@ async def settled(url: str, baseline: int) -> None:
 
 
 async def connected(url: str) -> int:
+    """The clients connected to the server at ``url``, less the one asking."""
     async with Redis.from_url(url) as direct:
         info = await direct.info("clients")
     return int(info["connected_clients"]) - 1  # less this one
 
 
 async def leftover(urls: Sequence[str]) -> int:
+    """Lock keys left on the servers (fence counters aside), each shown on stderr."""
     total = 0
     for url in urls:
         async with Redis.from_url(url) as direct:
@@ -449,83 +487,78 @@ async def leftover(urls: Sequence[str]) -> int:
 # --- the run -----------------------------------------------------------------------------
 
 
-async def measure(plan: argparse.Namespace, urls: Sequence[str]) -> dict[str, Any]:
+async def one_rep(
+    candidate: Candidate, urls: Sequence[str], shas: tuple[str, str], plan: Plan
+) -> Sample:
+    """Every measure of ``candidate``, once, each within a time limit."""
+    duration = plan["duration"]
+    many = await asyncio.wait_for(throughput(candidate, urls, shas, duration), duration + 60)
+    one = await asyncio.wait_for(latency(candidate, urls, shas, plan["count"]), 60)
+    cold = await asyncio.wait_for(cold_start(candidate, urls, shas), 60)
+    return {**many, **one, **cold}
+
+
+async def measure(plan: Plan, urls: Sequence[str]) -> tuple[dict[str, CandidateRecord], int]:
+    """The candidates taking turns within each rep (one that fails runs no more), and
+    the lock keys left on the servers afterwards."""
     shas = await load_scripts(urls)
-    results: dict[str, dict[str, Any]] = {c.id: {"label": c.label, "reps": []} for c in CANDIDATES}
-    for rep in range(plan.reps):
-        for candidate in CANDIDATES:
-            record = results[candidate.id]
-            if record.get("status") == "unavailable":
-                continue
+    reps: dict[str, list[Sample]] = {c.id: [] for c in CANDIDATES}
+    failed: dict[str, str] = {}  # candidate id -> why it is unavailable
+    for rep in range(plan["reps"]):
+        for candidate in (c for c in CANDIDATES if c.id not in failed):
             try:
-                sample = {
-                    **await asyncio.wait_for(
-                        throughput(candidate, urls, shas, plan.duration), plan.duration + 60
-                    ),
-                    **await asyncio.wait_for(latency(candidate, urls, shas, plan.count), 60),
-                    **await asyncio.wait_for(cold_start(candidate, urls, shas), 60),
-                }
+                sample = await one_rep(candidate, urls, shas, plan)
             except Exception as exc:
-                record.update(status="unavailable", reason=f"{type(exc).__name__}: {exc}")
+                failed[candidate.id] = f"{type(exc).__name__}: {exc}"
                 continue
-            record["reps"].append(sample)
+            reps[candidate.id].append(sample)
             print(f"rep {rep + 1} {candidate.id}: {_line(sample)}", file=sys.stderr, flush=True)
-    for record in results.values():
-        if record.get("status") != "unavailable":
-            record["status"] = "ok"
-            record["summary"] = {
-                k: _spread([r[k] for r in record["reps"]]) for k in record["reps"][0]
-            }
-    return {"candidates": results, "keys_left": await leftover(urls)}
+    records = {c.id: record(c, reps[c.id], failed.get(c.id)) for c in CANDIDATES}
+    return records, await leftover(urls)
 
 
-def _spread(values: list[float]) -> dict[str, float]:
+def record(candidate: Candidate, reps: list[Sample], failure: str | None) -> CandidateRecord:
+    """``candidate``'s record: its reps and their spread, or why it is unavailable."""
+    if failure is not None:
+        return Unavailable(label=candidate.label, reps=reps, status="unavailable", reason=failure)
+    return Measured(label=candidate.label, reps=reps, status="ok", summary=spreads(reps))
+
+
+def spreads(reps: Sequence[Sample]) -> dict[str, Spread]:
+    """Each measure's median, min and max over ``reps``."""
+    rows = [cast(Mapping[str, float], rep) for rep in reps]  # every measure is a number
+    return {key: spread([row[key] for row in rows]) for key in rows[0]}
+
+
+def spread(values: list[float]) -> Spread:
+    """The median, min and max of ``values``."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _line(sample: dict[str, Any]) -> str:
+def _line(sample: Sample) -> str:
     return ", ".join(f"{k} {v:.3g}" for k, v in sample.items())
 
 
-def markdown(report: dict[str, Any]) -> str:
-    env = report["environment"]
-    rows = []
-    for record in report["candidates"].values():
-        if record["status"] != "ok":
-            rows.append(f"| {record['label']} | unavailable: {record['reason']} |||||||")
-            continue
-        s = record["summary"]
-
-        def cell(key: str, digits: int = 0, s: dict[str, Any] = s) -> str:
-            m = s[key]
-            return f"{m['median']:,.{digits}f} ({m['min']:,.{digits}f}-{m['max']:,.{digits}f})"
-
-        rows.append(
-            f"| {record['label']} | {cell('cycles_per_s')} | {cell('cpu_s_per_1000', 3)} "
-            f"| {cell('p50_ms', 3)} | {cell('p99_ms', 3)} | {cell('first_200_ms', 1)} "
-            f"| {s['connections_per_master']['median']:g} |"
-        )
-    quick = "\n**Quick run: too short to mean anything.**\n" if report["plan"]["quick"] else ""
-    return (
-        f"# The transport: candidates side by side (N = 5, loopback, no proxy, "
-        f"{report['plan'].get('loop', 'asyncio')})\n\n"
-        f"Each candidate runs the same cycle (acquire script on 5 masters decided at 3, "
-        f"then release decided at 3; the other replies awaited too). {report['plan']['reps']} "
-        f"reps, candidates taking turns; 200 workers for {report['plan']['duration']:g} s; "
-        f"one worker for {report['plan']['count']} cycles; a cold burst of 200. "
-        f"Median (min-max). Keys left on the servers afterwards: {report['keys_left']}.\n"
-        + quick
-        + "\n| candidate | cycles/s, 200 workers | client CPU s/1000 | 1 worker p50 (ms) "
-        "| 1 worker p99 (ms) | cold burst of 200 (ms) | connections per master |\n"
-        "|---|--:|--:|--:|--:|--:|--:|\n"
-        + "\n".join(rows)
-        + f"\n\nPython {env['python']}, redis-py {env['redis_py']}, hiredis {env['hiredis']}, "
-        f"{env['server']}, {env['cpu_count']} CPUs ({env['cpu_model']}), {env['date']}. "
-        f"Command: `{report['command']}`.\n"
-    )
+def run(plan: Plan, argv: Sequence[str]) -> TransportReport:
+    """Start the servers, measure on the plan's event loop, and stamp the results."""
+    with ServerGroup(N) as servers:
+        measuring = measure(plan, servers.urls)
+        if plan.get("loop") == "uvloop":
+            candidates, keys_left = importlib.import_module("uvloop").run(measuring)
+        else:
+            candidates, keys_left = asyncio.run(measuring)
+    return {
+        "benchmark": "transport",
+        "command": "python benchmarks/transport.py " + " ".join(argv),
+        "plan": plan,
+        "environment": environment(),
+        "candidates": candidates,
+        "keys_left": keys_left,
+    }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=None, help="seconds per window (3)")
     parser.add_argument("--reps", type=int, default=None, help="reps (3)")
@@ -538,45 +571,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--docs", type=Path, help="docs directory: publish the table into transport.md there"
     )
     add_report_option(parser, "transport.json")
-    plan = parser.parse_args(argv)
-    if plan.report is not None:
-        return write_report(read_report(plan.report), plan.out, plan.docs)
-    plan.duration = plan.duration or (0.3 if plan.quick else 3.0)
-    plan.reps = plan.reps or (1 if plan.quick else 3)
-    plan.count = 50 if plan.quick else 2000
-    with ServerGroup(N) as servers:
-        if plan.loop == "uvloop":
-            measured = importlib.import_module("uvloop").run(measure(plan, servers.urls))
-        else:
-            measured = asyncio.run(measure(plan, servers.urls))
-    report = {
-        "benchmark": "transport",
-        "command": "python benchmarks/transport.py " + " ".join(argv or sys.argv[1:]),
-        "plan": {
-            "duration": plan.duration,
-            "reps": plan.reps,
-            "count": plan.count,
-            "quick": plan.quick,
-            "loop": plan.loop,
-        },
-        "environment": environment(),
-        **measured,
+    return parser.parse_args(argv)
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The run the command line asks for (``--quick``: tiny)."""
+    return {
+        "duration": args.duration or (0.3 if args.quick else 3.0),
+        "reps": args.reps or (1 if args.quick else 3),
+        "count": 50 if args.quick else 2000,
+        "quick": args.quick,
+        "loop": args.loop,
     }
-    return write_report(report, plan.out, plan.docs)
 
 
-def write_report(report: dict[str, Any], out: Path, docs: Path | None) -> int:
-    """JSON and markdown into ``out``, the table into ``docs``' transport page if given
-    (the files of the report's event loop: ``transport-uvloop.*`` under uvloop)."""
-    loop = report["plan"].get("loop", "asyncio")  # results from before --loop: asyncio
-    out.mkdir(parents=True, exist_ok=True)
-    name = "transport" if loop == "asyncio" else f"transport-{loop}"
-    write_json(out / f"{name}.json", report)
-    write_text(out / f"{name}.md", markdown(report))
-    if docs is not None:
-        marker = "TRANSPORT-TABLE" if loop == "asyncio" else f"TRANSPORT-TABLE-{loop}"
-        table = markdown(report).split("\n\n", 2)[2]  # after the title and the prose
-        publish_between(docs / "transport.md", f"<!-- {marker} -->", f"<!-- /{marker} -->", table)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure (or, with ``--report``, read results already written) and write the
+    outputs; the table goes to stdout too."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.report is not None:
+        report: TransportReport = read_report(args.report)
+    else:
+        report = run(plan_of(args), argv)
+    write_outputs(report, args.out, args.docs)
     print(markdown(report))
     return 0
 
