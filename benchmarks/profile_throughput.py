@@ -41,6 +41,9 @@ Run from the repository root, after ``pip install -e '.[bench]'``::
 otherwise). It writes ``profile_throughput.json`` (every number, the settings and the
 environment) and ``profile_throughput.md`` (the tables) to ``--out``, and stops every
 server and the proxy process at the end, also on error. It asserts no timing.
+
+The JSON's shape and the markdown are `lockbench.profile_report`'s: ``--report JSON``
+writes the markdown again from results already written, measuring nothing.
 """
 
 from __future__ import annotations
@@ -62,11 +65,11 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import peers
 import redis.asyncio
@@ -87,8 +90,28 @@ from lockbench.harness import (
     environment,
     read_report,
     servers_behind_proxies,
-    write_json,
-    write_text,
+)
+from lockbench.profile_report import (
+    GC_LAYER,
+    LAYER_ORDER,
+    POLL,
+    Counts,
+    CountWindow,
+    FailureCount,
+    GcRecord,
+    Measured,
+    Plan,
+    ProfiledWindow,
+    ProfileRecord,
+    ProfileReport,
+    RepSummary,
+    Spread,
+    Stopped,
+    Throughput,
+    TimedWindow,
+    TopFunction,
+    Unavailable,
+    write_outputs,
 )
 from lockbench.settings import POOL, SERVERS, THROUGHPUT_WORKERS, TTL, WAIT
 
@@ -100,7 +123,7 @@ WORKERS = THROUGHPUT_WORKERS
 SETTLE = 0.3  # seconds for background calls (the rest of a release round) to finish
 SCRIPT_COMMANDS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"})
 PROFILED = ("asyncredlock", "pottery")  # the configurations --profile profiles
-TOP_FUNCTIONS = 25  # functions by own time kept per profile (10 in the markdown)
+TOP_FUNCTIONS = 25  # functions by own time kept per profile
 # Seconds a window may outlast its duration (the cycles under way finish) before it
 # counts as hung: peers.py's own guard, with room for the profiler's slowdown.
 GUARD = 30.0
@@ -123,17 +146,21 @@ class AblatedSession:
         self._given = {"fencing": fencing, "auto_extend": auto_extend}
 
     def handle(self, key: str) -> Handle:
+        """A lock on ``key`` for one worker."""
         return AsyncredlockHandle(self._redlock, key)
 
     def settings(self) -> dict[str, Any]:
+        """Every setting in force, passed or default (the ``Session`` protocol's)."""
         constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, **self._given)
         constructor.pop("clock", None)
         return {"AsyncRedlock": constructor}
 
     def statistics(self) -> dict[str, Any]:
+        """``AsyncRedlock.statistics()``: its counters so far."""
         return dataclasses.asdict(self._redlock.statistics())
 
     async def aclose(self) -> None:
+        """Close the client."""
         await self._redlock.aclose()
 
 
@@ -155,21 +182,6 @@ CONFIGS = (
     _PEERS["pottery"],
     _PEERS["aioredlock"],
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one run does."""
-
-    n: int
-    duration: float
-    reps: int
-    count_duration: float
-    profile: bool
-    quick: bool
-    # Straight to the servers (the default): at RTT 0 a proxy process forwarding
-    # every command would cap the rate, and measure itself instead of the client.
-    via_proxy: bool = False
 
 
 # --- garbage collection ------------------------------------------------------------------
@@ -195,6 +207,7 @@ class GcMeter:
         self.collected = 0
 
     def callback(self, phase: str, info: dict[str, int]) -> None:
+        """The ``gc.callbacks`` hook: times each collection, counts the automatic ones."""
         if phase == "start":
             self._started = self._clock()
             return
@@ -217,6 +230,7 @@ class GcMeter:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[GcMeter]:
+        """Measure while the block runs (the hook installed, ``gc.collect`` wrapped)."""
         real_collect = gc.collect
 
         def collect(generation: int = 2) -> int:
@@ -233,8 +247,8 @@ class GcMeter:
             finally:
                 gc.callbacks.remove(self.callback)
 
-    def record(self, cycles: int) -> dict[str, Any]:
-        """Per 1,000 cycles."""
+    def record(self, cycles: int) -> GcRecord:
+        """The automatic collections so far, per 1,000 of ``cycles``."""
         per = 1000 / max(1, cycles)
         return {
             "cpu_s_per_1000": round(self.seconds * per, 4),
@@ -276,6 +290,9 @@ def creator(frame: FrameType | None) -> str:
     return "?" if frame is None else frame.f_code.co_qualname
 
 
+Wrapper = tuple[object, str, Callable[..., Any]]  # what is patched: owner, name, wrapper
+
+
 class Counter:
     """Counts per event while installed (see the module docstring, pass 2)."""
 
@@ -285,25 +302,37 @@ class Counter:
         self.commands: collections.Counter[str] = collections.Counter()
 
     def command(self, name: object) -> None:
+        """Count one command sent, by its name."""
         text = name.decode() if isinstance(name, bytes) else str(name)
         self.commands[text.upper()] += 1
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Counter]:
+        """Count while the block runs: the loop's task factory and every hook installed."""
         loop = asyncio.get_running_loop()
+        with contextlib.ExitStack() as stack:
+            old_factory = loop.get_task_factory()
+            loop.set_task_factory(self._task_factory)
+            stack.callback(loop.set_task_factory, old_factory)
+            for owner, name, wrapper in (*self._wrappers(loop), *self._optional_wrappers()):
+                stack.enter_context(patched(owner, name, wrapper))
+            yield self
+
+    def _task_factory(
+        self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        """Count a task by its coroutine and creator; the timed loop's workers apart."""
+        name = getattr(coro, "__qualname__", type(coro).__name__)
+        code = getattr(coro, "cr_code", None)
+        if code is not None and code.co_filename.startswith(_HARNESS_DIR):
+            self.counts["harness tasks"] += 1  # the timed loop's own workers
+        else:
+            self.tasks[f"{name} <- {creator(sys._getframe(1))}"] += 1
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    def _wrappers(self, loop: asyncio.AbstractEventLoop) -> list[Wrapper]:
+        """redis-py's commands, socket writes, loop callbacks and loop iterations."""
         counts, counter = self.counts, self
-
-        def task_factory(
-            loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
-        ) -> asyncio.Task[Any]:
-            name = getattr(coro, "__qualname__", type(coro).__name__)
-            code = getattr(coro, "cr_code", None)
-            if code is not None and code.co_filename.startswith(_HARNESS_DIR):
-                counts["harness tasks"] += 1  # the timed loop's own workers
-            else:
-                counter.tasks[f"{name} <- {creator(sys._getframe(1))}"] += 1
-            return asyncio.Task(coro, loop=loop, **kwargs)
-
         real_execute: Callable[..., Awaitable[Any]] = redis.asyncio.Redis.execute_command
 
         async def execute_command(self: Any, *args: Any, **options: Any) -> Any:
@@ -328,21 +357,16 @@ class Counter:
             counts["loop iterations"] += 1
             real_run_once()
 
-        with contextlib.ExitStack() as stack:
-            old_factory = loop.get_task_factory()
-            loop.set_task_factory(task_factory)
-            stack.callback(loop.set_task_factory, old_factory)
-            stack.enter_context(patched(redis.asyncio.Redis, "execute_command", execute_command))
-            stack.enter_context(patched(asyncio.Handle, "_run", run))
-            stack.enter_context(patched(socket.socket, "send", send))
-            stack.enter_context(patched(loop, "_run_once", run_once))
-            for owner, name, wrapper in self._optional_wrappers():
-                stack.enter_context(patched(owner, name, wrapper))
-            yield self
+        return [
+            (redis.asyncio.Redis, "execute_command", execute_command),
+            (asyncio.Handle, "_run", run),
+            (socket.socket, "send", send),
+            (loop, "_run_once", run_once),
+        ]
 
-    def _optional_wrappers(self) -> list[tuple[object, str, Callable[..., Any]]]:
+    def _optional_wrappers(self) -> list[Wrapper]:
         """aioredis' and asyncredlock's hooks, where they exist (each is private)."""
-        out: list[tuple[object, str, Callable[..., Any]]] = []
+        out: list[Wrapper] = []
         counts, counter = self.counts, self
         try:
             connection = importlib.import_module("aioredis.connection").RedisConnection
@@ -377,8 +401,8 @@ class Counter:
             out.append((node, "call", call))
         return out
 
-    def record(self, cycles: int, n: int) -> dict[str, Any]:
-        """Per cycle."""
+    def record(self, cycles: int, n: int) -> Counts:
+        """What was counted, per one of ``cycles`` (over ``n`` masters)."""
         per = 1 / max(1, cycles)
         commands = sum(self.commands.values())
         scripts = sum(v for k, v in self.commands.items() if k in SCRIPT_COMMANDS)
@@ -406,6 +430,7 @@ class Counter:
 
 
 def per_cycle(counts: collections.Counter[str], per: float) -> dict[str, float]:
+    """Each count times ``per``, most common first."""
     return {k: round(v * per, 3) for k, v in counts.most_common()}
 
 
@@ -437,33 +462,20 @@ def layer_roots() -> list[tuple[str, str]]:
     return sorted(roots, key=lambda r: -len(r[0]))
 
 
-POLL = "loop poll (epoll; idle included)"
-GC_LAYER = "gc (collector, from gc.callbacks)"
-LAYER_ORDER = (
-    "redis-py",
-    "aioredis",
-    "asyncredlock",
-    "pottery",
-    "aioredlock",
-    "asyncio",
-    POLL,
-    "benchmark harness",
-    "other",
-    GC_LAYER,
-)
-Label = tuple[str, int, str]
+Label = tuple[str, int, str]  # cProfile's: file, line, function
+Stats = Mapping[Label, tuple[int, int, float, float, Mapping[Label, tuple[int, int, float, float]]]]
+"""cProfile's statistics: per function, (primitive calls, calls, own s, cumulative s,
+the same per caller)."""
 
 
 def is_poll(label: Label) -> bool:
+    """Whether a C function is the selector's poll (``epoll.poll``, ``select``)."""
     name = label[2]
     return label[0] == "~" and ("'select." in name or "select.select" in name) and "poll" in name
 
 
-def by_layer(profile: cProfile.Profile) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Own time per layer (C functions charged to their callers' layers), and the
-    functions by own time."""
-    profile.create_stats()
-    stats = profile.stats
+def by_layer(stats: Stats) -> dict[str, float]:
+    """Own time per layer (C functions charged to their callers' layers)."""
     roots = layer_roots()
 
     def layer_of(label: Label) -> str:
@@ -486,12 +498,22 @@ def by_layer(profile: cProfile.Profile) -> tuple[dict[str, float], list[dict[str
             total = sum(edges.values()) or 1.0
             for caller, seconds in edges.items():
                 layers[layer_of(caller)] += own * seconds / total
+    return dict(layers)
+
+
+def top_functions(stats: Stats, cycles: int) -> list[TopFunction]:
+    """The functions by own time, per one of ``cycles``."""
+    per = 1000 / max(1, cycles)
     top = sorted(stats.items(), key=lambda item: -item[1][2])[:TOP_FUNCTIONS]
-    functions = [
-        {"function": short(label), "calls": calls, "own_s": own, "cumulative_s": cumulative}
+    return [
+        {
+            "function": short(label),
+            "calls_per_cycle": round(calls / max(1, cycles), 3),
+            "own_ms_per_cycle": round(own * per, 4),
+            "cumulative_ms_per_cycle": round(cumulative * per, 4),
+        }
         for label, (_, calls, own, cumulative, _) in top
     ]
-    return dict(layers), functions
 
 
 def short(label: Label) -> str:
@@ -508,26 +530,18 @@ def short(label: Label) -> str:
 
 def profile_record(
     profile: cProfile.Profile, meter: GcMeter, cycles: int, cpu_s: float
-) -> dict[str, Any]:
+) -> ProfileRecord:
     """ms per cycle per layer, the collector's among them, and the top functions."""
-    layers, functions = by_layer(profile)
+    profile.create_stats()
+    layers = by_layer(profile.stats)
     layers[GC_LAYER] = meter.seconds
     per = 1000 / max(1, cycles)
-    ordered = {k: round(layers.get(k, 0.0) * per, 4) for k in LAYER_ORDER}
     return {
         "cycles": cycles,
         "profiled_ms_per_cycle": round(sum(layers.values()) * per, 4),
         "cpu_ms_per_cycle_while_profiled": round(cpu_s * per, 4),
-        "layers_ms_per_cycle": ordered,
-        "top_functions": [
-            {
-                "function": f["function"],
-                "calls_per_cycle": round(f["calls"] / max(1, cycles), 3),
-                "own_ms_per_cycle": round(f["own_s"] * per, 4),
-                "cumulative_ms_per_cycle": round(f["cumulative_s"] * per, 4),
-            }
-            for f in functions
-        ],
+        "layers_ms_per_cycle": {k: round(layers.get(k, 0.0) * per, 4) for k in LAYER_ORDER},
+        "top_functions": top_functions(profile.stats, cycles),
     }
 
 
@@ -554,6 +568,24 @@ def other_cpu(servers: ServerGroup, proxies: ProxyHost, n: int) -> dict[str, flo
     return {"proxy": proxy, "servers": None if None in used else sum(u or 0.0 for u in used)}
 
 
+def per_1000(before: float | None, after: float | None, cycles: int) -> float | None:
+    """CPU seconds between two readings per 1,000 cycles; None if either is missing."""
+    if before is None or after is None or not cycles:
+        return None
+    return round((after - before) / cycles * 1000, 4)
+
+
+def bounded(run: Coroutine[Any, Any, dict[str, Any]], duration: float) -> Awaitable[Throughput]:
+    """``run`` (``peers.throughput``, whose record is untyped) abandoned as hung if it
+    outlasts its ``duration`` by `GUARD`."""
+    return cast(Awaitable[Throughput], peers.bounded(run, duration + GUARD, "throughput run"))
+
+
+W = TypeVar("W", bound=Throughput)
+T = TypeVar("T")
+Window = TimedWindow | CountWindow | ProfiledWindow | Stopped
+
+
 @dataclass(slots=True)
 class Harness:
     """The servers, proxies and plan of a run; where loop errors are counted."""
@@ -570,11 +602,29 @@ class Harness:
         message = str(context.get("message", "")) + (f": {describe(exc)}" if exc else "")
         self.loop_errors.setdefault(self.current, peers.Failures()).note(message)
 
-    async def window(self, peer: Peer, info: LibraryInfo, kind: str) -> dict[str, Any]:
-        """One session: warm-up, then one timed, counting or profiled window."""
-        plan = self.plan
-        duration = plan.count_duration if kind == "count" else plan.duration
-        urls = self.proxies.urls(plan.n) if plan.via_proxy else self.servers.urls[: plan.n]
+    async def timed(self, peer: Peer, info: LibraryInfo) -> TimedWindow | Stopped:
+        """A timed window (pass 1) on a fresh session."""
+        return await self.window(peer, info, "timed", self.plan["duration"], self._timed)
+
+    async def counted(self, peer: Peer, info: LibraryInfo) -> CountWindow | Stopped:
+        """A counting window (pass 2) on a fresh session."""
+        return await self.window(peer, info, "count", self.plan["count_duration"], self._counted)
+
+    async def profiled(self, peer: Peer, info: LibraryInfo) -> ProfiledWindow | Stopped:
+        """A profiled window (pass 3) on a fresh session."""
+        return await self.window(peer, info, "profile", self.plan["duration"], self._profiled)
+
+    async def window(
+        self,
+        peer: Peer,
+        info: LibraryInfo,
+        kind: str,
+        duration: float,
+        measure: Callable[[Sequence[Handle], float], Awaitable[W]],
+    ) -> W | Stopped:
+        """One session: warm-up, then one window of ``kind``, measured by ``measure``."""
+        n = self.plan["n"]
+        urls = self.proxies.urls(n) if self.plan["via_proxy"] else self.servers.urls[:n]
         gc.collect()  # loop errors of the last window are reported before this one's
         self.current = peer.id
         try:
@@ -582,73 +632,73 @@ class Harness:
                 keys = [f"profile:c:{kind}:{peer.id}:{i}" for i in range(WORKERS)]
                 handles = [session.handle(key) for key in keys]
                 warm = await peers.bounded(
-                    peers.warm_all(handles, peers.WARMUP_GUARD),
-                    peers.WARMUP_GUARD + 1,
-                    "warm-up",
+                    peers.warm_all(handles, peers.WARMUP_GUARD), peers.WARMUP_GUARD + 1, "warm-up"
                 )
                 await asyncio.sleep(SETTLE)
                 before = peers.library_statistics(session).get("library_statistics")
-                result = await self._measure(kind, handles, duration)
+                result = await measure(handles, duration)
                 after = peers.library_statistics(session).get("library_statistics")
         except Exception as exc:
-            return peers.failure(exc)
+            return cast(Stopped, peers.failure(exc))
         finally:
             gc.collect()
             self.current = "between configurations"
             peers.flush(self.servers)
         result["warmup_failures"] = warm.count
         if before is not None and after is not None:
-            cycles = max(1, result["cycles"])
-            result["attempts_per_cycle"] = round(
-                (after["attempts"] - before["attempts"]) / cycles, 4
-            )
+            attempts = after["attempts"] - before["attempts"]
+            result["attempts_per_cycle"] = round(attempts / max(1, result["cycles"]), 4)
         if result["status"] != "ok":
             result["reason"] = "no cycle completed; " + "; ".join(result["failure_examples"])
         return result
 
-    async def _measure(
-        self, kind: str, handles: Sequence[Handle], duration: float
-    ) -> dict[str, Any]:
-        guard = duration + GUARD
+    async def _timed(self, handles: Sequence[Handle], duration: float) -> TimedWindow:
+        """Pass 1: the rate, the client's CPU and collections, the others' CPU."""
         run = peers.throughput(handles, duration)
-        if kind == "count":
-            counter = Counter()
-            with counter.installed():
-                result = await peers.bounded(run, guard, "throughput run")
-                await asyncio.sleep(SETTLE)  # the calls still out belong to these cycles
-            return result | {"counts": counter.record(result["cycles"], self.plan.n)}
-        if kind == "profile":
-            meter = GcMeter(time.perf_counter)
-            profile = cProfile.Profile(meter.timer)
-            with meter.installed():
-                profile.enable()
-                try:
-                    result = await peers.bounded(run, guard, "throughput run")
-                finally:
-                    profile.disable()
-            record = profile_record(profile, meter, result["cycles"], result["cpu_s"])
-            return result | {"profile": record}
         meter = GcMeter(time.process_time)
         gc.collect()
         objects = len(gc.get_objects())
-        cpu_before = other_cpu(self.servers, self.proxies, self.plan.n)
+        before = other_cpu(self.servers, self.proxies, self.plan["n"])
         with meter.installed():
-            result = await peers.bounded(run, guard, "throughput run")
-        cpu_after = other_cpu(self.servers, self.proxies, self.plan.n)
-        for who in ("proxy", "servers"):
-            was, now = cpu_before[who], cpu_after[who]
-            result[f"{who}_cpu_s_per_1000"] = (
-                None
-                if was is None or now is None or not result["cycles"]
-                else round((now - was) / result["cycles"] * 1000, 4)
-            )
-        return result | {"gc": meter.record(result["cycles"]), "tracked_objects": objects}
+            result = await bounded(run, duration)
+        after = other_cpu(self.servers, self.proxies, self.plan["n"])
+        cycles = result["cycles"]
+        return {
+            **result,
+            "proxy_cpu_s_per_1000": per_1000(before["proxy"], after["proxy"], cycles),
+            "servers_cpu_s_per_1000": per_1000(before["servers"], after["servers"], cycles),
+            "gc": meter.record(cycles),
+            "tracked_objects": objects,
+        }
+
+    async def _counted(self, handles: Sequence[Handle], duration: float) -> CountWindow:
+        """Pass 2: what the cycles did, counted (the rate is not reported)."""
+        run = peers.throughput(handles, duration)
+        counter = Counter()
+        with counter.installed():
+            result = await bounded(run, duration)
+            await asyncio.sleep(SETTLE)  # the calls still out belong to these cycles
+        return {**result, "counts": counter.record(result["cycles"], self.plan["n"])}
+
+    async def _profiled(self, handles: Sequence[Handle], duration: float) -> ProfiledWindow:
+        """Pass 3: a cProfile of the window, by layer."""
+        run = peers.throughput(handles, duration)
+        meter = GcMeter(time.perf_counter)
+        profile = cProfile.Profile(meter.timer)
+        with meter.installed():
+            profile.enable()
+            try:
+                result = await bounded(run, duration)
+            finally:
+                profile.disable()
+        record = profile_record(profile, meter, result["cycles"], result["cpu_s"])
+        return {**result, "profile": record}
 
 
 # --- the run ---------------------------------------------------------------------------------
 
 
-def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
+def spread(values: Sequence[float | None]) -> Spread | None:
     """Median, min and max of the values that are there."""
     there = [v for v in values if v is not None]
     if not there:
@@ -660,115 +710,143 @@ def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
     }
 
 
-SUMMARIZED: dict[str, Callable[[dict[str, Any]], float | None]] = {
-    "cycles_per_s": lambda r: r["cycles_per_s"],
-    "cpu_s_per_1000": lambda r: r["cpu_s_per_1000"],
-    "gc_cpu_s_per_1000": lambda r: r["gc"]["cpu_s_per_1000"],
-    "gc_share": lambda r: r["gc"]["cpu_s_per_1000"] / r["cpu_s_per_1000"],
-    "gen0_per_1000": lambda r: r["gc"]["gen0_per_1000"],
-    "gen1_per_1000": lambda r: r["gc"]["gen1_per_1000"],
-    "gen2_per_1000": lambda r: r["gc"]["gen2_per_1000"],
-    "proxy_cpu_s_per_1000": lambda r: r["proxy_cpu_s_per_1000"],
-    "servers_cpu_s_per_1000": lambda r: r["servers_cpu_s_per_1000"],
-    "attempts_per_cycle": lambda r: r.get("attempts_per_cycle"),
-    "failures": lambda r: r["failures"],
-}
+def gc_share(window: TimedWindow) -> float | None:
+    """The part of a window's client CPU spent in the garbage collector."""
+    cpu = window["cpu_s_per_1000"]
+    return None if cpu is None else window["gc"]["cpu_s_per_1000"] / cpu
 
 
-def summary(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summary(reps: Sequence[TimedWindow | Stopped]) -> RepSummary:
     """Median and range of every timed metric over the reps that completed."""
-    ok = [r for r in reps if r["status"] == "ok"]
-    return {"reps_ok": len(ok)} | {
-        name: spread([get(r) for r in ok]) for name, get in SUMMARIZED.items()
+    ok = [r for r in reps if "gc" in r and r["status"] == "ok"]
+
+    def over(get: Callable[[TimedWindow], float | None]) -> Spread | None:
+        return spread([get(r) for r in ok])
+
+    return {
+        "reps_ok": len(ok),
+        "cycles_per_s": over(lambda r: r["cycles_per_s"]),
+        "cpu_s_per_1000": over(lambda r: r["cpu_s_per_1000"]),
+        "gc_cpu_s_per_1000": over(lambda r: r["gc"]["cpu_s_per_1000"]),
+        "gc_share": over(gc_share),
+        "gen0_per_1000": over(lambda r: r["gc"]["gen0_per_1000"]),
+        "gen1_per_1000": over(lambda r: r["gc"]["gen1_per_1000"]),
+        "gen2_per_1000": over(lambda r: r["gc"]["gen2_per_1000"]),
+        "proxy_cpu_s_per_1000": over(lambda r: r["proxy_cpu_s_per_1000"]),
+        "servers_cpu_s_per_1000": over(lambda r: r["servers_cpu_s_per_1000"]),
+        "attempts_per_cycle": over(lambda r: r.get("attempts_per_cycle")),
+        "failures": over(lambda r: r["failures"]),
     }
 
 
-def progress(what: str, label: str, result: dict[str, Any]) -> None:
+def window_line(result: Window) -> str:
+    """What one window measured, in a line."""
+    if result["status"] == "ok":
+        if "counts" in result:
+            c = result["counts"]
+            return (
+                f"{c['cycles']} cycles: {c['tasks']:g} tasks, {c['commands']:g} commands, "
+                f"{c['script_commands']:g} scripts, {c['loop_callbacks']:g} callbacks per cycle"
+            )
+        if "profile" in result:
+            p = result["profile"]
+            return f"{p['cycles']} cycles, {p['profiled_ms_per_cycle']:.2f} ms/cycle profiled"
+        if "gc" in result:
+            g = result["gc"]
+            return (
+                f"{result['cycles_per_s']:8,.1f} cycles/s  "
+                f"{result['cpu_s_per_1000']:.3f} CPU s/1000  "
+                f"GC {g['cpu_s_per_1000']:.3f} s/1000  gen0 {g['gen0_per_1000']:.0f}/1000"
+            )
+    return f"{result['status']}: {result.get('reason', '')}"[:110]
+
+
+def progress(what: str, label: str, result: Window) -> None:
     """One line per window on stderr."""
-    if result["status"] != "ok":
-        text = f"{result['status']}: {result.get('reason', '')}"[:110]
-    elif "counts" in result:
-        c = result["counts"]
-        text = (
-            f"{c['cycles']} cycles: {c['tasks']:g} tasks, {c['commands']:g} commands, "
-            f"{c['script_commands']:g} scripts, {c['loop_callbacks']:g} callbacks per cycle"
-        )
-    elif "profile" in result:
-        p = result["profile"]
-        text = f"{p['cycles']} cycles, {p['profiled_ms_per_cycle']:.2f} ms/cycle profiled"
-    else:
-        g = result["gc"]
-        text = (
-            f"{result['cycles_per_s']:8,.1f} cycles/s  {result['cpu_s_per_1000']:.3f} CPU s/1000"
-            f"  GC {g['cpu_s_per_1000']:.3f} s/1000  gen0 {g['gen0_per_1000']:.0f}/1000"
-        )
-    print(f"{what:<10} {label:<32} {text}", file=sys.stderr, flush=True)
+    print(f"{what:<10} {label:<32} {window_line(result)}", file=sys.stderr, flush=True)
 
 
-async def run_all(
-    harness: Harness, configs: Sequence[Peer], infos: dict[str, Any]
-) -> dict[str, Any]:
+@dataclass(slots=True)
+class Passes:
+    """Every window of a run, per configuration id."""
+
+    timed: dict[str, list[TimedWindow | Stopped]] = field(default_factory=dict)
+    counted: dict[str, CountWindow | Stopped] = field(default_factory=dict)
+    profiled: dict[str, ProfiledWindow | Stopped] = field(default_factory=dict)
+
+
+async def run_passes(
+    harness: Harness, runnable: Sequence[Peer], infos: dict[str, LibraryInfo]
+) -> Passes:
     """Timed reps (configurations interleaved), then counting, then profiles."""
-    asyncio.get_running_loop().set_exception_handler(harness.on_loop_error)
-    plan = harness.plan
-    runnable = [c for c in configs if infos[c.id]["available"]]
-    for config in configs:
-        if not infos[config.id]["available"]:
-            print(f"skipped    {config.label:<32} {infos[config.id]['reason']}", file=sys.stderr)
-    timed: dict[str, list[dict[str, Any]]] = {c.id: [] for c in runnable}
-    for rep in range(plan.reps):
+    plan, passes = harness.plan, Passes({c.id: [] for c in runnable})
+    for rep in range(plan["reps"]):
         for config in runnable:
-            result = await harness.window(config, infos[config.id], "timed")
-            timed[config.id].append(result)
-            progress(f"rep {rep + 1}/{plan.reps}", config.label, result)
-    counted = {}
+            timed = await harness.timed(config, infos[config.id])
+            passes.timed[config.id].append(timed)
+            progress(f"rep {rep + 1}/{plan['reps']}", config.label, timed)
     for config in runnable:
-        counted[config.id] = await harness.window(config, infos[config.id], "count")
-        progress("count", config.label, counted[config.id])
-    profiled = {}
-    if plan.profile:
+        counted = passes.counted[config.id] = await harness.counted(config, infos[config.id])
+        progress("count", config.label, counted)
+    if plan["profile"]:
         for config in (c for c in runnable if c.id in PROFILED):
-            profiled[config.id] = await harness.window(config, infos[config.id], "profile")
-            progress("profile", config.label, profiled[config.id])
-    out: dict[str, Any] = {}
-    for config in configs:
-        info = infos[config.id]
-        record: dict[str, Any] = {
+            profiled = passes.profiled[config.id] = await harness.profiled(config, infos[config.id])
+            progress("profile", config.label, profiled)
+    return passes
+
+
+def config_record(config: Peer, info: LibraryInfo, passes: Passes) -> Measured | Unavailable:
+    """A configuration's record: unavailable and why, or its windows and their summary."""
+    if not info["available"]:
+        return {
             "label": config.label,
             "note": config.note,
             "available": info["available"],
+            "status": "unavailable",
+            "reason": info["reason"],
         }
-        if not info["available"]:
-            out[config.id] = record | {"status": "unavailable", "reason": info["reason"]}
-            continue
-        reps = timed[config.id]
-        status = "ok" if any(r["status"] == "ok" for r in reps) else "failed"
-        out[config.id] = record | {
-            "status": status,
-            "summary": summary(reps),
-            "reps": reps,
-            "counting": counted[config.id],
-            "profile": profiled.get(config.id),
-        }
-        if status != "ok":
-            out[config.id]["reason"] = "; ".join(r.get("reason", "") for r in reps)
-    return out
+    reps = passes.timed[config.id]
+    record: Measured = {
+        "label": config.label,
+        "note": config.note,
+        "available": info["available"],
+        "status": "ok" if any(r["status"] == "ok" for r in reps) else "failed",
+        "summary": summary(reps),
+        "reps": reps,
+        "counting": passes.counted[config.id],
+        "profile": passes.profiled.get(config.id),
+    }
+    if record["status"] != "ok":
+        record["reason"] = "; ".join(r.get("reason", "") for r in reps)
+    return record
 
 
-def run(configs: Sequence[Peer], plan: Plan) -> dict[str, Any]:
+async def run_all(
+    harness: Harness, configs: Sequence[Peer], infos: dict[str, LibraryInfo]
+) -> dict[str, Measured | Unavailable]:
+    """Every pass over the configurations that run here; a record per configuration."""
+    asyncio.get_running_loop().set_exception_handler(harness.on_loop_error)
+    for config in configs:
+        if not infos[config.id]["available"]:
+            print(f"skipped    {config.label:<32} {infos[config.id]['reason']}", file=sys.stderr)
+    passes = await run_passes(harness, [c for c in configs if infos[c.id]["available"]], infos)
+    return {c.id: config_record(c, infos[c.id], passes) for c in configs}
+
+
+def run(configs: Sequence[Peer], plan: Plan) -> ProfileReport:
     """Start servers and proxies, measure, stop everything (also on error)."""
     for name in peers.QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     infos = {config.id: probe(config) for config in configs}
     started = time.perf_counter()
-    with servers_behind_proxies(plan.n) as (servers, proxies):
+    with servers_behind_proxies(plan["n"]) as (servers, proxies):
         harness = Harness(servers, proxies, plan)
         results = asyncio.run(run_all(harness, configs, infos))
     return {
         "benchmark": "profile_throughput",
         "command": " ".join(["python", "benchmarks/profile_throughput.py", *sys.argv[1:]]),
         "settings": {
-            "n": plan.n,
+            "n": plan["n"],
             "workers": WORKERS,
             "ttl_s": TTL,
             "wait_s": WAIT,
@@ -776,294 +854,15 @@ def run(configs: Sequence[Peer], plan: Plan) -> dict[str, Any]:
             "settle_s": SETTLE,
             "silenced_loggers": list(peers.QUIET_LOGGERS),
         },
-        "plan": dataclasses.asdict(plan),
+        "plan": plan,
         "environment": environment() | {"event_loop": "asyncio"},
         "libraries": infos,
         "configs": results,
-        "loop_errors": {who: f.record() for who, f in harness.loop_errors.items()},
+        "loop_errors": {
+            who: cast(FailureCount, f.record()) for who, f in harness.loop_errors.items()
+        },
         "seconds": round(time.perf_counter() - started, 1),
     }
-
-
-# --- markdown --------------------------------------------------------------------------------
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    """A number with ``digits`` decimals (thousands separated), or a dash."""
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def ranged(stats: dict[str, Any] | None, digits: int = 3) -> str:
-    """``median (min-max)``."""
-    if stats is None:
-        return "-"
-    median, low, high = (fmt(stats[k], digits) for k in ("median", "min", "max"))
-    return median if low == high else f"{median} ({low}-{high})"
-
-
-def median_of(stats: dict[str, Any] | None) -> float | None:
-    return None if stats is None else float(stats["median"])
-
-
-def ok_configs(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [(k, c) for k, c in report["configs"].items() if c["status"] == "ok"]
-
-
-TIMED_HEADER = """\
-Timed windows, one fresh session each after a warm-up cycle per worker; the
-configurations take turns within each rep. Columns:
-
-- **cycles/s**: completed acquire + release cycles per second, median (min-max) over
-  the reps;
-- **client CPU**: CPU seconds of the benchmark process (`time.process_time()`, all
-  threads) per 1,000 cycles, median (min-max); **Δ vs defaults**: its median minus
-  that of asyncredlock with its defaults;
-- **GC CPU**: the part of the client CPU spent inside the garbage collector
-  (`gc.callbacks`), s per 1,000 cycles, median (min-max); **GC share**: GC CPU over
-  client CPU, median;
-- **gen-0 / gen-1 / gen-2**: automatic collections per 1,000 cycles, median;
-- **proxy**, **servers**: CPU seconds of the proxy process and of the N servers per
-  1,000 cycles, median (`/proc`; "-" where unavailable);
-- **attempts/cycle**: asyncredlock's acquisition rounds per cycle in the window
-  (above 1: rounds that failed and were retried);
-- **failures**: failed acquires or releases in the window, median.
-"""
-
-COUNT_HEADER = """\
-One counting window per configuration (the counting hooks slow the client, so no rate
-is reported from it). Per acquire + release cycle:
-
-- **tasks**: asyncio tasks created (the loop's task factory);
-- **commands**: commands sent to all masters (redis-py `Redis.execute_command`,
-  aioredis `RedisConnection.execute`); **per master**: commands ÷ N;
-- **master calls**: asyncredlock's calls to one master (`Node.call`); **per call**:
-  commands ÷ master calls;
-- **writes**: socket writes (`socket.send`) of the client, all masters together;
-  **per write**: commands ÷ writes (above 1: commands joined into one write);
-- **scripts**: the script commands among them (`EVAL`, `EVALSHA`, `FCALL`);
-- **callbacks**: event-loop callbacks run (`Handle._run`); **iterations**: loop
-  iterations (`_run_once`);
-- **attempts/cycle**: asyncredlock's acquisition rounds per cycle in this window;
-- **by name**: commands per cycle by command name.
-
-The tasks exclude the timed loop's own worker tasks (one per worker and window).
-"""
-
-PROFILE_HEADER = """\
-A cProfile of one timed window per profiled configuration: own time per cycle
-(wall-clock, ms), grouped by the layer of the code; a C function's time is charged to
-the layer of its caller. The profiler's clock stops while the garbage collector runs,
-and the collector's time (`gc.callbacks`) is its own row. "loop poll" is the time in
-`epoll` (waiting for I/O included). Profiling inflates Python-level time: compare the
-rows with each other, and the total with the unprofiled client CPU below it. In the
-top functions, the calls of a coroutine count its resumptions.
-"""
-
-
-def versus_defaults(config_id: str, delta: float | None) -> str:
-    """The Δ vs defaults cell."""
-    if config_id == "asyncredlock":
-        return "baseline"
-    return "-" if delta is None else f"{delta:+.3f}"
-
-
-def timed_section(report: dict[str, Any]) -> str:
-    rows = []
-    base = report["configs"].get("asyncredlock", {}).get("summary", {})
-    base_cpu = median_of(base.get("cpu_s_per_1000")) if base else None
-    for config_id, config in ok_configs(report):
-        s = config["summary"]
-        cpu = median_of(s["cpu_s_per_1000"])
-        delta = None if cpu is None or base_cpu is None else cpu - base_cpu
-        share = median_of(s["gc_share"])
-        cells = [
-            config["label"],
-            ranged(s["cycles_per_s"], 0),
-            ranged(s["cpu_s_per_1000"]),
-            versus_defaults(config_id, delta),
-            ranged(s["gc_cpu_s_per_1000"]),
-            "-" if share is None else f"{share:.0%}",
-            *(fmt(median_of(s[f"gen{g}_per_1000"]), 0) for g in range(3)),
-            fmt(median_of(s["proxy_cpu_s_per_1000"])),
-            fmt(median_of(s["servers_cpu_s_per_1000"])),
-            fmt(median_of(s["attempts_per_cycle"])),
-            fmt(median_of(s["failures"]), 0),
-        ]
-        rows.append("| " + " | ".join(cells) + " |")
-    return (
-        "## Throughput, client CPU and garbage collection\n\n"
-        + TIMED_HEADER
-        + "\n| configuration | cycles/s | client CPU s/1000 | Δ vs defaults | GC CPU s/1000 "
-        "| GC share | gen-0/1000 | gen-1/1000 | gen-2/1000 | proxy CPU s/1000 "
-        "| servers CPU s/1000 | attempts/cycle | failures |\n"
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n" + "\n".join(rows) + "\n"
-    )
-
-
-def counts_section(report: dict[str, Any]) -> str:
-    rows, labels, tasks = [], [], {}
-    for config_id, config in ok_configs(report):
-        counting = config["counting"]
-        if counting["status"] != "ok":
-            rows.append(f"| {config['label']} | {counting['status']}: {counting['reason']} |")
-            continue
-        c = counting["counts"]
-        names = ", ".join(f"{k} {v:g}" for k, v in c["commands_by_name"].items())
-        cells = [
-            config["label"],
-            str(c["cycles"]),
-            fmt(c["tasks"], 2),
-            fmt(c["commands"], 2),
-            fmt(c["commands_per_master"], 2),
-            fmt(c["master_calls"], 2),
-            fmt(c["commands_per_master_call"], 2),
-            fmt(c.get("socket_writes"), 2),
-            fmt(c.get("commands_per_write"), 2),
-            fmt(c["script_commands"], 2),
-            fmt(c["loop_callbacks"], 1),
-            fmt(c["loop_iterations"], 2),
-            fmt(counting.get("attempts_per_cycle")),
-            names,
-        ]
-        rows.append("| " + " | ".join(cells) + " |")
-        labels.append(config_id)
-        tasks[config_id] = c["tasks_by_coroutine"]
-    keys = sorted(
-        {k for t in tasks.values() for k in t},
-        key=lambda k: (-max(t.get(k, 0.0) for t in tasks.values()), k),
-    )
-    task_rows = [
-        f"| `{key}` | " + " | ".join(fmt(tasks[c].get(key), 2) for c in labels) + " |"
-        for key in keys
-        if max(t.get(key, 0.0) for t in tasks.values()) >= 0.01
-    ]
-    heads = " | ".join(report["configs"][c]["label"] for c in labels)
-    return (
-        "## Per-cycle counts\n\n"
-        + COUNT_HEADER
-        + "\n| configuration | cycles counted | tasks | commands | per master | master calls "
-        "| per call | writes | per write | scripts | callbacks | iterations | attempts/cycle "
-        "| by name |\n"
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n"
-        + "\n".join(rows)
-        + "\n\n### Tasks per cycle by coroutine\n\n"
-        "Each row: the task's coroutine `<-` the first function outside asyncio that "
-        "created it (rows under 0.01 per cycle left out).\n\n"
-        f"| coroutine <- created by | {heads} |\n|---|"
-        + "--:|" * len(labels)
-        + "\n"
-        + "\n".join(task_rows)
-        + "\n"
-    )
-
-
-def profile_section(report: dict[str, Any]) -> str:
-    profiled = [
-        (config_id, c, c["profile"])
-        for config_id, c in ok_configs(report)
-        if c.get("profile") and c["profile"]["status"] == "ok"
-    ]
-    if not profiled:
-        return "## Profile by layer\n\nNot run (`--profile`).\n"
-    layers = [
-        layer
-        for layer in LAYER_ORDER
-        if any(p["profile"]["layers_ms_per_cycle"][layer] >= 0.0005 for _, _, p in profiled)
-    ]
-    heads = " | ".join(f"{c['label']} ms/cycle | share" for _, c, _ in profiled)
-    rows = []
-    for layer in layers:
-        cells = []
-        for _, _, p in profiled:
-            value = p["profile"]["layers_ms_per_cycle"][layer]
-            total = p["profile"]["profiled_ms_per_cycle"] or 1.0
-            cells += [fmt(value), f"{value / total:.0%}"]
-        rows.append(f"| {layer} | " + " | ".join(cells) + " |")
-
-    def extra(name: str, get: Callable[[dict[str, Any], dict[str, Any]], Any], digits: int) -> str:
-        cells = [c for _, config, p in profiled for c in (fmt(get(config, p), digits), "")]
-        return f"| {name} | " + " | ".join(cells) + " |\n"
-
-    rows_text = (
-        "\n".join(rows)
-        + "\n"
-        + extra("**total profiled**", lambda _, p: p["profile"]["profiled_ms_per_cycle"], 3)
-        + extra(
-            "client CPU while profiled",
-            lambda _, p: p["profile"]["cpu_ms_per_cycle_while_profiled"],
-            3,
-        )
-        + extra(
-            "client CPU unprofiled (timed median)",
-            lambda c, _: median_of(c["summary"]["cpu_s_per_1000"]),
-            3,
-        )
-        + extra("attempts/cycle while profiled", lambda _, p: p.get("attempts_per_cycle"), 3)
-        + extra("cycles profiled", lambda _, p: p["profile"]["cycles"], 0)
-    )
-    tops = []
-    for _, config, p in profiled:
-        lines = [
-            f"| `{f['function']}` | {f['calls_per_cycle']:.2f} | {f['own_ms_per_cycle']:.3f} "
-            f"| {f['cumulative_ms_per_cycle']:.3f} |"
-            for f in p["profile"]["top_functions"][:10]
-        ]
-        tops.append(
-            f"### {config['label']}: top functions by own time\n\n"
-            "| function | calls/cycle | own ms/cycle | cumulative ms/cycle |\n"
-            "|---|--:|--:|--:|\n" + "\n".join(lines) + "\n"
-        )
-    return (
-        "## Profile by layer\n\n"
-        + PROFILE_HEADER
-        + f"\n| layer | {heads} |\n|---|"
-        + "--:|--:|" * len(profiled)
-        + "\n"
-        + rows_text
-        + "\n"
-        + "\n".join(tops)
-    )
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """The tables, each under a short header saying what its columns are."""
-    plan, env = report["plan"], report["environment"]
-    skipped = [
-        f"- {c['label']}: not run ({c['status']}): {c.get('reason', '')}"
-        for c in report["configs"].values()
-        if c["status"] != "ok"
-    ]
-    errors = [
-        f"- {who}: {record['failures']} ({'; '.join(record['failure_examples'])})"
-        for who, record in report["loop_errors"].items()
-    ]
-    quick = "\n**Quick run: too short to mean anything.**\n" if plan["quick"] else ""
-    return (
-        f"# Scenario c dissected: where the client CPU goes (N = {plan['n']})\n\n"
-        f"{WORKERS} workers, each on its own key, run acquire + release cycles over "
-        f"N = {plan['n']} masters ("
-        + (
-            "each behind a proxy in a separate process"
-            if plan.get("via_proxy")
-            else "straight to the servers, no proxy"
-        )
-        + "), as in "
-        f"scenario c of `peers.py`: {plan['reps']} timed windows of {plan['duration']:g} s "
-        f"per configuration, one counting window of {plan['count_duration']:g} s"
-        + (", one profiled window" if plan["profile"] else "")
-        + ". asyncredlock's defaults: fencing and auto-extension on. "
-        f"Python {env['python']}, redis-py {env['redis_py']}, {env['server']}, "
-        f"{env['cpu_count']} CPUs ({env['cpu_model']}), {env['date']}.\n"
-        + quick
-        + f"\nCommand: `{report['command']}` ({report['seconds']:g} s).\n\n"
-        + ("Not measured:\n\n" + "\n".join(skipped) + "\n\n" if skipped else "")
-        + ("Unretrieved task errors:\n\n" + "\n".join(errors) + "\n\n" if errors else "")
-        + timed_section(report)
-        + "\n"
-        + counts_section(report)
-        + "\n"
-        + profile_section(report)
-    )
 
 
 # --- main ----------------------------------------------------------------------------------
@@ -1081,8 +880,8 @@ def select(names: str) -> tuple[Peer, ...]:
     return tuple(c for c in CONFIGS if c.id in wanted)
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
-    """The command line, and the plan it asks for."""
+def parser() -> argparse.ArgumentParser:
+    """The command line's options."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--n", type=int, choices=range(1, 6), help="masters (default 5; 1 quick)")
     parser.add_argument("--duration", type=float, help="seconds per timed window (default 5)")
@@ -1105,10 +904,16 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
         default=CONFIGS,
         help="comma-separated configurations: " + ",".join(c.id for c in CONFIGS),
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
+    """The command line, and the plan it asks for."""
+    options = parser()
+    args = options.parse_args(argv)
     quick = bool(args.quick)
 
-    def pick(given: Any, full: Any, small: Any) -> Any:
+    def pick(given: T | None, full: T, small: T) -> T:
         return given if given is not None else small if quick else full
 
     plan = Plan(
@@ -1120,14 +925,15 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
         quick=quick,
         via_proxy=bool(args.via_proxy),
     )
-    if plan.duration <= 0 or plan.count_duration <= 0 or plan.reps < 1:
-        parser.error("--duration and --count-duration must be > 0, --reps >= 1")
+    if plan["duration"] <= 0 or plan["count_duration"] <= 0 or plan["reps"] < 1:
+        options.error("--duration and --count-duration must be > 0, --reps >= 1")
     return args, plan
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and write its outputs."""
+    """Run the benchmark (or read its results, ``--report``) and write its outputs."""
     args, plan = parse_args(argv)
+    report: ProfileReport
     if args.report is not None:
         report = read_report(args.report)
     else:
@@ -1136,10 +942,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted; servers and proxies stopped", file=sys.stderr)
             return 130
-    write_json(args.out / "profile_throughput.json", report)
-    text = markdown(report)
-    write_text(args.out / "profile_throughput.md", text)
-    print(text)
+    print(write_outputs(report, args.out))
     print(f"written to {args.out} in {report['seconds']:g} s", file=sys.stderr)
     return 0
 
