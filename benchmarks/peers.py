@@ -69,7 +69,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Awaitable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,10 +93,34 @@ from lockbench.harness import (
     servers_behind_proxies,
     summarize,
 )
-from lockbench.peers_report import (
+from lockbench.peers_records import (
+    Acquisitions,
     CaseRecord,
+    ChildRecord,
+    ChildSpec,
+    ChildWindow,
+    ContentionResult,
+    FailureCount,
+    FaultResult,
+    FaultSamples,
+    LatencyResult,
+    NoAcquisition,
+    Outcome,
     PeersReport,
+    PlanRecord,
+    ProcessesResult,
+    Result,
+    ResultBase,
+    RunSettings,
     ScenarioRecord,
+    Statistics,
+    Status,
+    ThroughputResult,
+    ThroughputRun,
+    WakeResult,
+    WithStatistics,
+)
+from lockbench.peers_report import (
     cell,
     ratio_lines,
     scenario_section,
@@ -289,12 +313,12 @@ async def bounded(coro: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
     return task.result()
 
 
-def outcome(status: str, reason: str, **extra: Any) -> dict[str, Any]:
-    """A result that is not (only) numbers: hung, failed, unavailable, not applicable."""
-    return {"status": status, "reason": reason} | extra
+def outcome(status: Status, reason: str) -> Outcome:
+    """A result without numbers: hung, failed, unavailable, not applicable."""
+    return {"status": status, "reason": reason}
 
 
-def failure(exc: BaseException) -> dict[str, Any]:
+def failure(exc: BaseException) -> Outcome:
     """The record of a library run that stopped on ``exc``."""
     if isinstance(exc, HungError):
         return outcome("hung", str(exc))
@@ -318,16 +342,29 @@ class Failures:
         if len(self.examples) < 3 and message not in self.examples:
             self.examples.append(message)
 
-    def record(self) -> dict[str, Any]:
+    def counts(self) -> FailureCount:
         """For the JSON."""
         return {"failures": self.count, "failure_examples": self.examples}
 
+    def record(self) -> dict[str, Any]:
+        """`counts` as a plain dict, for ``profile_throughput.py`` (it casts it)."""
+        return {**self.counts()}
 
-def library_statistics(session: Session) -> dict[str, Any]:
+
+def library_statistics(session: Session) -> WithStatistics:
     """The library's own counters after a case, where it keeps any (asyncredlock:
     acquisitions, hand-offs, wake-ups, extensions; warm-up included)."""
     stats = getattr(session, "statistics", None)
     return {"library_statistics": stats()} if callable(stats) else {}
+
+
+def summed_statistics(parts: Iterable[WithStatistics]) -> WithStatistics:
+    """The counters of several clients (or processes) of one library, summed."""
+    totals: Statistics = {}
+    for part in parts:
+        for name, count in part.get("library_statistics", {}).items():
+            totals[name] = totals.get(name, 0) + count
+    return {"library_statistics": totals} if totals else {}
 
 
 class Run:
@@ -359,7 +396,7 @@ class LatencyRunner:
     handle: Handle
     acquire: list[float] = field(default_factory=list)
     release: list[float] = field(default_factory=list)
-    stopped: dict[str, Any] | None = None
+    stopped: Outcome | None = None
 
 
 async def cycle(handle: Handle, guard: float) -> tuple[float, float]:
@@ -380,7 +417,8 @@ async def run_block(runner: LatencyRunner, count: int, plan: Plan, *, keep: bool
     try:
         samples = await bounded(block(), count * 2 * plan.op_guard + 1, "block")
     except Exception as exc:
-        runner.stopped = failure(exc) | {"completed": len(runner.acquire)}
+        runner.stopped = failure(exc)
+        runner.stopped["completed"] = len(runner.acquire)
         return
     if keep:
         runner.acquire.extend(s[0] for s in samples)
@@ -389,10 +427,10 @@ async def run_block(runner: LatencyRunner, count: int, plan: Plan, *, keep: bool
 
 async def latency_case(
     case: Case, peers: Sequence[Peer], infos: dict[str, LibraryInfo], urls: list[str], plan: Plan
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Result]:
     """Scenario a, one case: every library warmed up, then alternating in blocks."""
     iterations = plan.latency_iterations[case.rtt_ms]
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, Result] = {}
     async with contextlib.AsyncExitStack() as stack:
         runners = []
         for peer in peers:
@@ -413,7 +451,7 @@ async def latency_case(
     return results | {r.peer.id: latency_result(r) for r in runners}
 
 
-def latency_result(runner: LatencyRunner) -> dict[str, Any]:
+def latency_result(runner: LatencyRunner) -> LatencyResult | Outcome:
     """The JSON record of one library in one latency case."""
     if runner.stopped is not None:
         return runner.stopped
@@ -445,7 +483,7 @@ def fault(case: Case, servers: ServerGroup, proxies: ProxyHost) -> Iterator[None
             servers[FAULTY].start()
 
 
-async def under_fault(handle: Handle, plan: Plan) -> dict[str, Any]:
+async def under_fault(handle: Handle, plan: Plan) -> FaultResult:
     """Cycles under the fault until the iterations or the time budget are spent."""
     acquired, released, failed_after = [], [], []
     failures = Failures()
@@ -484,20 +522,21 @@ def fault_result(
     failed_after: list[float],
     failures: Failures,
     hung: str | None,
-) -> dict[str, Any]:
+) -> FaultResult:
     """The JSON record of one library in one fault case."""
-    record: dict[str, Any] = {"succeeded": len(acquired)} | failures.record()
-    if acquired:
-        record["acquire"] = summarize(acquired)
-    if released:
-        record["release"] = summarize(released)
-    if failed_after:
-        record["failed_acquire"] = summarize(failed_after)
+    head: ResultBase = {"status": "ok"}
     if hung is not None:
-        return outcome("hung", hung) | record
-    if not acquired:
-        return outcome("failed", "no acquire succeeded; " + "; ".join(failures.examples)) | record
-    return {"status": "ok"} | record
+        head = outcome("hung", hung)
+    elif not acquired:
+        head = outcome("failed", "no acquire succeeded; " + "; ".join(failures.examples))
+    samples: FaultSamples = {}
+    if acquired:
+        samples["acquire"] = summarize(acquired)
+    if released:
+        samples["release"] = summarize(released)
+    if failed_after:
+        samples["failed_acquire"] = summarize(failed_after)
+    return {**head, "succeeded": len(acquired), **failures.counts(), **samples}
 
 
 async def fault_case(
@@ -507,7 +546,7 @@ async def fault_case(
     servers: ServerGroup,
     proxies: ProxyHost,
     plan: Plan,
-) -> dict[str, Any]:
+) -> FaultResult | Outcome:
     """Scenario b, one library: warm up on healthy masters, then measure under the fault."""
     key = f"peers:b:{case.name}:{peer.id}"
     try:
@@ -544,9 +583,11 @@ async def warm_all(handles: Sequence[Handle], guard: float) -> Failures:
     return failures
 
 
-async def throughput(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
-    """Every handle cycles until ``duration`` is over; cycles/s and CPU per cycle."""
-    failures = Failures()
+async def throughput_run(
+    handles: Sequence[Handle], duration: float, failures: Failures
+) -> ThroughputRun:
+    """Every handle cycles until ``duration`` is over; cycles/s and CPU per cycle. The
+    operations that fail are counted in ``failures``."""
     cycles = 0
 
     async def worker(handle: Handle) -> None:
@@ -577,28 +618,43 @@ async def throughput(handles: Sequence[Handle], duration: float) -> dict[str, An
         "cycles_per_s": round(cycles / seconds, 1),
         "cpu_s": round(cpu, 3),
         "cpu_s_per_1000": round(cpu / cycles * 1000, 4) if cycles else None,
-    } | failures.record()
+    }
 
 
 async def throughput_case(
     case: Case, peer: Peer, info: LibraryInfo, urls: list[str], plan: Plan
-) -> dict[str, Any]:
+) -> ThroughputResult | Outcome:
     """Scenario c, one library: one warm-up cycle per worker, then the timed run."""
     mode = Mode("uncontended", waiting=False, workers=THROUGHPUT_WORKERS)
+    failures = Failures()
     try:
         async with Run(peer, info, urls, mode) as session:
             keys = [f"peers:c:{case.name}:{peer.id}:{i}" for i in range(THROUGHPUT_WORKERS)]
             handles = [session.handle(key) for key in keys]
             warm = await bounded(warm_all(handles, WARMUP_GUARD), WARMUP_GUARD + 1, "warm-up")
             guard = plan.duration + 2 * plan.op_guard + 5
-            result = await bounded(throughput(handles, plan.duration), guard, "throughput run")
-            result |= library_statistics(session)
+            timed = throughput_run(handles, plan.duration, failures)
+            run = await bounded(timed, guard, "throughput run")
+            statistics = library_statistics(session)
     except Exception as exc:
         return failure(exc)
-    result["warmup_failures"] = warm.count
+    result: ThroughputResult = {
+        **run,
+        **failures.counts(),
+        **statistics,
+        "warmup_failures": warm.count,
+    }
     if result["status"] != "ok":
         result["reason"] = "no cycle completed; " + "; ".join(result["failure_examples"])
     return result
+
+
+async def throughput(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
+    """`throughput_run` with its failed operations, as the plain dict that
+    ``profile_throughput.py`` adds its own keys to (it types the result itself)."""
+    failures = Failures()
+    run = await throughput_run(handles, duration, failures)
+    return {**run, **failures.counts()}
 
 
 # --- d: contention -------------------------------------------------------------------------
@@ -656,24 +712,32 @@ async def contention_holds(
     return holds
 
 
-async def contention(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
-    """Scenario d's run in this process, for ``duration`` seconds."""
+async def contention(
+    handles: Sequence[Handle], duration: float, sessions: Sequence[Session]
+) -> ContentionResult | NoAcquisition:
+    """Scenario d's run in this process, for ``duration`` seconds; then the counters of
+    the library's clients (``sessions``)."""
     failures = Failures()
     gc.collect()
     start = time.monotonic()
     deadline = start + duration
     holds = await contention_holds(handles, deadline, failures)
-    return contention_result(holds, start, deadline, len(handles)) | failures.record()
+    acquired = contention_result(holds, start, deadline, len(handles))
+    statistics = summed_statistics(library_statistics(session) for session in sessions)
+    if acquired is None:
+        return {**no_acquisition(start, deadline), **failures.counts(), **statistics}
+    return {**acquired, **failures.counts(), **statistics}
 
 
 def contention_result(
     holds: list[Hold], start: float, end: float, workers: int = CONTENTION_WORKERS
-) -> dict[str, Any]:
-    """Rates over the window ``start``-``end``: acquisitions that returned in it."""
+) -> Acquisitions | None:
+    """Rates over the window ``start``-``end``: acquisitions that returned in it (None
+    if none did)."""
     window = end - start
     inside = sorted((h for h in holds if h.got < end), key=lambda h: h.got)
     if not inside:
-        return {"status": "failed", "reason": "no acquisition in the window", "window_s": window}
+        return None
     pairs = list(itertools.pairwise(inside))
     return {
         "status": "ok",
@@ -693,9 +757,14 @@ def contention_result(
     }
 
 
+def no_acquisition(start: float, end: float) -> NoAcquisition:
+    """The record of a contention run in which no acquisition returned."""
+    return {"status": "failed", "reason": "no acquisition in the window", "window_s": end - start}
+
+
 async def contention_case(
     case: Case, peer: Peer, info: LibraryInfo, urls: list[str], plan: Plan
-) -> dict[str, Any]:
+) -> ContentionResult | ProcessesResult | NoAcquisition | Outcome:
     """Scenario d, one library: the workers share one client, or have one each, or
     are OS processes (`processes_case`)."""
     if case.clients == "processes":
@@ -713,52 +782,37 @@ async def contention_case(
             for handle in handles[:sessions]:  # each client connected, scripts loaded
                 await bounded(cycle(handle, plan.op_guard), 2 * plan.op_guard + 1, "warm-up")
             guard = plan.duration + WAIT + 2 * plan.op_guard + 5
-            result = await bounded(contention(handles, plan.duration), guard, "contention run")
-            return result | merged_statistics(runs)
+            timed = contention(handles, plan.duration, runs)
+            return await bounded(timed, guard, "contention run")
     except Exception as exc:
         return failure(exc)
-
-
-def merged_statistics(sessions: Sequence[Session]) -> dict[str, Any]:
-    """The library's counters summed over its clients (where it keeps any)."""
-    totals: dict[str, Any] = {}
-    for session in sessions:
-        for name, count in library_statistics(session).get("library_statistics", {}).items():
-            totals[name] = totals.get(name, 0) + count
-    return {"library_statistics": totals} if totals else {}
 
 
 #: The key of the counter the processes of scenario d count their holds on.
 COUNTER_KEY = "peers:d:counter"
 
 
-async def processes_case(case: Case, peer: Peer, urls: list[str], plan: Plan) -> dict[str, Any]:
+async def processes_case(
+    case: Case, peer: Peer, urls: list[str], plan: Plan
+) -> ProcessesResult | NoAcquisition | Outcome:
     """Scenario d with ``PROCESSES`` OS processes of ``PROCESS_TASKS`` workers each (one
     client per process), started together; every hold is also counted on a separate
     server. A child that fails, or outlasts its guard, fails the case."""
-    key = f"peers:d:{case.name}:{peer.id}"
     guard = plan.duration + WAIT + 4 * plan.op_guard + 30
     with ServerGroup(1) as counter_server:
-        counter_url = counter_server.urls[0]
-        spec = {
-            "peer": peer.id,
-            "urls": urls,
-            "key": key,
-            "counter": counter_url,
-            "op_guard": plan.op_guard,
-        }
-        children = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(HERE / "peers.py"),
-                "--child",
-                json.dumps(spec | {"first": i * PROCESS_TASKS}),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+        counter = counter_server.urls[0]
+        specs = [
+            ChildSpec(
+                peer=peer.id,
+                urls=urls,
+                key=f"peers:d:{case.name}:{peer.id}",
+                counter=counter,
+                op_guard=plan.op_guard,
+                first=i * PROCESS_TASKS,
             )
             for i in range(PROCESSES)
         ]
+        children = [await start_child(spec) for spec in specs]
         try:
             ran = await guarded(run_children(children, plan.duration), guard, "processes")
         except Exception as exc:
@@ -769,35 +823,70 @@ async def processes_case(case: Case, peer: Peer, urls: list[str], plan: Plan) ->
                     child.kill()
                     await child.wait()
         start, deadline, outputs = ran
-        holds: list[Hold] = []
-        failures = Failures()
-        statistics: dict[str, Any] = {}
-        for child, (out, err) in zip(children, outputs, strict=True):
-            if child.returncode != 0:
-                tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                return outcome("failed", f"a child process exited {child.returncode}: {tail[0]}")
-            record: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-            if record["status"] != "ok":
-                return record
-            holds.extend(Hold(*each) for each in record["holds"])
-            failures.count += record["failures"]
-            failures.examples.extend(record["failure_examples"][: 3 - len(failures.examples)])
-            for name, count in record.get("library_statistics", {}).items():
-                statistics[name] = statistics.get(name, 0) + count
-        counted = Redis.from_url(counter_url)
-        try:
-            found = int(await counted.get(COUNTER_KEY) or 0)
-        finally:
-            await counted.aclose()
-    result = contention_result(holds, start, deadline, PROCESSES * PROCESS_TASKS)
-    if result["status"] != "ok":
-        return result
-    return (
-        result
-        | {"processes": PROCESSES, "counter": {"holds": len(holds), "counted": found}}
-        | failures.record()
-        | ({"library_statistics": statistics} if statistics else {})
+        records = child_records(children, outputs)
+        if not isinstance(records, list):
+            return records
+        found = await count_of(counter)
+    return processes_result(records, start, deadline, found)
+
+
+async def start_child(spec: ChildSpec) -> asyncio.subprocess.Process:
+    """One process of `processes_case`, its pipes open (see `child_run`)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(HERE / "peers.py"),
+        "--child",
+        json.dumps(spec),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
+
+
+def child_records(
+    children: Sequence[asyncio.subprocess.Process], outputs: Sequence[tuple[bytes, bytes]]
+) -> list[ChildRecord] | Outcome:
+    """What each child printed last; the failure of the first that failed, if any."""
+    records: list[ChildRecord] = []
+    for child, (out, err) in zip(children, outputs, strict=True):
+        if child.returncode != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            return outcome("failed", f"a child process exited {child.returncode}: {tail[0]}")
+        record: ChildRecord | Outcome = json.loads(out.strip().splitlines()[-1])
+        if "holds" not in record:  # the child's run failed
+            return record
+        records.append(record)
+    return records
+
+
+async def count_of(url: str) -> int:
+    """The holds counted on the counter's server at ``url``."""
+    client = Redis.from_url(url)
+    try:
+        return int(await client.get(COUNTER_KEY) or 0)
+    finally:
+        await client.aclose()
+
+
+def processes_result(
+    records: Sequence[ChildRecord], start: float, deadline: float, found: int
+) -> ProcessesResult | NoAcquisition:
+    """The children's holds over the window, with the count ``found`` on the counter."""
+    holds = [Hold(*each) for record in records for each in record["holds"]]
+    failures = Failures()
+    for record in records:
+        failures.count += record["failures"]
+        failures.examples.extend(record["failure_examples"][: 3 - len(failures.examples)])
+    acquired = contention_result(holds, start, deadline, PROCESSES * PROCESS_TASKS)
+    if acquired is None:
+        return no_acquisition(start, deadline)
+    return {
+        **acquired,
+        "processes": PROCESSES,
+        "counter": {"holds": len(holds), "counted": found},
+        **failures.counts(),
+        **summed_statistics(records),
+    }
 
 
 async def run_children(
@@ -825,13 +914,14 @@ async def run_children(
     deadline = start + duration
     for child in children:
         assert child.stdin is not None
-        child.stdin.write(json.dumps({"start": start, "deadline": deadline}).encode() + b"\n")
+        window = ChildWindow(start=start, deadline=deadline)
+        child.stdin.write(json.dumps(window).encode() + b"\n")
         await child.stdin.drain()
         child.stdin.close()
     return start, deadline, list(await asyncio.gather(*(finish(c) for c in children)))
 
 
-async def child_run(spec: dict[str, Any]) -> dict[str, Any]:
+async def child_run(spec: ChildSpec) -> ChildRecord | Outcome:
     """One process of `processes_case`: its client, warmed up; ``ready`` printed; then
     its workers from the start to the deadline the parent sends. Holds and failures,
     for the parent (as the last line printed)."""
@@ -849,13 +939,17 @@ async def child_run(spec: dict[str, Any]) -> dict[str, Any]:
             await counter.ping()
             print("ready", flush=True)
             line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-            window = json.loads(line)
+            window: ChildWindow = json.loads(line)
             await asyncio.sleep(max(0.0, window["start"] - time.monotonic()))
             holds = await contention_holds(
                 handles, window["deadline"], failures, counter=counter, first=spec["first"]
             )
-            record = {"status": "ok", "holds": [dataclasses.astuple(h) for h in holds]}
-            return record | failures.record() | library_statistics(session)
+            return {
+                "status": "ok",
+                "holds": [dataclasses.astuple(h) for h in holds],
+                **failures.counts(),
+                **library_statistics(session),
+            }
     except Exception as exc:
         return failure(exc)
     finally:
@@ -890,7 +984,7 @@ async def wake_trial(holder: Handle, waiter: Handle, hold: float, guard: float) 
     return acquired - released
 
 
-async def wakeup(holder: Handle, waiter: Handle, plan: Plan) -> dict[str, Any]:
+async def wakeup(holder: Handle, waiter: Handle, plan: Plan) -> WakeResult:
     """Warm-up trials, then the measured ones."""
     rng = random.Random(SEED)
     wakes = []
@@ -903,7 +997,7 @@ async def wakeup(holder: Handle, waiter: Handle, plan: Plan) -> dict[str, Any]:
 
 async def wakeup_case(
     case: Case, peer: Peer, info: LibraryInfo, urls: list[str], plan: Plan
-) -> dict[str, Any]:
+) -> WakeResult | Outcome:
     """Scenario e, one library."""
     mode = Mode("contended", waiting=True, workers=2)
     key = f"peers:e:{case.name}:{peer.id}"
@@ -915,7 +1009,7 @@ async def wakeup_case(
         async with Run(peer, info, urls, mode) as owner, Run(peer, info, urls, mode) as other:
             holder, waiter = owner.handle(key), other.handle(key)
             result = await bounded(wakeup(holder, waiter, plan), guard, "wake-up trials")
-            return result | library_statistics(other)
+            return {**result, **library_statistics(other)}
     except Exception as exc:
         return failure(exc)
 
@@ -923,9 +1017,7 @@ async def wakeup_case(
 # --- running -------------------------------------------------------------------------------
 
 
-def skip_reason(
-    peer: Peer, info: LibraryInfo, scenario: Scenario, case: Case
-) -> dict[str, Any] | None:
+def skip_reason(peer: Peer, info: LibraryInfo, scenario: Scenario, case: Case) -> Outcome | None:
     """Why ``peer`` does not run in ``case``, as a result record; None if it runs.
 
     A case the library does not apply to says so whether or not it is installed.
@@ -947,21 +1039,21 @@ def flush(servers: ServerGroup) -> None:
             server.flushall()
 
 
-def progress(scenario: Scenario, case: Case, label: str, result: dict[str, Any]) -> None:
+def progress(scenario: Scenario, case: Case, label: str, result: Result) -> None:
     """One line per library and case on stderr."""
     print(
-        f"{scenario.id}  {case.name:<20} {label:<28} {headline(scenario, result)}",
+        f"{scenario.id}  {case.name:<20} {label:<28} {headline(result)}",
         file=sys.stderr,
         flush=True,
     )
 
 
-def headline(scenario: Scenario, result: dict[str, Any]) -> str:
+def headline(result: Result) -> str:
     """The result in a few words."""
     status = result["status"]
     if status != "ok":
         return f"{status}: {result.get('reason', '')}"[:110]
-    return cell(scenario.id, result)
+    return cell(result)
 
 
 class Runner:
@@ -1000,9 +1092,9 @@ class Runner:
             )
             self.rtts[f"{rtt_ms:g}"] = MeasuredRtt(**proxy, quorum_round=quorum)
 
-    def skipped(self, scenario: Scenario, case: Case) -> dict[str, dict[str, Any]]:
+    def skipped(self, scenario: Scenario, case: Case) -> dict[str, Result]:
         """The records of the libraries that do not run in ``case``."""
-        out = {}
+        out: dict[str, Result] = {}
         for peer in self.peers:
             reason = skip_reason(peer, self.infos[peer.id], scenario, case)
             if reason is not None:
@@ -1040,7 +1132,7 @@ class Runner:
             cases=cases,
         )
 
-    async def case(self, scenario: Scenario, case: Case) -> dict[str, dict[str, Any]]:
+    async def case(self, scenario: Scenario, case: Case) -> dict[str, Result]:
         """Every library in one case (all together in a, one after the other else)."""
         results = self.skipped(scenario, case)
         runnable = [p for p in self.peers if p.id not in results]
@@ -1064,9 +1156,7 @@ class Runner:
             flush(self.servers)
         return results
 
-    async def one(
-        self, scenario: Scenario, case: Case, peer: Peer, urls: list[str]
-    ) -> dict[str, Any]:
+    async def one(self, scenario: Scenario, case: Case, peer: Peer, urls: list[str]) -> Result:
         """One library in one case of b, c, d or e."""
         info, plan = self.infos[peer.id], self.plan
         if scenario is FAULTS:
@@ -1099,28 +1189,13 @@ def run(
     report = PeersReport(
         benchmark="peers",
         unit="ms unless stated",
-        settings={
-            "ttl_s": TTL,
-            "wait_s": WAIT,
-            "op_guard_s": plan.op_guard,
-            "close_guard_s": CLOSE_GUARD,
-            "throughput_workers": THROUGHPUT_WORKERS,
-            "contention_workers": CONTENTION_WORKERS,
-            "contention_hold_s": CONTENTION_HOLD,
-            "processes": PROCESSES,
-            "process_tasks": PROCESS_TASKS,
-            "wake_hold_s": list(plan.wake_hold),
-            "faulty_master": FAULTY,
-            "pool": POOL,
-            "seed": SEED,
-            "silenced_loggers": list(QUIET_LOGGERS),
-        },
+        settings=settings_record(plan),
         plan=plan_record(plan),
         environment=environment() | {"event_loop": "asyncio"},
         libraries=infos,
         measured_rtt=runner.rtts,
         scenarios=measured,
-        loop_errors={who: f.record() for who, f in runner.loop_errors.items()},
+        loop_errors={who: f.counts() for who, f in runner.loop_errors.items()},
         seconds=round(time.perf_counter() - started, 1),
     )
     report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in measured}
@@ -1128,7 +1203,27 @@ def run(
     return report
 
 
-def plan_record(plan: Plan) -> dict[str, Any]:
+def settings_record(plan: Plan) -> RunSettings:
+    """What every library gets, and the guards, for the JSON."""
+    return {
+        "ttl_s": TTL,
+        "wait_s": WAIT,
+        "op_guard_s": plan.op_guard,
+        "close_guard_s": CLOSE_GUARD,
+        "throughput_workers": THROUGHPUT_WORKERS,
+        "contention_workers": CONTENTION_WORKERS,
+        "contention_hold_s": CONTENTION_HOLD,
+        "processes": PROCESSES,
+        "process_tasks": PROCESS_TASKS,
+        "wake_hold_s": list(plan.wake_hold),
+        "faulty_master": FAULTY,
+        "pool": POOL,
+        "seed": SEED,
+        "silenced_loggers": list(QUIET_LOGGERS),
+    }
+
+
+def plan_record(plan: Plan) -> PlanRecord:
     """The plan, for the JSON."""
     return {
         "quick": plan is QUICK,

@@ -3,7 +3,7 @@ tables, the plot, the docs page, the README summary and the targets table.
 
 ``peers.py`` measures and writes the JSON, then calls `write_outputs`; ``python
 benchmarks/peers.py --report results/peers.json`` runs this step alone on results
-already written.
+already written. The JSON's records are typed in `lockbench.peers_records`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from .adapters import LibraryInfo
 from .harness import (
-    Environment,
     machine_line,
     publish_between,
     publish_section,
@@ -23,6 +22,7 @@ from .harness import (
     write_json,
     write_text,
 )
+from .peers_records import CaseRecord, PeersReport, Result, ScenarioRecord
 from .rtt import MeasuredRtt
 from .settings import CONTENTION_WORKERS, SERVERS, THROUGHPUT_WORKERS
 from .targets import TARGETS, TargetRow
@@ -30,47 +30,6 @@ from .targets import TARGETS, TargetRow
 MARKER = "<!-- PEERS-TABLE -->"
 SUMMARY_START = "<!-- PEERS-SUMMARY -->"
 SUMMARY_END = "<!-- /PEERS-SUMMARY -->"
-
-
-class CaseRecord(TypedDict):
-    """One case of a scenario in the report: its setup and every library's result
-    (whose fields depend on the scenario)."""
-
-    name: str
-    n: int  # masters
-    rtt_ms: float  # delay the proxies add
-    fault: str | None  # b: "blackhole" or "down"
-    clients: str  # d: "shared", "each" or "processes"
-    via: str  # "proxy" or "direct"
-    results: dict[str, dict[str, Any]]  # per library id
-    seconds: float
-
-
-class ScenarioRecord(TypedDict):
-    """One scenario of the report (a to e)."""
-
-    id: str
-    title: str
-    metric: str
-    better: str  # "lower" or "higher"
-    cases: list[CaseRecord]
-
-
-class PeersReport(TypedDict):
-    """``peers.json``: what was run, on what, and what came out."""
-
-    benchmark: str
-    unit: str
-    settings: dict[str, Any]  # what every library got, and the run's guards
-    plan: dict[str, Any]
-    environment: Environment
-    libraries: dict[str, LibraryInfo]
-    measured_rtt: dict[str, MeasuredRtt]  # per nominal RTT
-    scenarios: list[ScenarioRecord]
-    loop_errors: dict[str, Any]
-    seconds: float
-    ratios: NotRequired[dict[str, list[str]]]  # per scenario: asyncredlock vs the best peer
-    targets: NotRequired[list[TargetRow]]  # added once the rest is known
 
 
 STATUS_TEXT = {
@@ -81,43 +40,42 @@ STATUS_TEXT = {
 }
 
 
-def value(scenario_id: str, result: dict[str, Any]) -> float | None:
-    """The compared value of a result (its scenario's metric), or None."""
+def value(result: Result) -> float | None:
+    """The compared value of a result (the metric of its scenario, which the kind of
+    record tells), or None."""
     if result["status"] != "ok":
         return None
-    match scenario_id:
-        case "a":
-            return float(result["total"]["p50_ms"])
-        case "b":
-            return float(result["acquire"]["p50_ms"])
-        case "c":
-            return float(result["cycles_per_s"])
-        case "d":
-            return float(result["acquisitions_per_s"])
-        case _:
-            return float(result["wake"]["p50_ms"])
+    if "total" in result:  # a
+        return result["total"]["p50_ms"]
+    if "succeeded" in result:  # b
+        return result["acquire"]["p50_ms"]
+    if "cycles_per_s" in result:  # c
+        return result["cycles_per_s"]
+    if "acquisitions_per_s" in result:  # d
+        return result["acquisitions_per_s"]
+    return result["wake"]["p50_ms"] if "wake" in result else None  # e
 
 
-def cell(sid: str, result: dict[str, Any]) -> str:
-    """A table cell for one library in one case of scenario ``sid``."""
-    status = result["status"]
-    if status != "ok":
-        text = STATUS_TEXT[status]
-        return f"{text} ({result['succeeded']} ok)" if result.get("succeeded") else text
-    match sid:
-        case "a":
-            return f"{result['total']['p50_ms']:.2f} / {result['total']['p99_ms']:.2f}"
-        case "b":
-            acquire = result["acquire"]
-            failed = f", {result['failures']} failed" if result["failures"] else ""
-            counts = f"({acquire['iterations']} ok{failed})"
-            return f"{acquire['p50_ms']:.2f} / {acquire['p99_ms']:.2f} {counts}"
-        case "c":
-            return f"{result['cycles_per_s']:,.0f} / {result['cpu_s_per_1000']:.3f}"
-        case "d":
-            return f"{result['acquisitions_per_s']:,.0f}"
-        case _:
-            return f"{result['wake']['p50_ms']:.2f} / {result['wake']['p99_ms']:.2f}"
+def cell(result: Result) -> str:
+    """A table cell for one library in one case (the columns of its scenario)."""
+    if result["status"] != "ok":
+        text = STATUS_TEXT[result["status"]]
+        succeeded = result.get("succeeded")  # b: stopped after some acquires
+        return f"{text} ({succeeded} ok)" if succeeded else text
+    if "total" in result:  # a
+        return f"{result['total']['p50_ms']:.2f} / {result['total']['p99_ms']:.2f}"
+    if "succeeded" in result:  # b
+        acquire = result["acquire"]
+        failed = f", {result['failures']} failed" if result["failures"] else ""
+        counts = f"({acquire['iterations']} ok{failed})"
+        return f"{acquire['p50_ms']:.2f} / {acquire['p99_ms']:.2f} {counts}"
+    if "cycles_per_s" in result:  # c
+        return f"{result['cycles_per_s']:,.0f} / {result['cpu_s_per_1000']:.3f}"
+    if "acquisitions_per_s" in result:  # d
+        return f"{result['acquisitions_per_s']:,.0f}"
+    if "wake" in result:  # e
+        return f"{result['wake']['p50_ms']:.2f} / {result['wake']['p99_ms']:.2f}"
+    raise ValueError(f"a result of no known kind: {sorted(result)}")
 
 
 CELL_UNITS = {
@@ -137,7 +95,7 @@ def table(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> str:
     head += "|---|" + "--:|" * len(scenario["cases"]) + "\n"
     rows = [
         f"| {info['label']} | "
-        + " | ".join(cell(scenario["id"], c["results"][lib]) for c in scenario["cases"])
+        + " | ".join(cell(c["results"][lib]) for c in scenario["cases"])
         + " |"
         for lib, info in infos.items()
     ]
@@ -153,7 +111,7 @@ def contention_table(case: CaseRecord, infos: dict[str, LibraryInfo]) -> str:
     rows = []
     for lib, info in infos.items():
         r = case["results"][lib]
-        if r["status"] != "ok":
+        if r["status"] != "ok" or "acquisitions_per_s" not in r:
             rows.append(f"| {info['label']} | {STATUS_TEXT[r['status']]} | | | | | |")
             continue
         again = "-" if r["same_worker_again"] is None else f"{r['same_worker_again']:.0%}"
@@ -171,7 +129,9 @@ def reasons(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> list[str
         for lib, r in case["results"].items():
             if r["status"] == "ok" and not r.get("failures"):
                 continue
-            why = r.get("reason") or "; ".join(r.get("failure_examples", []))
+            why = r.get("reason") or ""
+            if not why and "failure_examples" in r:
+                why = "; ".join(r["failure_examples"])
             text = (
                 f"{infos[lib]['label']}: {STATUS_TEXT.get(r['status'], 'ok, with failures')}, {why}"
             )
@@ -188,12 +148,12 @@ def ratio_lines(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> list
         peers = {
             lib: v
             for lib, r in results.items()
-            if not lib.startswith("asyncredlock") and (v := value(scenario["id"], r)) is not None
+            if not lib.startswith("asyncredlock") and (v := value(r)) is not None
         }
         ours: dict[str, float] = {
             lib: v
             for lib in ("asyncredlock", "asyncredlock-unfenced")
-            if lib in results and (v := value(scenario["id"], results[lib])) is not None
+            if lib in results and (v := value(results[lib])) is not None
         }
         out.append(ratio_line(case["name"], ours, peers, infos, lower))
     return out
@@ -411,12 +371,12 @@ def latency_targets(
         ours = None if case is None else ok_result(case, OURS)
         best = None
         if case is not None:
-            best = best_of("a", case, [against] if against else peers_in(case), lower=True)
+            best = best_of(case, [against] if against else peers_in(case), lower=True)
         if ours is None or best is None:
             rows.append(check(*args, None, "not in the results"))
             continue
         lib, theirs = best
-        mine = value("a", ours) or 0.0
+        mine = value(ours) or 0.0
         text = f"{number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
         rows.append(check(*args, mine / theirs, f"{text}: {times(mine / theirs)}"))
     case = cases.get((SERVERS, 2.0))
@@ -430,7 +390,7 @@ def latency_targets(
     if ours is None or not rtt:
         rows.append(check(*args, None, "not in the results"))
         return rows
-    mine = value("a", ours) or 0.0
+    mine = value(ours) or 0.0
     if not quorum_rtt:  # results from before the quorum round was measured
         floor = 2 * float(rtt)
         text = f"{number(mine)} ms vs 2 x {number(float(rtt))} ms (PING p50 through a proxy)"
@@ -514,7 +474,7 @@ def times(x: float) -> str:
     return f"{x:.1f}x" if x >= 10 else f"{x:.2f}x"
 
 
-def ok_result(case: CaseRecord, lib: str) -> dict[str, Any] | None:
+def ok_result(case: CaseRecord, lib: str) -> Result | None:
     """``lib``'s result in ``case`` if it has numbers."""
     result = case["results"].get(lib)
     return result if result is not None and result["status"] == "ok" else None
@@ -529,14 +489,12 @@ def status_text(case: CaseRecord, lib: str, infos: dict[str, LibraryInfo]) -> st
     return f"{label}: {STATUS_TEXT.get(result['status'], result['status'])}"
 
 
-def best_of(
-    sid: str, case: CaseRecord, libs: Sequence[str], lower: bool
-) -> tuple[str, float] | None:
-    """The library of ``libs`` with the best value of scenario ``sid`` in ``case``."""
+def best_of(case: CaseRecord, libs: Sequence[str], lower: bool) -> tuple[str, float] | None:
+    """The library of ``libs`` with the best value in ``case``."""
     found = {
         lib: v
         for lib in libs
-        if (r := ok_result(case, lib)) is not None and (v := value(sid, r)) is not None
+        if (r := ok_result(case, lib)) is not None and (v := value(r)) is not None
     }
     if not found:
         return None
@@ -565,12 +523,12 @@ def wake_speedup_target(
     target = f"e. wake-up p50 ≥ {speedup:g}x faster than the best Redlock peer"
     args = (target, case["name"], ">=", speedup, "x")
     ours = ok_result(case, OURS)
-    best = best_of("e", case, redlock_peers, lower=True)
+    best = best_of(case, redlock_peers, lower=True)
     if ours is None:
         return check(*args, None, "not in the results: " + status_text(case, OURS, infos))
     if best is None:
         return check(*args, None, missing(case, redlock_peers, infos, "Redlock peer"))
-    mine, (lib, theirs) = value("e", ours) or 0.0, best
+    mine, (lib, theirs) = value(ours) or 0.0, best
     text = f"{OURS} {number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
     if mine <= 0:
         return check(*args, None, text + ": no ratio (asyncredlock's p50 is not above 0)")
@@ -586,7 +544,8 @@ def wake_p50_target(cases: list[CaseRecord]) -> TargetRow:
         )
     case = cases[0]
     ours = ok_result(case, OURS)
-    if ours is None:
+    p50 = None if ours is None else value(ours)
+    if p50 is None:
         return check(
             target,
             case["name"],
@@ -596,7 +555,6 @@ def wake_p50_target(cases: list[CaseRecord]) -> TargetRow:
             None,
             "not in the results: " + status_text(case, OURS, {}),
         )
-    p50 = float(ours["wake"]["p50_ms"])
     return check(target, case["name"], "<", TARGETS.wakeup_p50_ms, "ms", p50, f"{number(p50)} ms")
 
 
@@ -607,16 +565,16 @@ def contention_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[
     busy = f"d. lock busy ≥ {TARGETS.contention_shared_busy:.0%} of the time"
     p99 = f"d. wait p99 < {TARGETS.contention_shared_p99_ms:g} ms"
     ours = ok_result(case, OURS)
-    if ours is None:
+    if ours is None or "acquisitions_per_s" not in ours:
         why = "not in the results: " + status_text(case, OURS, infos)
         return [
             check(rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", None, why),
             check(busy, name, ">=", TARGETS.contention_shared_busy, "share", None, why),
             check(p99, name, "<", TARGETS.contention_shared_p99_ms, "ms", None, why),
         ]
-    mine = float(ours["acquisitions_per_s"])
+    mine = ours["acquisitions_per_s"]
     peers = peers_in(case)
-    best = best_of("d", case, peers, lower=False)
+    best = best_of(case, peers, lower=False)
     if best is None:
         rate_row = check(
             rate,
@@ -635,7 +593,7 @@ def contention_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[
         rate_row = check(
             rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", ratio, text + suffix
         )
-    fraction, wait = float(ours["busy_fraction"]), float(ours["wait"]["p99_ms"])
+    fraction, wait = ours["busy_fraction"], ours["wait"]["p99_ms"]
     return [
         rate_row,
         check(
@@ -659,7 +617,7 @@ def separate_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[Ta
         rate = f"d. {label}: acquisitions/s ≥ {limit:g}x aioredlock's"
         p99 = f"d. {label}: wait p99 ≤ {TARGETS.contention_separate_p99_ms:g} ms"
         ours = ok_result(case, lib)
-        if ours is None:
+        if ours is None or "acquisitions_per_s" not in ours:
             why = "not in the results: " + status_text(case, lib, infos)
             rows.append(
                 check(
@@ -668,8 +626,8 @@ def separate_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[Ta
             )
             rows.append(check(p99, name, "<=", TARGETS.contention_separate_p99_ms, "ms", None, why))
             continue
-        mine = float(ours["acquisitions_per_s"])
-        if theirs is None:
+        mine = ours["acquisitions_per_s"]
+        if theirs is None or "acquisitions_per_s" not in theirs:
             why = "not in the results: " + status_text(case, "aioredlock", infos)
             rows.append(
                 check(
@@ -677,7 +635,7 @@ def separate_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[Ta
                 )
             )
         else:
-            other = float(theirs["acquisitions_per_s"])
+            other = theirs["acquisitions_per_s"]
             ratio = mine / other if other > 0 else None
             text = f"{mine:,.0f}/s vs aioredlock {other:,.0f}/s"
             text += f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
@@ -692,7 +650,7 @@ def separate_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[Ta
                     text,
                 )
             )
-        wait = float(ours["wait"]["p99_ms"])
+        wait = ours["wait"]["p99_ms"]
         rows.append(
             check(
                 p99,
@@ -717,13 +675,13 @@ def exclusion_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[T
             continue
         target = f"d. {infos[lib]['label']}: no mutual-exclusion violation"
         ours = ok_result(case, lib)
-        if ours is None:
+        if ours is None or "counter" not in ours:
             why = "not in the results: " + status_text(case, lib, infos)
             rows.append(check(target, name, "<=", 0, "count", None, why))
             continue
         counter = ours["counter"]
         lost = counter["holds"] - counter["counted"]
-        overlaps = int(ours["exclusion_violations"])
+        overlaps = ours["exclusion_violations"]
         text = (
             f"{counter['holds']:,} holds, {counter['counted']:,} counted, {overlaps} overlapping; "
             f"{ours['acquisitions_per_s']:,.0f}/s, wait p99 {number(ours['wait']['p99_ms'])} ms"
@@ -748,14 +706,14 @@ def blackhole_target(by_id: dict[str, ScenarioRecord]) -> TargetRow:
     if not faulty or not healthy:
         return check(*args, None, "not in the results: scenario a or b did not run")
     bad, good = ok_result(faulty[0], OURS), ok_result(healthy[0], OURS)
-    if bad is None or good is None:
+    if bad is None or good is None or "acquire" not in bad or "acquire" not in good:
         why = [
             f"{where} {status_text(c, OURS, {})}"
             for where, c, r in (("b", faulty[0], bad), ("a", healthy[0], good))
             if r is None
         ]
         return check(*args, None, "not in the results: " + "; ".join(why))
-    slow, fast = float(bad["acquire"]["p50_ms"]), float(good["acquire"]["p50_ms"])
+    slow, fast = bad["acquire"]["p50_ms"], good["acquire"]["p50_ms"]
     text = f"{number(slow)} ms vs {number(fast)} ms healthy"
     if fast <= 0:
         return check(*args, None, text + ": no ratio")
@@ -769,8 +727,8 @@ def throughput_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[
     cpu = f"c. CPU per cycle ≤ {TARGETS.throughput_cpu_vs_best:g}x that peer's"
     ours = ok_result(case, OURS)
     peers = peers_in(case)
-    best = best_of("c", case, peers, lower=False)
-    if ours is None or best is None:
+    best = best_of(case, peers, lower=False)
+    if ours is None or best is None or "cycles_per_s" not in ours:
         why = (
             "not in the results: " + status_text(case, OURS, infos)
             if ours is None
@@ -782,7 +740,7 @@ def throughput_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[
         ]
     lib, theirs = best
     label = infos[lib]["label"]
-    mine = float(ours["cycles_per_s"])
+    mine = ours["cycles_per_s"]
     rate_text = f"{OURS} {mine:,.0f}/s vs {label} {theirs:,.0f}/s"
     rate_ratio = mine / theirs if theirs > 0 else None
     rows = [
@@ -796,8 +754,7 @@ def throughput_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[
             rate_text + (f": {times(rate_ratio)}" if rate_ratio is not None else ""),
         )
     ]
-    my_cpu = ours.get("cpu_s_per_1000")
-    their_cpu = case["results"][lib].get("cpu_s_per_1000")
+    my_cpu, their_cpu = cpu_per_cycle(ours), cpu_per_cycle(case["results"][lib])
     if my_cpu is None or not their_cpu:
         rows.append(
             check(
@@ -819,6 +776,13 @@ def throughput_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[
             check(cpu, name, "<=", TARGETS.throughput_cpu_vs_best, "x", my_cpu / their_cpu, text)
         )
     return rows
+
+
+def cpu_per_cycle(result: Result) -> float | None:
+    """c: the CPU seconds per 1,000 cycles of a result, if it has them."""
+    if "cpu_s_per_1000" not in result:
+        return None
+    return result["cpu_s_per_1000"]
 
 
 def targets_section(report: PeersReport) -> str:
@@ -896,8 +860,8 @@ def summary_table(report: PeersReport) -> str:
 def summary_cells(sid: str, case: CaseRecord, infos: dict[str, LibraryInfo], lower: bool) -> str:
     """asyncredlock's value | the best peer's | the comparison, for one case."""
     ours = ok_result(case, OURS)
-    mine = value(sid, ours) if ours is not None else None
-    best = best_of(sid, case, peers_in(case), lower)
+    mine = value(ours) if ours is not None else None
+    best = best_of(case, peers_in(case), lower)
     left = status_text(case, OURS, infos).split(": ", 1)[1] if mine is None else show(sid, mine)
     if best is None:
         return f"{left} | no peer completed | -"
@@ -968,7 +932,7 @@ def bars(ax: Any, scenario: ScenarioRecord, infos: dict[str, LibraryInfo], guard
     for i, case in enumerate(scenario["cases"]):
         for j, lib in enumerate(libs):
             x = i - 0.4 + width * (j + 0.5)
-            bar(ax, x, width, case["results"][lib], scenario["id"], COLORS[lib], guard_ms, log)
+            bar(ax, x, width, case["results"][lib], COLORS[lib], guard_ms, log)
     ax.set_xticks(range(len(scenario["cases"])))
     ax.set_xticklabels([c["name"] for c in scenario["cases"]], fontsize=8)
     ax.set_ylabel(ylabel, fontsize=9)
@@ -987,14 +951,13 @@ def bar(
     ax: Any,
     x: float,
     width: float,
-    result: dict[str, Any],
-    sid: str,
+    result: Result,
     color: str,
     guard: float,
     log: bool,
 ) -> None:
     """One bar, or the mark of a hang or failure."""
-    y = value(sid, result)
+    y = value(result)
     if y is not None:
         ax.bar(x, y, width, color=color)
     elif result["status"] == "hung" and log:
