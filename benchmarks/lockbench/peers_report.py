@@ -358,8 +358,8 @@ def latency_targets(
 ) -> list[TargetRow]:
     """a: uncontended p50 against aioredlock (N = 5), the fastest peer (N = 1), both at
     RTT 0, and against two measured round trips at RTT 2 ms (N = 5)."""
-    rows = []
     cases = {(c["n"], c["rtt_ms"]): c for c in cases_of(by_id, "a")}
+    rows = []
     for n, limit, against in (
         (SERVERS, TARGETS.latency_n5_vs_aioredlock, "aioredlock"),
         (1, TARGETS.latency_n1_vs_fastest, None),
@@ -379,17 +379,19 @@ def latency_targets(
         mine = value(ours) or 0.0
         text = f"{number(mine)} ms vs {infos[lib]['label']} {number(theirs)} ms"
         rows.append(check(*args, mine / theirs, f"{text}: {times(mine / theirs)}"))
-    case = cases.get((SERVERS, 2.0))
+    return [*rows, round_trip_target(cases.get((SERVERS, 2.0)), rtts.get("2"))]
+
+
+def round_trip_target(case: CaseRecord | None, measured: MeasuredRtt | None) -> TargetRow:
+    """a: the N = 5, RTT 2 ms p50 against two round trips (``measured`` at RTT 2 ms)."""
     target = f"a. N={SERVERS}, RTT 2 ms: p50 ≤ {TARGETS.latency_rtt2_vs_floor:g}x two round trips"
     args = (target, f"N={SERVERS}, RTT 2 ms", "<=", TARGETS.latency_rtt2_vs_floor, "x")
     ours = None if case is None else ok_result(case, OURS)
-    measured = rtts.get("2")
     rtt = measured["p50_ms"] if measured else None
     quorum = measured.get("quorum_round") if measured else None
     quorum_rtt = quorum["p50_ms"] if quorum else None
     if ours is None or not rtt:
-        rows.append(check(*args, None, "not in the results"))
-        return rows
+        return check(*args, None, "not in the results")
     mine = value(ours) or 0.0
     if not quorum_rtt:  # results from before the quorum round was measured
         floor = 2 * float(rtt)
@@ -401,8 +403,7 @@ def latency_targets(
             f"{SERVERS} proxies at once, until {SERVERS // 2 + 1} replies: one quorum round); "
             f"{times(mine / (2 * float(rtt)))} two single-proxy PINGs"
         )
-    rows.append(check(*args, mine / floor, f"{text}: {times(mine / floor)}"))
-    return rows
+    return check(*args, mine / floor, f"{text}: {times(mine / floor)}")
 
 
 def cases_of(by_id: dict[str, ScenarioRecord], sid: str) -> list[CaseRecord]:
@@ -561,45 +562,30 @@ def wake_p50_target(cases: list[CaseRecord]) -> TargetRow:
 def contention_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """d: acquisitions/s over the best peer's, lock busy, wait p99."""
     name = case["name"]
-    rate = f"d. acquisitions/s ≥ {TARGETS.contention_shared_rate_vs_best:g}x the best peer's"
-    busy = f"d. lock busy ≥ {TARGETS.contention_shared_busy:.0%} of the time"
-    p99 = f"d. wait p99 < {TARGETS.contention_shared_p99_ms:g} ms"
+    limit, busy_limit = TARGETS.contention_shared_rate_vs_best, TARGETS.contention_shared_busy
+    p99_limit = TARGETS.contention_shared_p99_ms
+    rate = (f"d. acquisitions/s ≥ {limit:g}x the best peer's", name, ">=", limit, "x")
+    busy = (f"d. lock busy ≥ {busy_limit:.0%} of the time", name, ">=", busy_limit, "share")
+    p99 = (f"d. wait p99 < {p99_limit:g} ms", name, "<", p99_limit, "ms")
     ours = ok_result(case, OURS)
     if ours is None or "acquisitions_per_s" not in ours:
         why = "not in the results: " + status_text(case, OURS, infos)
-        return [
-            check(rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", None, why),
-            check(busy, name, ">=", TARGETS.contention_shared_busy, "share", None, why),
-            check(p99, name, "<", TARGETS.contention_shared_p99_ms, "ms", None, why),
-        ]
-    mine = ours["acquisitions_per_s"]
-    peers = peers_in(case)
+        return [check(*rate, None, why), check(*busy, None, why), check(*p99, None, why)]
+    mine, peers = ours["acquisitions_per_s"], peers_in(case)
     best = best_of(case, peers, lower=False)
     if best is None:
-        rate_row = check(
-            rate,
-            name,
-            ">=",
-            TARGETS.contention_shared_rate_vs_best,
-            "x",
-            None,
-            missing(case, peers, infos, "peer"),
-        )
+        rate_row = check(*rate, None, missing(case, peers, infos, "peer"))
     else:
         lib, theirs = best
         text = f"{OURS} {mine:,.0f}/s vs {infos[lib]['label']} {theirs:,.0f}/s"
         ratio = mine / theirs if theirs > 0 else None
         suffix = f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
-        rate_row = check(
-            rate, name, ">=", TARGETS.contention_shared_rate_vs_best, "x", ratio, text + suffix
-        )
+        rate_row = check(*rate, ratio, text + suffix)
     fraction, wait = ours["busy_fraction"], ours["wait"]["p99_ms"]
     return [
         rate_row,
-        check(
-            busy, name, ">=", TARGETS.contention_shared_busy, "share", fraction, f"{fraction:.0%}"
-        ),
-        check(p99, name, "<", TARGETS.contention_shared_p99_ms, "ms", wait, f"{number(wait)} ms"),
+        check(*busy, fraction, f"{fraction:.0%}"),
+        check(*p99, wait, f"{number(wait)} ms"),
     ]
 
 
@@ -608,60 +594,32 @@ def separate_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[Ta
     aioredlock's acquisitions/s, and its wait p99."""
     name = case["name"]
     theirs = ok_result(case, "aioredlock")
+    limit = TARGETS.contention_separate_rate_vs_aioredlock
+    p99_limit = TARGETS.contention_separate_p99_ms
     rows = []
     for lib in (OURS, f"{OURS}-fair"):
         if lib not in case["results"]:
             continue
         label = infos[lib]["label"]
-        limit = TARGETS.contention_separate_rate_vs_aioredlock
-        rate = f"d. {label}: acquisitions/s ≥ {limit:g}x aioredlock's"
-        p99 = f"d. {label}: wait p99 ≤ {TARGETS.contention_separate_p99_ms:g} ms"
+        rate = (f"d. {label}: acquisitions/s ≥ {limit:g}x aioredlock's", name, ">=", limit, "x")
+        p99 = (f"d. {label}: wait p99 ≤ {p99_limit:g} ms", name, "<=", p99_limit, "ms")
         ours = ok_result(case, lib)
         if ours is None or "acquisitions_per_s" not in ours:
             why = "not in the results: " + status_text(case, lib, infos)
-            rows.append(
-                check(
-                    rate, name, ">=", TARGETS.contention_separate_rate_vs_aioredlock, "x", None, why
-                )
-            )
-            rows.append(check(p99, name, "<=", TARGETS.contention_separate_p99_ms, "ms", None, why))
+            rows += [check(*rate, None, why), check(*p99, None, why)]
             continue
         mine = ours["acquisitions_per_s"]
         if theirs is None or "acquisitions_per_s" not in theirs:
             why = "not in the results: " + status_text(case, "aioredlock", infos)
-            rows.append(
-                check(
-                    rate, name, ">=", TARGETS.contention_separate_rate_vs_aioredlock, "x", None, why
-                )
-            )
+            rows.append(check(*rate, None, why))
         else:
             other = theirs["acquisitions_per_s"]
             ratio = mine / other if other > 0 else None
             text = f"{mine:,.0f}/s vs aioredlock {other:,.0f}/s"
             text += f": {times(ratio)}" if ratio is not None else ": the peer's rate is 0"
-            rows.append(
-                check(
-                    rate,
-                    name,
-                    ">=",
-                    TARGETS.contention_separate_rate_vs_aioredlock,
-                    "x",
-                    ratio,
-                    text,
-                )
-            )
+            rows.append(check(*rate, ratio, text))
         wait = ours["wait"]["p99_ms"]
-        rows.append(
-            check(
-                p99,
-                name,
-                "<=",
-                TARGETS.contention_separate_p99_ms,
-                "ms",
-                wait,
-                f"{number(wait)} ms",
-            )
-        )
+        rows.append(check(*p99, wait, f"{number(wait)} ms"))
     return rows
 
 
@@ -723,8 +681,9 @@ def blackhole_target(by_id: dict[str, ScenarioRecord]) -> TargetRow:
 def throughput_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[TargetRow]:
     """c: cycles/s over the best peer's, and CPU per cycle over that peer's."""
     name = case["name"]
-    rate = f"c. cycles/s ≥ {TARGETS.throughput_rate_vs_best:g}x the best peer's"
-    cpu = f"c. CPU per cycle ≤ {TARGETS.throughput_cpu_vs_best:g}x that peer's"
+    limit, cpu_limit = TARGETS.throughput_rate_vs_best, TARGETS.throughput_cpu_vs_best
+    rate = (f"c. cycles/s ≥ {limit:g}x the best peer's", name, ">=", limit, "x")
+    cpu = (f"c. CPU per cycle ≤ {cpu_limit:g}x that peer's", name, "<=", cpu_limit, "x")
     ours = ok_result(case, OURS)
     peers = peers_in(case)
     best = best_of(case, peers, lower=False)
@@ -734,48 +693,21 @@ def throughput_targets(case: CaseRecord, infos: dict[str, LibraryInfo]) -> list[
             if ours is None
             else missing(case, peers, infos, "peer")
         )
-        return [
-            check(rate, name, ">=", TARGETS.throughput_rate_vs_best, "x", None, why),
-            check(cpu, name, "<=", TARGETS.throughput_cpu_vs_best, "x", None, why),
-        ]
+        return [check(*rate, None, why), check(*cpu, None, why)]
     lib, theirs = best
     label = infos[lib]["label"]
     mine = ours["cycles_per_s"]
-    rate_text = f"{OURS} {mine:,.0f}/s vs {label} {theirs:,.0f}/s"
-    rate_ratio = mine / theirs if theirs > 0 else None
-    rows = [
-        check(
-            rate,
-            name,
-            ">=",
-            TARGETS.throughput_rate_vs_best,
-            "x",
-            rate_ratio,
-            rate_text + (f": {times(rate_ratio)}" if rate_ratio is not None else ""),
-        )
-    ]
+    text = f"{OURS} {mine:,.0f}/s vs {label} {theirs:,.0f}/s"
+    ratio = mine / theirs if theirs > 0 else None
+    rows = [check(*rate, ratio, text + (f": {times(ratio)}" if ratio is not None else ""))]
     my_cpu, their_cpu = cpu_per_cycle(ours), cpu_per_cycle(case["results"][lib])
     if my_cpu is None or not their_cpu:
-        rows.append(
-            check(
-                cpu,
-                name,
-                "<=",
-                TARGETS.throughput_cpu_vs_best,
-                "x",
-                None,
-                "not in the results: no CPU per cycle",
-            )
-        )
-    else:
-        text = (
-            f"{OURS} {my_cpu:.3f} vs {label} {their_cpu:.3f} CPU s per 1,000 cycles: "
-            f"{times(my_cpu / their_cpu)}"
-        )
-        rows.append(
-            check(cpu, name, "<=", TARGETS.throughput_cpu_vs_best, "x", my_cpu / their_cpu, text)
-        )
-    return rows
+        return [*rows, check(*cpu, None, "not in the results: no CPU per cycle")]
+    text = (
+        f"{OURS} {my_cpu:.3f} vs {label} {their_cpu:.3f} CPU s per 1,000 cycles: "
+        f"{times(my_cpu / their_cpu)}"
+    )
+    return [*rows, check(*cpu, my_cpu / their_cpu, text)]
 
 
 def cpu_per_cycle(result: Result) -> float | None:
