@@ -14,11 +14,13 @@ from ._keys import Resources
 
 __all__ = [
     "DEFAULTS",
+    "LockOptions",
     "LockSpec",
     "Role",
     "Settings",
     "check_identity",
     "check_name",
+    "check_names",
     "check_seconds",
     "default_identity",
 ]
@@ -87,6 +89,19 @@ def check_identity(identity: object) -> str:
     return identity
 
 
+def check_names(name: object) -> tuple[str, ...]:
+    """One resource name, or a non-empty list or tuple of distinct ones."""
+    if isinstance(name, list | tuple):
+        if not name:
+            raise ValueError("a lock on several resources needs at least one name")
+        names = tuple(check_name(each) for each in name)
+        if len(set(names)) != len(names):
+            twice = sorted({each for each in names if names.count(each) > 1})
+            raise ValueError(f"a lock names each resource once; given twice: {twice}")
+        return names
+    return (check_name(name),)
+
+
 def _check_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -144,6 +159,40 @@ class Settings:
 
 
 DEFAULTS = Settings()
+
+
+@dataclass(frozen=True, slots=True)
+class LockOptions:
+    """One lock's overrides of its ``AsyncRedlock``'s settings (``None``: the
+    setting), checked when made: what ``lock()`` takes besides the name."""
+
+    ttl: float | None = None
+    timeout: float | None = None
+    auto_extend: bool | None = None
+    fencing: bool | None = None
+    fair: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ttl is not None:
+            object.__setattr__(self, "ttl", check_seconds("ttl", self.ttl))
+        if self.timeout is not None:
+            timeout = check_seconds("timeout", self.timeout, allow_zero=True, allow_inf=True)
+            object.__setattr__(self, "timeout", timeout)
+        for name in ("auto_extend", "fencing"):
+            if not isinstance(getattr(self, name), bool | None):
+                raise TypeError(f"{name} must be a bool")
+        if not isinstance(self.fair, bool):
+            raise TypeError("fair must be a bool")
+
+    def spec_values(self, settings: Settings) -> tuple[float, float, bool, bool]:
+        """``ttl``, ``timeout``, ``auto_extend`` and ``fencing``, each the
+        override or else the setting."""
+        return (
+            settings.ttl if self.ttl is None else self.ttl,
+            settings.timeout if self.timeout is None else self.timeout,
+            settings.auto_extend if self.auto_extend is None else self.auto_extend,
+            settings.fencing if self.fencing is None else self.fencing,
+        )
 
 
 class Role(enum.Enum):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import anyio
 
 from ._config import LockSpec, check_seconds
 from ._core import Core
+from ._ending import Ending
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag, ms
@@ -62,14 +63,9 @@ class Lease:
     # Until set otherwise, per lease:
     _state = _State.HELD
     _loss: Decision | None = None
-    _scope: anyio.CancelScope | None = None  # the async with block's
     # automatic extension: a timer until one is due, a task only while it runs
     _timer: asyncio.TimerHandle | None = None
     _extender: asyncio.Task[None] | None = None
-    # set once the lease is known released or lost; the Event is made only when
-    # someone waits on it (wait_lost)
-    _announced = False
-    _ended: asyncio.Event | None = None
     # how many times the lease was passed on since its acquisition (see `_hand_off`)
     _handoffs = 0
 
@@ -87,6 +83,7 @@ class Lease:
     ) -> None:
         self._core = core
         self._record = LeaseRecord(taken, core.clock())  # for statistics()
+        self._ending = Ending(self)  # the block, wait_lost() and the loss callbacks
         # the id it was queued as, if handed over: its entry leaves every queue on release
         self._waiter = taken.waiter
         target = spec.target
@@ -149,12 +146,22 @@ class Lease:
         Returns:
             ``True`` if the lease was lost, ``False`` if it was released.
         """
-        if self._ended is None:
-            self._ended = asyncio.Event()
-            if self._announced:
-                self._ended.set()
-        await self._ended.wait()
-        return self._state is _State.LOST
+        return await self._ending.wait()
+
+    def add_lost_callback(self, callback: Callable[[Lease], object]) -> None:
+        """Call ``callback(lease)`` when the lease is lost.
+
+        For code that runs outside the lease's ``async with`` block and must
+        stop once the lock is gone (a loop publishing as the leader). The call
+        is scheduled on the event loop (``loop.call_soon``): soon after the
+        loss, or soon after this call if the lease is lost already; never if it
+        is released. An exception it raises goes to the loop's exception handler.
+        """
+        self._ending.add(callback)
+
+    def remove_lost_callback(self, callback: Callable[[Lease], object]) -> int:
+        """Remove ``callback`` from the loss callbacks; returns how many were removed."""
+        return self._ending.remove(callback)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the lock's time to live on a quorum of masters.
@@ -269,7 +276,7 @@ class Lease:
                 self._loss = decision
             return decision
         finally:
-            self._announce()
+            self._ending.announce(lost=self._state is _State.LOST)
             self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
 
     def _send_release(self) -> Round:
@@ -370,23 +377,17 @@ class Lease:
         self._core.counters.lost += 1
         logger.warning("lease on %r lost", self.resource)
         self._finish(_State.LOST)
-        if self._scope is not None:
-            self._scope.cancel()
+        if self._ending.scope is not None:
+            self._ending.scope.cancel()
         if not self._core.closed:
             self._send_release()
         self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
-
-    def _announce(self) -> None:
-        """The lease's end is known: wake `wait_lost`."""
-        self._announced = True
-        if self._ended is not None:
-            self._ended.set()
 
     def _finish(self, state: _State, *, announce: bool = True) -> None:
         self._state = state
         self._record.ended_at = self._core.clock()
         if announce:
-            self._announce()
+            self._ending.announce(lost=self._state is _State.LOST)
         self._core.held.discard(self)
         timer, self._timer = self._timer, None
         if timer is not None:
@@ -398,29 +399,27 @@ class Lease:
     # -- the async with block ---------------------------------------------------
 
     def _enter_block(self) -> None:
-        self._scope = anyio.CancelScope()
-        self._scope.__enter__()
+        self._ending.enter_block()
 
     async def _exit_block(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
-        scope, self._scope = self._scope, None
-        assert scope is not None
-        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+    ) -> None:
+        """End the block: release; `LockLostError` if the lease was lost (its scope
+        is cancelled only then, so what the scope swallows becomes that error)."""
+        swallowed = self._ending.exit_block(exc_type, exc, tb)
         if isinstance(exc, asyncio.CancelledError) and not swallowed:
             with anyio.CancelScope(shield=True):
                 await self._release_quietly()
-            return False
+            return
         if self._state is _State.LOST:
             raise self._lost_error() from (None if swallowed else exc)
         with anyio.CancelScope(shield=True):
             await self._release_quietly()
         if self.lost:  # the release found it gone on a majority
             raise self._lost_error() from exc
-        return swallowed
 
     async def _release_quietly(self) -> None:
         if self._state is not _State.HELD or self._hand_off():

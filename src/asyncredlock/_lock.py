@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from ._attempt import Acquisition
-from ._config import LockSpec, Role, check_seconds
+from ._config import LockOptions, LockSpec, Role
 from ._core import Core
 from ._errors import LockTimeoutError, QuorumUnavailableError
 from ._gate import LocalTimeoutError, Waiter
@@ -90,17 +90,14 @@ class Lock:
         keys = tuple(lock_key(settings.prefix, each) for each in names)
         if len(keys) > 1 and any(node.cluster for node in core.nodes):
             _check_one_slot(names, keys)
+        options = LockOptions(ttl, timeout, auto_extend, fencing, fair)
+        ttl, timeout, auto_extend, fencing = options.spec_values(settings)
         spec = LockSpec(
             Resources(names, keys),
-            ttl=settings.ttl if ttl is None else check_seconds("ttl", ttl),
-            timeout=check_seconds(
-                "timeout",
-                settings.timeout if timeout is None else timeout,
-                allow_zero=True,
-                allow_inf=True,
-            ),
-            auto_extend=_flag("auto_extend", auto_extend, settings.auto_extend),
-            fencing=_flag("fencing", fencing, settings.fencing),
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            fencing=fencing,
             fair=fair,
             role=role,
             patience=patience,
@@ -239,13 +236,13 @@ class Lock:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         task = asyncio.current_task()
         stack = self._entered[task]
         lease = stack.pop()
         if not stack:
             del self._entered[task]
-        return await lease._exit_block(exc_type, exc, tb)
+        await lease._exit_block(exc_type, exc, tb)
 
 
 def _check_one_slot(names: tuple[str, ...], keys: tuple[str, ...]) -> None:
@@ -257,12 +254,3 @@ def _check_one_slot(names: tuple[str, ...], keys: tuple[str, ...]) -> None:
             " slots; a lock on several resources runs one script per master, so"
             ' their keys must share a hash tag, e.g. "{order:7}:items"'
         )
-
-
-def _flag(name: str, value: object, default: bool) -> bool:
-    """A bool setting, or ``default`` when omitted (``None``)."""
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool")
-    return value

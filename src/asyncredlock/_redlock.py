@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
+import math
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
@@ -13,17 +13,16 @@ from typing import Any, ParamSpec, Self, TypeVar
 import anyio
 from redis.asyncio import Redis, RedisCluster
 
-from ._config import DEFAULTS, Settings, check_name, check_seconds, default_identity
+from ._config import DEFAULTS, Settings, check_name, check_names, check_seconds, default_identity
 from ._connect import make_nodes
 from ._core import Core
-from ._errors import QuorumUnavailableError
-from ._inspect import LockState, node_state
-from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
-from ._lease import lose_leases, release_leases
+from ._inspect import LockState
+from ._keys import lock_key
+from ._lease import Lease, release_leases
 from ._lock import Lock
-from ._protocol import classify_deleted
+from ._operator import force_free, read_state
 from ._rwlock import RWLock
-from ._scripts import DELETE, INSPECT
+from ._singleton import run_singleton
 from ._stats import RedlockStatistics
 from ._template import NameTemplate, serialize
 
@@ -199,12 +198,8 @@ class AsyncRedlock:
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         self._check_open()
-        names = _check_names(name)
-        if not isinstance(fair, bool):
-            raise TypeError("fair must be a bool")
-        if fair and len(names) > 1:
-            raise ValueError("fair=True takes one resource, not a list of them")
-        return Lock.make(
+        names = check_names(name)
+        lock = Lock.make(
             self._core,
             names,
             ttl=ttl,
@@ -213,6 +208,9 @@ class AsyncRedlock:
             fencing=fencing,
             fair=fair,
         )
+        if fair and len(names) > 1:
+            raise ValueError("fair=True takes one resource, not a list of them")
+        return lock
 
     def locked(
         self,
@@ -261,6 +259,43 @@ class AsyncRedlock:
         make(template.text)  # the settings are checked now, not at the first call
         return serialize(template, make)
 
+    async def run_singleton(
+        self,
+        name: str,
+        job: Callable[[Lease], Awaitable[T]],
+        *,
+        ttl: float | None = None,
+        fencing: bool | None = None,
+        pause: float = 1.0,
+    ) -> T:
+        """Run ``job(lease)`` on one process at a time: the holder of the lock on
+        ``name`` runs it; every other caller waits to take over.
+
+        Waits for the lock without limit (woken by a release; a holder that died
+        frees it when its key expires, at most ``ttl`` later), then runs the job
+        inside ``async with``, the lease extending itself. If the lease is lost,
+        the job is cancelled, and this call waits for the lock again and starts
+        the job anew when it holds it. An outage of the masters is waited out,
+        ``pause`` seconds between tries. Cancelling this call cancels the job
+        and releases the lock.
+
+        Args:
+            name: The resource name of the lock.
+            job: An async function taking the lease (``lease.token`` fences what
+                it writes); it may run forever or return.
+            ttl, fencing: As for `lock`.
+            pause: Seconds between tries while no quorum of masters answers (1.0).
+
+        Returns:
+            What ``job`` returned, the one time it ran to the end.
+
+        Raises:
+            TypeError, ValueError: A bad name or setting, before any I/O.
+            Exception: Whatever ``job`` raises (the lock is released first).
+        """
+        lock = self.lock(name, ttl=ttl, timeout=math.inf, auto_extend=True, fencing=fencing)
+        return await run_singleton(lock, job, pause=check_seconds("pause", pause))
+
     def rwlock(self, name: str, *, fair: bool = False, patience: float = 1.0) -> RWLock:
         """A read-write lock on the resource ``name``: many readers or one writer.
 
@@ -303,15 +338,7 @@ class AsyncRedlock:
             ValueError: ``name`` is empty.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
-        key = lock_key(self._settings.prefix, check_name(name))
-        keys = (key, aux_key(key, "fence"), readers_key(key), *queue_keys(key))
-        rnd = self._core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
-        await asyncio.wait(rnd.tasks, timeout=self._core.timing.max_wait)
-        nodes = tuple(
-            node_state(node.name, task.result() if task.done() else None, self._settings)
-            for node, task in zip(self._core.nodes, rnd.tasks, strict=True)
-        )
-        return LockState(name, key, nodes)
+        return await read_state(self._core, check_name(name))
 
     async def force_release(self, name: str) -> int:
         """Delete a lock's key on every master, whoever holds it: an operator's tool.
@@ -337,23 +364,7 @@ class AsyncRedlock:
                 the lock may still be held.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
-        key = lock_key(self._settings.prefix, check_name(name))
-        args = (channel(key),)
-        keys = (key, readers_key(key), *queue_keys(key))
-        rnd = self._core.fan_out(lambda _, node: node.call(DELETE, keys, args))
-        wait = self._core.timing.max_wait
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        decision = await self._core.decide(rnd, classify_deleted, wait=wait)
-        if decision.unavailable:
-            raise QuorumUnavailableError(
-                f"could not force {name!r} free: too many masters failed or did not answer",
-                resource=name,
-                outcomes=decision.outcomes,
-            )
-        lose_leases(self._core, key, decision)
-        await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - loop.time()))
-        return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
+        return await force_free(self._core, check_name(name))
 
     def statistics(self) -> RedlockStatistics:
         """A snapshot of this ``AsyncRedlock``'s counters and gauges."""
@@ -409,16 +420,3 @@ class AsyncRedlock:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-
-def _check_names(name: object) -> tuple[str, ...]:
-    """One resource name, or a non-empty list or tuple of distinct ones."""
-    if isinstance(name, list | tuple):
-        if not name:
-            raise ValueError("a lock on several resources needs at least one name")
-        names = tuple(check_name(each) for each in name)
-        if len(set(names)) != len(names):
-            twice = sorted({each for each in names if names.count(each) > 1})
-            raise ValueError(f"a lock names each resource once; given twice: {twice}")
-        return names
-    return (check_name(name),)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -12,6 +13,7 @@ from redis.asyncio import Redis
 
 from asyncredlock import (
     AsyncRedlock,
+    Lease,
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
@@ -21,6 +23,8 @@ from asyncredlock.testing import ServerGroup
 from .conftest import Masters
 
 pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 
 
 class TestMutualExclusion:
@@ -156,6 +160,44 @@ class TestLease:
             assert lease.validity == 0
             with pytest.raises(LockNotOwnedError):
                 await lease.release()
+
+    async def test_loss_callbacks_run_on_loss_only(self, servers: ServerGroup) -> None:
+        """A leader loop outside the block learns of the loss by a callback."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            called: list[tuple[str, bool]] = []
+            heard = anyio.Event()
+
+            def stop(which: str) -> Callable[[Lease], None]:
+                def callback(lease: Lease) -> None:
+                    called.append((which, lease.lost))
+                    heard.set()
+
+                return callback
+
+            lease = await redlock.lock("leader", ttl=30).acquire()
+            removed = stop("removed")
+            lease.add_lost_callback(stop("kept"))
+            lease.add_lost_callback(removed)
+            lease.add_lost_callback(removed)
+            assert lease.remove_lost_callback(removed) == 2
+            assert called == []  # held: nothing yet
+            await redlock.force_release("leader")
+            with anyio.fail_after(HANG_GUARD):
+                await heard.wait()
+            assert called == [("kept", True)]
+            heard = anyio.Event()
+            lease.add_lost_callback(stop("late"))  # lost already: called soon
+            with anyio.fail_after(HANG_GUARD):
+                await heard.wait()
+            assert called == [("kept", True), ("late", True)]
+
+            released = await redlock.lock("leader").acquire()
+            released.add_lost_callback(stop("released"))
+            await released.release()
+            released.add_lost_callback(stop("after release"))
+            await redlock.settle()
+            await anyio.wait_all_tasks_blocked()  # a callback scheduled would have run
+            assert [which for which, _ in called] == ["kept", "late"]
 
     async def test_release_of_a_lease_another_holder_owns(
         self, servers: ServerGroup, masters: Masters

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from typing import assert_type
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, assert_type
 
 from redis.asyncio import Redis
 
@@ -221,4 +222,52 @@ async def decorated(redlock: AsyncRedlock) -> None:
     await run_job("7")  # type: ignore[arg-type]
     redlock.locked("jobs", ttl="30")  # type: ignore[arg-type]
     assert_type(redlock.identity, str)
+    lease = await redlock.lock("leader").acquire()
+
+    def step_down(lost: Lease) -> None: ...
+
+    assert_type(lease.add_lost_callback(step_down), None)
+    assert_type(lease.remove_lost_callback(step_down), int)
+
+    def takes_nothing() -> None: ...
+
+    lease.add_lost_callback(takes_nothing)  # type: ignore[arg-type]
     AsyncRedlock(["redis://h1"], identity="web-3")
+
+
+async def returns_from_the_block(redlock: AsyncRedlock) -> int:
+    # The block never swallows an exception, so a return inside it is the last word
+    # (mypy would report a missing return if __aexit__ were typed as returning bool).
+    async with redlock.lock("orders:42"):
+        return 42
+
+
+def web_apps() -> None:
+    from aiohttp import web
+    from fastapi import Depends, FastAPI
+
+    from asyncredlock.contrib import aiohttp as redlock_aiohttp
+    from asyncredlock.contrib import fastapi as redlock_fastapi
+
+    app = FastAPI(lifespan=redlock_fastapi.lifespan(["redis://h1"], ttl=10.0))
+    redlock_fastapi.add_exception_handlers(app, redlock_fastapi.HTTPErrors(busy=409))
+
+    @app.put("/orders/{order_id}")
+    async def update(
+        order_id: int, lease: Annotated[Lease, Depends(redlock_fastapi.locked("orders:{order_id}"))]
+    ) -> int | None:
+        return lease.token
+
+    assert_type(redlock_fastapi.redlock_of(app), AsyncRedlock)
+    redlock_fastapi.locked("orders", ttl="10")  # type: ignore[arg-type]
+
+    web_app = web.Application()
+    redlock_aiohttp.setup(web_app, ["redis://h1"], errors=redlock_aiohttp.HTTPErrors())
+
+    @redlock_aiohttp.locked("orders:{order_id}", timeout=2)
+    async def handler(request: web.Request) -> web.Response:
+        assert_type(request.app[redlock_aiohttp.REDLOCK], AsyncRedlock)
+        return web.Response()
+
+    kept: Callable[[web.Request], Coroutine[Any, Any, web.Response]] = handler  # same signature
+    assert kept is handler

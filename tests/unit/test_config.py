@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from asyncredlock import AsyncRedlock, QuorumUnavailableError
-from asyncredlock._config import DEFAULTS, Settings, check_name, check_seconds
+from asyncredlock._config import DEFAULTS, LockOptions, Settings, check_name, check_seconds
 
 NOT_A_NUMBER = [True, False, "10", None, b"1", [1.0]]
 
@@ -331,3 +331,35 @@ class TestConstructionDoesNoIO:
                     await redlock.lock("x", timeout=0).acquire()
                 await redlock.aclose()
         assert redlock.statistics().attempts == 1
+
+
+class TestLockOptions:
+    """What lock() takes besides the name, checked before any lock is made."""
+
+    def test_none_takes_the_setting(self) -> None:
+        options = LockOptions(ttl=5, timeout=0)
+        assert options.ttl == 5.0
+        assert isinstance(options.ttl, float)
+        assert options.spec_values(DEFAULTS) == (5.0, 0.0, True, True)
+        assert LockOptions(auto_extend=False, fencing=False).spec_values(DEFAULTS) == (
+            10.0,
+            10.0,
+            False,
+            False,
+        )
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "pattern"),
+        [
+            ({"ttl": 0}, ValueError, r"^ttl must be > 0"),
+            ({"timeout": -1}, ValueError, r"^timeout must be >= 0"),
+            ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
+            ({"fencing": "yes"}, TypeError, r"^fencing must be a bool"),
+            ({"fair": None}, TypeError, r"^fair must be a bool"),
+        ],
+    )
+    def test_bad_values_refused(
+        self, kwargs: dict[str, Any], error: type[Exception], pattern: str
+    ) -> None:
+        with pytest.raises(error, match=pattern):
+            LockOptions(**kwargs)

@@ -1,0 +1,50 @@
+"""The operator's tools on one lock: read its state on every master, force it free."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ._core import Core
+from ._errors import QuorumUnavailableError
+from ._inspect import LockState, node_state
+from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
+from ._lease import lose_leases
+from ._protocol import classify_deleted
+from ._scripts import DELETE, INSPECT
+
+__all__ = ["force_free", "read_state"]
+
+
+async def read_state(core: Core, name: str) -> LockState:
+    """``inspect()``: every master's view, each waited for up to the longest wait."""
+    key = lock_key(core.settings.prefix, name)
+    keys = (key, aux_key(key, "fence"), readers_key(key), *queue_keys(key))
+    rnd = core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
+    await asyncio.wait(rnd.tasks, timeout=core.timing.max_wait)
+    nodes = tuple(
+        node_state(node.name, task.result() if task.done() else None, core.settings)
+        for node, task in zip(core.nodes, rnd.tasks, strict=True)
+    )
+    return LockState(name, key, nodes)
+
+
+async def force_free(core: Core, name: str) -> int:
+    """``force_release()``: delete the key everywhere, lose this client's leases on
+    it, and count the masters where a key was deleted."""
+    key = lock_key(core.settings.prefix, name)
+    args = (channel(key),)
+    keys = (key, readers_key(key), *queue_keys(key))
+    rnd = core.fan_out(lambda _, node: node.call(DELETE, keys, args))
+    wait = core.timing.max_wait
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    decision = await core.decide(rnd, classify_deleted, wait=wait)
+    if decision.unavailable:
+        raise QuorumUnavailableError(
+            f"could not force {name!r} free: too many masters failed or did not answer",
+            resource=name,
+            outcomes=decision.outcomes,
+        )
+    lose_leases(core, key, decision)
+    await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - loop.time()))
+    return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)

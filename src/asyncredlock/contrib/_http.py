@@ -1,0 +1,73 @@
+"""What the frameworks' helpers share: the lock's errors as HTTP responses, and
+the hint when a framework is missing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, RedlockError
+
+__all__ = ["ErrorResponse", "HTTPErrors", "missing_framework"]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """One error's response: its status, headers and JSON body."""
+
+    status: int
+    headers: dict[str, str]
+    body: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPErrors:
+    """How the lock's errors become HTTP responses.
+
+    Attributes:
+        busy: Status for `LockTimeoutError`, the lock held past the timeout
+            (423 Locked): the client may try again.
+        unavailable: Status for `QuorumUnavailableError`, a majority of masters
+            unreachable (503 Service Unavailable).
+        lost: Status for `LockLostError`, the lease lost while the handler ran
+            (503): the handler was cancelled and its work is not to be trusted.
+        retry_after: Whole seconds sent in ``Retry-After`` with each of them (1).
+    """
+
+    busy: int = 423
+    unavailable: int = 503
+    lost: int = 503
+    retry_after: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("busy", "unavailable", "lost"):
+            status = getattr(self, name)
+            if isinstance(status, bool) or not isinstance(status, int):
+                raise TypeError(f"{name} must be an HTTP status code (int)")
+            if not 400 <= status <= 599:
+                raise ValueError(f"{name} must be an error status (400-599), got {status}")
+        retry = self.retry_after
+        if isinstance(retry, bool) or not isinstance(retry, int):
+            raise TypeError("retry_after must be a whole number of seconds (int)")
+        if retry < 0:
+            raise ValueError(f"retry_after must be >= 0 seconds, got {retry}")
+
+    def response(self, error: RedlockError) -> ErrorResponse | None:
+        """The response for ``error``; ``None`` for an error that is a bug of the
+        caller (`LockNotOwnedError`), left to the framework (500)."""
+        if isinstance(error, LockTimeoutError):
+            status, why = self.busy, "locked"
+        elif isinstance(error, QuorumUnavailableError):
+            status, why = self.unavailable, "lock service unavailable"
+        elif isinstance(error, LockLostError):
+            status, why = self.lost, "lock lost"
+        else:
+            return None
+        body = {"detail": f"{why}: {error}", "resource": error.resource}
+        return ErrorResponse(status, {"Retry-After": str(self.retry_after)}, body)
+
+
+def missing_framework(module: str, framework: str, extra: str) -> ImportError:
+    """The error raised by a contrib module imported without its framework."""
+    return ImportError(
+        f"asyncredlock.contrib.{module} needs {framework}: pip install 'asyncredlock[{extra}]'"
+    )

@@ -1,0 +1,144 @@
+"""aiohttp helpers: the ``AsyncRedlock`` in the app's cleanup context, the lock's
+errors as HTTP responses, and a handler decorator holding a lock per request.
+
+::
+
+    from aiohttp import web
+    from asyncredlock.contrib.aiohttp import REDLOCK, locked, setup
+
+    app = web.Application()
+    setup(app, ["redis://h1", "redis://h2", "redis://h3"], ttl=10.0)
+
+    @locked("orders:{order_id}", timeout=2)
+    async def update(request: web.Request) -> web.Response:
+        ...  # runs holding the lock "orders:<order_id>"
+
+    app.router.add_put("/orders/{order_id}", update)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from .._config import LockOptions
+from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
+from .._redlock import AsyncRedlock
+from .._template import NameTemplate
+from ._http import HTTPErrors, missing_framework
+
+try:
+    from aiohttp import web
+except ImportError:  # pragma: no cover - exercised in a subprocess
+    raise missing_framework("aiohttp", "aiohttp", "aiohttp") from None
+
+__all__ = ["REDLOCK", "HTTPErrors", "locked", "setup"]
+
+#: The app's ``AsyncRedlock``: ``request.app[REDLOCK]``, set by `setup` while the
+#: app runs.
+REDLOCK: web.AppKey[AsyncRedlock] = web.AppKey("asyncredlock", AsyncRedlock)
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
+Handle = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def setup(
+    app: web.Application,
+    masters: Sequence[Any],
+    /,
+    *,
+    errors: HTTPErrors | None = None,
+    **settings: Any,
+) -> None:
+    """Give ``app`` an ``AsyncRedlock`` and answer the lock's errors.
+
+    A cleanup context makes the ``AsyncRedlock`` at startup (``app[REDLOCK]``)
+    and closes it at cleanup; a middleware answers `LockTimeoutError` with 423,
+    `QuorumUnavailableError` and `LockLostError` with 503, each with
+    ``Retry-After`` and a JSON body (``errors``: other codes, see `HTTPErrors`).
+
+    Args:
+        app: The application, before it starts.
+        masters: As for `AsyncRedlock`.
+        errors: How errors become responses; `HTTPErrors` defaults if omitted.
+        settings: `AsyncRedlock`'s keyword settings.
+
+    Raises:
+        TypeError, ValueError: As `AsyncRedlock` raises for bad masters or
+            settings, and for a bad ``errors``: raised here, not at startup.
+    """
+    mapping = HTTPErrors() if errors is None else errors
+    if not isinstance(mapping, HTTPErrors):
+        raise TypeError(f"errors must be an HTTPErrors, not {type(mapping).__name__}")
+    AsyncRedlock(masters, **settings)  # checked now; it opens nothing, so nothing to close
+
+    async def own_redlock(app: web.Application) -> AsyncIterator[None]:
+        async with AsyncRedlock(masters, **settings) as redlock:
+            app[REDLOCK] = redlock
+            yield
+
+    @web.middleware
+    async def answer_lock_errors(request: web.Request, handler: Handle) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (LockTimeoutError, QuorumUnavailableError, LockLostError) as exc:
+            answer = mapping.response(exc)
+            assert answer is not None  # each of these has one
+            return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+
+    app.cleanup_ctx.append(own_redlock)
+    app.middlewares.append(answer_lock_errors)
+
+
+def locked(
+    name: str,
+    /,
+    *,
+    ttl: float | None = None,
+    timeout: float | None = None,
+    auto_extend: bool | None = None,
+    fencing: bool | None = None,
+    fair: bool = False,
+) -> Callable[[Handler], Handler]:
+    """A decorator for a handler (``async def handler(request)``, or a method of a
+    ``web.View``): it runs holding a lock, taken through ``request.app[REDLOCK]``.
+
+    ``name`` is filled with the route's ``match_info`` (``"orders:{order_id}"``);
+    the other arguments are `AsyncRedlock.lock`'s. The lock is released when the
+    handler returns, before aiohttp sends the response. A lease lost while the
+    handler runs cancels it and raises `LockLostError` (503 through `setup`'s
+    middleware).
+
+    Raises:
+        TypeError, ValueError: A bad template or setting, or a decorated object
+            that is not a coroutine function. At a request, `ValueError` if a
+            field is not a path parameter of the route.
+    """
+    template = NameTemplate(name)
+    options = LockOptions(ttl, timeout, auto_extend, fencing, fair)
+
+    def decorate(handler: Handler) -> Handler:
+        if not inspect.iscoroutinefunction(handler):
+            raise TypeError(f"locked() decorates async handlers, not {handler!r}")
+
+        @functools.wraps(handler)
+        async def run(arg: web.Request | web.View) -> web.StreamResponse:
+            request = arg.request if isinstance(arg, web.View) else arg
+            params = request.match_info
+            template.check_names(params, "a path parameter of this route")
+            lock = request.app[REDLOCK].lock(
+                template.fill(params),
+                ttl=options.ttl,
+                timeout=options.timeout,
+                auto_extend=options.auto_extend,
+                fencing=options.fencing,
+                fair=options.fair,
+            )
+            async with lock:
+                return await handler(arg)
+
+        return run  # type: ignore[return-value]  # same signature as the handler
+
+    return decorate

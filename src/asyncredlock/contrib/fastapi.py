@@ -1,0 +1,163 @@
+"""FastAPI helpers: the ``AsyncRedlock`` in the app's lifespan, a lock per request
+as a dependency, and the lock's errors as HTTP responses.
+
+::
+
+    from fastapi import Depends, FastAPI
+    from asyncredlock import Lease
+    from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locked
+
+    app = FastAPI(lifespan=lifespan(["redis://h1", "redis://h2", "redis://h3"], ttl=10.0))
+    add_exception_handlers(app)
+
+    @app.put("/orders/{order_id}")
+    async def update(order_id: int, lease: Lease = Depends(locked("orders:{order_id}"))):
+        ...  # runs holding the lock "orders:<order_id>"
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from .._config import LockOptions
+from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, RedlockError
+from .._lease import Lease
+from .._redlock import AsyncRedlock
+from .._template import NameTemplate
+from ._http import HTTPErrors, missing_framework
+
+try:
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+except ImportError:  # pragma: no cover - exercised in a subprocess
+    raise missing_framework("fastapi", "FastAPI", "fastapi") from None
+
+__all__ = ["HTTPErrors", "add_exception_handlers", "lifespan", "locked", "redlock_of"]
+
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+def lifespan(masters: Sequence[Any], /, **settings: Any) -> Lifespan:
+    """A lifespan that makes the app's ``AsyncRedlock`` at startup, stores it as
+    ``app.state.redlock`` and closes it at shutdown.
+
+    ``masters`` and ``settings`` are those of `AsyncRedlock`, checked now: a bad
+    one raises here, not when the app starts. Each startup makes a fresh
+    ``AsyncRedlock`` on the loop that serves the app. To run an app's own startup
+    and shutdown too, enter this lifespan inside that one::
+
+        redlock_lifespan = lifespan(masters)
+
+        @asynccontextmanager
+        async def app_lifespan(app: FastAPI) -> AsyncIterator[None]:
+            async with redlock_lifespan(app):
+                ...  # the app's own startup: app.state.redlock is there
+                yield
+                ...  # its shutdown, before the AsyncRedlock closes
+
+    Raises:
+        TypeError, ValueError: As `AsyncRedlock` raises for bad masters or settings.
+    """
+    AsyncRedlock(masters, **settings)  # checked now; it opens nothing, so nothing to close
+
+    @asynccontextmanager
+    async def run(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncRedlock(masters, **settings) as redlock:
+            app.state.redlock = redlock
+            try:
+                yield
+            finally:
+                del app.state.redlock
+
+    return run
+
+
+def redlock_of(app: FastAPI) -> AsyncRedlock:
+    """The app's ``AsyncRedlock`` (``app.state.redlock``).
+
+    Raises:
+        RuntimeError: There is none: the app was not given `lifespan`, or is not
+            running.
+    """
+    redlock = getattr(app.state, "redlock", None)
+    if not isinstance(redlock, AsyncRedlock):
+        raise RuntimeError(
+            "app.state.redlock is not set: give the app asyncredlock.contrib.fastapi.lifespan()"
+        )
+    return redlock
+
+
+def locked(
+    name: str,
+    /,
+    *,
+    ttl: float | None = None,
+    timeout: float | None = None,
+    auto_extend: bool | None = None,
+    fencing: bool | None = None,
+    fair: bool = False,
+) -> Callable[..., Awaitable[Lease]]:
+    """A dependency holding a lock while the request's handler runs; it yields the
+    `Lease`.
+
+    ``name`` is filled with the route's path parameters (``"orders:{order_id}"``);
+    the other arguments are `AsyncRedlock.lock`'s. The lock is taken before the
+    handler runs (a contended one past ``timeout`` raises `LockTimeoutError`: 423
+    with `add_exception_handlers`), and released when it returns, before the
+    response is sent. A lease lost while the handler runs cancels the handler and
+    raises `LockLostError` (503), so no response is built on unprotected work.
+
+    Raises:
+        TypeError, ValueError: A bad template or setting, raised here. At a
+            request, `ValueError` if a field is not a path parameter of the route.
+    """
+    template = NameTemplate(name)
+    options = LockOptions(ttl, timeout, auto_extend, fencing, fair)
+
+    async def hold_lock(request: Request) -> AsyncIterator[Lease]:
+        params = request.path_params
+        template.check_names(params, "a path parameter of this route")
+        lock = redlock_of(request.app).lock(
+            template.fill(params),
+            ttl=options.ttl,
+            timeout=options.timeout,
+            auto_extend=options.auto_extend,
+            fencing=options.fencing,
+            fair=options.fair,
+        )
+        async with lock as lease:
+            yield lease
+
+    # The lock's dependency ends with the handler ("function" scope), not after the
+    # response is sent, whatever scope the user's Depends() gives this one.
+    # (A default, not Annotated: with postponed annotations FastAPI could not resolve
+    # hold_lock, a local name, from the annotation string.)
+    async def lease(held: Lease = Depends(hold_lock, scope="function")) -> Lease:  # noqa: B008
+        return held
+
+    return lease
+
+
+def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> None:
+    """Answer the lock's errors with HTTP responses (see `HTTPErrors`):
+    `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503, each
+    with ``Retry-After`` and a JSON body ``{"detail": ..., "resource": ...}``.
+
+    Args:
+        app: The application.
+        errors: Other status codes or ``Retry-After`` (``HTTPErrors(busy=409)``).
+    """
+    mapping = HTTPErrors() if errors is None else errors
+    if not isinstance(mapping, HTTPErrors):
+        raise TypeError(f"errors must be an HTTPErrors, not {type(mapping).__name__}")
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RedlockError)
+        answer = mapping.response(exc)
+        assert answer is not None  # registered only for the errors it answers
+        return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+
+    for error in (LockTimeoutError, QuorumUnavailableError, LockLostError):
+        app.add_exception_handler(error, handle)

@@ -1,0 +1,1 @@
+"""Small web apps served by the contrib tests (also in uvicorn worker processes)."""

@@ -1,0 +1,211 @@
+"""``asyncredlock.contrib.aiohttp``: seed 003's ``/items`` race through aiohttp's test
+server, and each helper's behaviour."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock
+from asyncredlock.contrib.aiohttp import REDLOCK, HTTPErrors, locked, setup
+from asyncredlock.testing import ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .apps.items import aiohttp_app
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 60  # seconds; only stops a hung test, never decides an outcome
+LIMIT, REQUESTS, ROUNDS = 3, 5, 10
+Client = TestClient[web.Request, web.Application]
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[Client]:
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+async def race(
+    client: TestClient[web.Request, web.Application], db: Redis, shop: str
+) -> tuple[list[int], int]:
+    statuses: list[int] = []
+
+    async def post() -> None:
+        async with client.post(f"/items/{shop}") as response:
+            statuses.append(response.status)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(REQUESTS):
+            tg.start_soon(post)
+    return sorted(statuses), await db.llen(f"items:{shop}")
+
+
+class TestSeed003:
+    async def test_with_the_lock_exactly_three_are_created(
+        self, servers: ServerGroup, make_servers: MakeServers
+    ) -> None:
+        database = make_servers(1).urls[0]
+        db = Redis.from_url(database)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(aiohttp_app(servers.urls, database, LIMIT, lock=True)) as client:
+                results = [await race(client, db, f"shop{i}") for i in range(ROUNDS)]
+        await db.aclose()
+        assert results == [([201] * 3 + [400] * 2, LIMIT)] * ROUNDS
+
+    async def test_without_the_lock_the_race_shows(
+        self, servers: ServerGroup, make_servers: MakeServers
+    ) -> None:
+        database = make_servers(1).urls[0]
+        db = Redis.from_url(database)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(aiohttp_app(servers.urls, database, LIMIT, lock=False)) as client:
+                stored = [(await race(client, db, f"shop{i}"))[1] for i in range(ROUNDS)]
+        await db.aclose()
+        assert all(count > LIMIT for count in stored), stored
+
+
+def app_with(masters: list[str], errors: HTTPErrors | None = None) -> web.Application:
+    app = web.Application()
+    setup(app, masters, errors=errors)
+    return app
+
+
+class TestErrors:
+    async def test_contended_past_the_timeout_is_423_with_retry_after(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+
+        @locked("orders:{order_id}", timeout=0)
+        async def update(request: web.Request) -> web.Response:
+            raise AssertionError("must not run while the lock is held elsewhere")
+
+        app.router.add_put("/orders/{order_id}", update)
+        async with (
+            AsyncRedlock(servers.urls) as other,
+            other.lock("orders:7"),
+            serving(app) as client,
+            client.put("/orders/7") as response,
+        ):
+            body = await response.json()
+        assert (response.status, response.headers["Retry-After"]) == (423, "1")
+        assert body["resource"] == "orders:7"
+
+    async def test_a_majority_of_masters_down_is_503(self, make_servers: MakeServers) -> None:
+        group = make_servers(3)
+        app = app_with(group.urls, HTTPErrors(unavailable=502, retry_after=4))
+
+        @locked("x", timeout=0)
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text="unreachable")
+
+        app.router.add_get("/x", handler)
+        async with serving(app) as client:
+            group[0].stop()
+            group[2].stop()
+            async with client.get("/x") as response:
+                body = await response.json()
+        assert (response.status, response.headers["Retry-After"]) == (502, "4")
+        assert "lock service unavailable" in body["detail"]
+
+    async def test_a_lost_lease_cancels_the_handler_and_answers_503(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+        finished = False
+
+        @locked("job:{job}")
+        async def work(request: web.Request) -> web.Response:
+            nonlocal finished
+            await request.app[REDLOCK].force_release(f"job:{request.match_info['job']}")
+            await anyio.sleep_forever()
+            finished = True
+            return web.Response()
+
+        app.router.add_post("/work/{job}", work)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, client.post("/work/3") as response:
+                body = await response.json()
+        assert response.status == 503
+        assert "lock lost" in body["detail"]
+        assert not finished
+
+
+class TestHandlers:
+    async def test_a_view_method_takes_the_lock_from_its_request(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+
+        class Order(web.View):
+            @locked("orders:{order_id}")
+            async def put(self) -> web.Response:
+                state = await self.request.app[REDLOCK].inspect("orders:1")
+                return web.json_response({"held": state.holder is not None})
+
+        app.router.add_view("/orders/{order_id}", Order)
+        async with serving(app) as client, client.put("/orders/1") as response:
+            assert await response.json() == {"held": True}
+
+    async def test_the_app_owns_one_redlock_while_it_runs(self, servers: ServerGroup) -> None:
+        app = app_with(servers.urls)
+        async with serving(app):
+            redlock = app[REDLOCK]
+            async with redlock.lock("owned"):
+                pass
+        with pytest.raises(RuntimeError, match="is closed"):
+            redlock.lock("after")
+
+    def test_bad_input_raises_when_set_up_or_decorated(self) -> None:
+        with pytest.raises(ValueError, match=r"^ttl must be > 0"):
+            setup(web.Application(), ["redis://127.0.0.1:1"], ttl=0)
+        with pytest.raises(TypeError, match="errors must be an HTTPErrors"):
+            setup(web.Application(), ["redis://127.0.0.1:1"], errors=423)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="fields must be named"):
+            locked("orders:{}")
+        with pytest.raises(TypeError, match="async handlers"):
+            locked("orders")(lambda request: web.Response())  # type: ignore[arg-type, return-value]
+
+    async def test_a_field_that_is_not_in_the_route_is_a_clear_error(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+        failures: list[BaseException] = []
+
+        @web.middleware
+        async def keep(request: web.Request, handler: web.RequestHandler) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except ValueError as exc:
+                failures.append(exc)
+                raise
+
+        app.middlewares.insert(0, keep)
+
+        @locked("orders:{order_id}")
+        async def get(request: web.Request) -> web.Response:
+            return web.Response()
+
+        app.router.add_get("/orders/{order}", get)
+        async with serving(app) as client, client.get("/orders/7") as response:
+            assert response.status == 500
+        assert "uses order_id, which is not a path parameter" in str(failures[0])
+
+
+def test_importing_without_aiohttp_says_what_to_install() -> None:
+    code = "import sys; sys.modules['aiohttp'] = None; import asyncredlock.contrib.aiohttp"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "ImportError: asyncredlock.contrib.aiohttp needs aiohttp:"
+        " pip install 'asyncredlock[aiohttp]'"
+    )

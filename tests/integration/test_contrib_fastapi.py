@@ -1,0 +1,320 @@
+"""``asyncredlock.contrib.fastapi``: seed 003's ``/items`` race under uvicorn with two
+worker processes, and each helper's behaviour in process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+from fastapi import Depends, FastAPI
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, Lease
+from asyncredlock.contrib.fastapi import (
+    HTTPErrors,
+    add_exception_handlers,
+    lifespan,
+    locked,
+    redlock_of,
+)
+from asyncredlock.testing import ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .apps.items import fastapi_app
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 60  # seconds; only stops a hung test, never decides an outcome
+APPS = Path(__file__).parent / "apps"
+LIMIT, REQUESTS, ROUNDS = 3, 5, 10
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def uvicorn(masters: list[str], db: str, *, lock: bool) -> AsyncIterator[str]:
+    """The items app served by uvicorn with two worker processes; its base URL."""
+    port = free_port()
+    env = os.environ | {
+        "ITEMS_MASTERS": ",".join(masters),
+        "ITEMS_DB": db,
+        "ITEMS_LIMIT": str(LIMIT),
+        "ITEMS_LOCKED": "1" if lock else "0",
+        "PYTHONPATH": os.pathsep.join([str(APPS), *sys.path]),
+    }
+    command = [sys.executable, "-m", "uvicorn", "--factory", "items:fastapi_from_env"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--no-access-log"]
+    with tempfile.TemporaryFile() as log:
+        server = await anyio.open_process(command, env=env, stdout=log, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await _until_serving(url, server)
+            yield url
+        finally:
+            with anyio.CancelScope(shield=True):
+                server.terminate()
+                with anyio.move_on_after(10):
+                    await server.wait()
+                if server.returncode is None:
+                    server.kill()
+                    await server.wait()
+                await server.aclose()
+
+
+async def _until_serving(url: str, server: anyio.abc.Process) -> None:
+    """Return once both workers answer (bounded by the caller's HANG_GUARD); each
+    check is a new connection, which either worker may accept."""
+    pids: set[int] = set()
+    while len(pids) < 2:
+        assert server.returncode is None, "uvicorn exited"
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                pids.add((await client.get("/health", timeout=1)).json()["pid"])
+        except httpx.TransportError:
+            await anyio.sleep(0.05)  # polling for a port to open: nothing to await
+
+
+async def race(url: str, db: Redis, shop: str) -> tuple[list[int], int, set[int]]:
+    """Five concurrent POSTs: their statuses (sorted), the items stored, and the
+    worker processes that answered."""
+    async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD) as client:
+        responses: list[httpx.Response] = []
+
+        async def post() -> None:
+            responses.append(await client.post(f"/items/{shop}"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(REQUESTS):
+                tg.start_soon(post)
+    pids = {response.json()["pid"] for response in responses}
+    return sorted(r.status_code for r in responses), await db.llen(f"items:{shop}"), pids
+
+
+@pytest.fixture
+def database(make_servers: MakeServers) -> ServerGroup:
+    """The app's own database: a server apart from the masters."""
+    return make_servers(1)
+
+
+class TestSeed003UnderUvicorn:
+    """Two uvicorn worker processes, five concurrent POSTs, a limit of three."""
+
+    async def test_with_the_lock_exactly_three_are_created(
+        self, servers: ServerGroup, database: ServerGroup
+    ) -> None:
+        db = Redis.from_url(database.urls[0])
+        pids: set[int] = set()
+        with anyio.fail_after(HANG_GUARD):
+            async with uvicorn(servers.urls, database.urls[0], lock=True) as url:
+                for round_ in range(ROUNDS):
+                    statuses, stored, answered = await race(url, db, f"shop{round_}")
+                    assert (statuses, stored) == ([201] * 3 + [400] * 2, LIMIT), round_
+                    pids |= answered
+        await db.aclose()
+        print("PIDS", pids)
+        assert len(pids) >= 1
+
+    async def test_without_the_lock_the_race_shows(
+        self, servers: ServerGroup, database: ServerGroup
+    ) -> None:
+        db = Redis.from_url(database.urls[0])
+        with anyio.fail_after(HANG_GUARD):
+            async with uvicorn(servers.urls, database.urls[0], lock=False) as url:
+                stored = [(await race(url, db, f"shop{round_}"))[1] for round_ in range(ROUNDS)]
+        await db.aclose()
+        assert all(count > LIMIT for count in stored), stored
+
+    async def test_the_lock_is_free_when_the_response_arrives(
+        self, servers: ServerGroup, database: ServerGroup
+    ) -> None:
+        """A client that got its answer and calls again never finds its own lock."""
+        with anyio.fail_after(HANG_GUARD):
+            async with (
+                uvicorn(servers.urls, database.urls[0], lock=True) as url,
+                httpx.AsyncClient(base_url=url) as client,
+            ):
+                statuses = [(await client.put("/slow/0")).status_code for _ in range(30)]
+        assert statuses == [200] * 30  # the route's lock has timeout=0: held would be 423
+
+
+def app_with(masters: list[str], **settings: object) -> FastAPI:
+    app = FastAPI(lifespan=lifespan(masters, **settings))
+    add_exception_handlers(app)
+    return app
+
+
+@asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            yield client
+
+
+class TestErrors:
+    async def test_contended_past_the_timeout_is_423_with_retry_after(
+        self, servers: ServerGroup
+    ) -> None:
+        app = fastapi_app(servers.urls, servers.urls[0], LIMIT, lock=True)
+        async with (
+            AsyncRedlock(servers.urls) as other,
+            other.lock("slow:0"),
+            serving(app) as client,
+        ):
+            response = await client.put("/slow/0")
+        assert response.status_code == 423
+        assert response.headers["retry-after"] == "1"
+        assert response.json()["resource"] == "slow:0"
+
+    async def test_a_majority_of_masters_down_is_503(self, make_servers: MakeServers) -> None:
+        group = make_servers(3)
+        app = fastapi_app(group.urls, group.urls[0], LIMIT, lock=True)
+        async with serving(app) as client:
+            group[1].stop()
+            group[2].stop()
+            response = await client.put("/slow/0")
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert "lock service unavailable" in response.json()["detail"]
+
+    async def test_a_lost_lease_cancels_the_handler_and_answers_503(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+        finished = False
+
+        @app.post("/work/{job}")
+        async def work(job: str, lease: Annotated[Lease, Depends(locked("job:{job}"))]) -> None:
+            nonlocal finished
+            await redlock_of(app).force_release(f"job:{job}")  # as an operator would
+            await anyio.sleep_forever()
+            finished = True
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                response = await client.post("/work/7")
+        assert response.status_code == 503
+        assert "lock lost" in response.json()["detail"]
+        assert not finished
+
+    async def test_status_codes_and_retry_after_are_configurable(
+        self, servers: ServerGroup
+    ) -> None:
+        app = FastAPI(lifespan=lifespan(servers.urls))
+        add_exception_handlers(app, HTTPErrors(busy=409, retry_after=5))
+
+        @app.put("/busy")
+        async def busy(lease: Annotated[Lease, Depends(locked("busy", timeout=0))]) -> None: ...
+
+        async with (
+            AsyncRedlock(servers.urls) as other,
+            other.lock("busy"),
+            serving(app) as client,
+        ):
+            response = await client.put("/busy")
+        assert (response.status_code, response.headers["retry-after"]) == (409, "5")
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error"),
+        [
+            ({"busy": 200}, ValueError),
+            ({"lost": "503"}, TypeError),
+            ({"retry_after": -1}, ValueError),
+        ],
+    )
+    def test_bad_status_codes_are_refused(
+        self, kwargs: dict[str, object], error: type[Exception]
+    ) -> None:
+        with pytest.raises(error):
+            HTTPErrors(**kwargs)  # type: ignore[arg-type]
+
+
+class TestLifespan:
+    async def test_composes_with_the_apps_own_and_closes_at_shutdown(
+        self, servers: ServerGroup
+    ) -> None:
+        redlock_lifespan = lifespan(servers.urls, identity="api-1")
+        seen: list[str] = []
+
+        @asynccontextmanager
+        async def app_lifespan(app: FastAPI) -> AsyncIterator[None]:
+            async with redlock_lifespan(app):
+                seen.append(redlock_of(app).identity)
+                yield
+
+        app = FastAPI(lifespan=app_lifespan)
+        async with app.router.lifespan_context(app):
+            redlock = redlock_of(app)
+            async with redlock.lock("inside"):
+                pass
+        assert seen == ["api-1"]
+        with pytest.raises(RuntimeError, match="is closed"):
+            redlock.lock("after")
+        with pytest.raises(RuntimeError, match=r"app.state.redlock is not set"):
+            redlock_of(app)
+        async with app.router.lifespan_context(app):  # a restart makes a fresh one
+            assert redlock_of(app) is not redlock
+
+    def test_bad_settings_raise_when_the_lifespan_is_made(self) -> None:
+        with pytest.raises(ValueError, match=r"^ttl must be > 0"):
+            lifespan(["redis://127.0.0.1:1"], ttl=0)
+        with pytest.raises(TypeError):
+            lifespan(["redis://127.0.0.1:1"], colour="blue")
+
+
+class TestDependency:
+    def test_bad_template_or_setting_raises_when_made(self) -> None:
+        with pytest.raises(ValueError, match="fields must be named"):
+            locked("orders:{}")
+        with pytest.raises(ValueError, match=r"^timeout must be >= 0"):
+            locked("orders:{order_id}", timeout=-1)
+
+    async def test_a_field_that_is_not_a_path_parameter_is_a_clear_error(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+
+        @app.get("/orders/{order}")
+        async def get(lease: Annotated[Lease, Depends(locked("orders:{order_id}"))]) -> None: ...
+
+        async with serving(app) as client:
+            with pytest.raises(ValueError, match="uses order_id, which is not a path parameter"):
+                await client.get("/orders/7")
+        async with AsyncRedlock(servers.urls) as redlock:
+            assert (await redlock.inspect("orders:7")).holder is None
+
+    async def test_without_the_lifespan_the_error_says_what_is_missing(self) -> None:
+        app = FastAPI()
+
+        @app.get("/x")
+        async def get(lease: Annotated[Lease, Depends(locked("x"))]) -> None: ...
+
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            with pytest.raises(RuntimeError, match=r"give the app .*lifespan"):
+                await client.get("/x")
+
+
+def test_importing_without_fastapi_says_what_to_install() -> None:
+    code = "import sys; sys.modules['fastapi'] = None; import asyncredlock.contrib.fastapi"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "ImportError: asyncredlock.contrib.fastapi needs FastAPI:"
+        " pip install 'asyncredlock[fastapi]'"
+    )

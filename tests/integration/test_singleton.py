@@ -1,0 +1,166 @@
+"""``AsyncRedlock.run_singleton``: one job on one process at a time, taken over when
+its holder dies or loses the lock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock, Lease
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from asyncredlock import AsyncRedlock
+
+    async def lead(lease):
+        print("leading", lease.token, flush=True)
+        await asyncio.Event().wait()
+
+    async def main():
+        async with AsyncRedlock(sys.argv[1:], ttl=1.0, identity="child") as redlock:
+            await redlock.run_singleton("scheduler", lead)
+
+    asyncio.run(main())
+    """
+)
+
+
+class TestOneAtATime:
+    async def test_three_candidates_one_leader_at_a_time(self, servers: ServerGroup) -> None:
+        leading: list[str] = []
+        now_leading = 0
+        candidates = [AsyncRedlock(servers.urls, identity=f"web-{i}") for i in range(3)]
+        turns = [anyio.Event() for _ in range(3)]
+
+        async def run(i: int) -> str:
+            async def job(lease: Lease) -> str:
+                nonlocal now_leading
+                now_leading += 1
+                assert now_leading == 1  # never two leaders
+                leading.append(candidates[i].identity)
+                await turns[len(leading) - 1].wait()  # lead until the test says stop
+                now_leading -= 1
+                return candidates[i].identity
+
+            return await candidates[i].run_singleton("scheduler", job)
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(run, i)
+                for turn in range(3):
+                    while len(leading) <= turn:
+                        await anyio.wait_all_tasks_blocked()
+                    state = await candidates[0].inspect("scheduler")
+                    assert state.identity == leading[turn]
+                    turns[turn].set()  # this leader's job returns: the next takes over
+        for candidate in candidates:
+            await candidate.aclose()
+        assert sorted(leading) == ["web-0", "web-1", "web-2"]
+
+    async def test_a_lost_lease_cancels_the_job_and_it_runs_again(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        runs: list[int | None] = []
+        cancelled = 0
+
+        async def job(lease: Lease) -> int:
+            nonlocal cancelled
+            runs.append(lease.token)
+            if len(runs) == 1:
+                try:
+                    await redlock.force_release("job")  # an operator frees it mid-run
+                    await anyio.sleep_forever()
+                except BaseException:
+                    cancelled += 1
+                    raise
+            return len(runs)
+
+        async with AsyncRedlock(servers.urls) as redlock:
+            with anyio.fail_after(HANG_GUARD):
+                assert await redlock.run_singleton("job", job) == 2
+            await redlock.settle()
+        assert cancelled == 1
+        first, second = runs
+        assert first is not None
+        assert second is not None
+        assert second > first
+        assert await masters.keys() == [[]] * 5
+
+    async def test_cancelling_it_cancels_the_job_and_releases(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        started = anyio.Event()
+
+        async def job(lease: Lease) -> None:
+            started.set()
+            await anyio.sleep_forever()
+
+        async with AsyncRedlock(servers.urls) as redlock:
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(redlock.run_singleton, "cancelled", job)
+                    await started.wait()
+                    tg.cancel_scope.cancel()
+            await redlock.settle()
+        assert await masters.keys() == [[]] * 5
+
+    async def test_an_error_in_the_job_propagates_after_the_release(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async def job(lease: Lease) -> None:
+            raise KeyError("broken")
+
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(KeyError, match="broken"):
+                await redlock.run_singleton("broken", job)
+            await redlock.settle()
+        assert await masters.keys() == [[]] * 5
+
+    def test_bad_input_before_any_io(self) -> None:
+        redlock = AsyncRedlock(["redis://127.0.0.1:1"])
+
+        async def job(lease: Lease) -> None: ...
+
+        with pytest.raises(ValueError, match=r"^pause must be > 0"):
+            anyio.run(lambda: redlock.run_singleton("x", job, pause=0))
+        with pytest.raises(ValueError, match=r"^ttl must be > 0"):
+            anyio.run(lambda: redlock.run_singleton("x", job, ttl=-1))
+
+
+class TestTakeOver:
+    async def test_a_killed_leader_is_taken_over_within_its_ttl(self, servers: ServerGroup) -> None:
+        took_over = anyio.Event()
+
+        async def job(lease: Lease) -> None:
+            took_over.set()
+
+        async with (
+            AsyncRedlock(servers.urls) as redlock,
+            await anyio.open_process(
+                [sys.executable, "-c", CHILD, *servers.urls], stdout=subprocess.PIPE
+            ) as child,
+        ):
+            assert child.stdout is not None
+            with anyio.fail_after(HANG_GUARD):
+                assert (await child.stdout.receive()).startswith(b"leading")
+                assert (await redlock.inspect("scheduler")).identity == "child"
+                os.kill(child.pid, signal.SIGKILL)
+                assert await child.wait() == -signal.SIGKILL
+                # the dead leader's key expires (ttl 1 s) and this candidate takes over
+                await redlock.run_singleton("scheduler", job)
+        assert took_over.is_set()
