@@ -62,7 +62,6 @@ import logging
 import os
 import selectors
 import socket
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
@@ -86,10 +85,12 @@ from lockbench.adapters import (
 )
 from lockbench.harness import (
     ProxyHost,
+    Spread,
     add_report_option,
     environment,
     read_report,
     servers_behind_proxies,
+    spread,
 )
 from lockbench.profile_report import (
     GC_LAYER,
@@ -105,7 +106,6 @@ from lockbench.profile_report import (
     ProfileRecord,
     ProfileReport,
     RepSummary,
-    Spread,
     Stopped,
     Throughput,
     TimedWindow,
@@ -698,18 +698,6 @@ class Harness:
 # --- the run ---------------------------------------------------------------------------------
 
 
-def spread(values: Sequence[float | None]) -> Spread | None:
-    """Median, min and max of the values that are there."""
-    there = [v for v in values if v is not None]
-    if not there:
-        return None
-    return {
-        "median": round(statistics.median(there), 4),
-        "min": round(min(there), 4),
-        "max": round(max(there), 4),
-    }
-
-
 def gc_share(window: TimedWindow) -> float | None:
     """The part of a window's client CPU spent in the garbage collector."""
     cpu = window["cpu_s_per_1000"]
@@ -721,7 +709,8 @@ def summary(reps: Sequence[TimedWindow | Stopped]) -> RepSummary:
     ok = [r for r in reps if "gc" in r and r["status"] == "ok"]
 
     def over(get: Callable[[TimedWindow], float | None]) -> Spread | None:
-        return spread([get(r) for r in ok])
+        there = [value for r in ok if (value := get(r)) is not None]
+        return spread(there, 4) if there else None
 
     return {
         "reps_ok": len(ok),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict, final
 
 from .adapters import LibraryInfo
-from .harness import Environment, write_json, write_text
+from .harness import Environment, Spread, write_json, write_text
 
 # --- the results -----------------------------------------------------------------------------
 
@@ -161,14 +161,6 @@ class ProfiledWindow(Throughput):
     """A profiled window (pass 3)."""
 
     profile: ProfileRecord
-
-
-class Spread(TypedDict):
-    """Median, min and max of a metric over the timed windows."""
-
-    median: float
-    min: float
-    max: float
 
 
 class RepSummary(TypedDict):
