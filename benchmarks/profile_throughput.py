@@ -562,8 +562,7 @@ def process_cpu(pid: int | None) -> float | None:
 
 def other_cpu(servers: ServerGroup, proxies: ProxyHost, n: int) -> dict[str, float | None]:
     """CPU seconds so far of the proxy process and of the first ``n`` servers."""
-    process = proxies._process
-    proxy = process_cpu(None if process is None else process.pid)
+    proxy = process_cpu(proxies.pid)
     used = [process_cpu(server.pid) for server in list(servers)[:n]]
     return {"proxy": proxy, "servers": None if None in used else sum(u or 0.0 for u in used)}
 

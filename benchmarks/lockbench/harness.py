@@ -102,6 +102,11 @@ class ProxyHost:
         self._process = process
         self.ports = self._reply()
 
+    @property
+    def pid(self) -> int | None:
+        """The process id of the child hosting the proxies; None while it is not running."""
+        return None if self._process is None else self._process.pid
+
     def urls(self, n: int) -> list[str]:
         """``redis://`` URLs of the first ``n`` proxies."""
         return [f"redis://{_HOST}:{port}" for port in self.ports[:n]]
