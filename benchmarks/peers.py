@@ -65,14 +65,12 @@ import dataclasses
 import gc
 import itertools
 import json
-import logging
 import random
 import sys
 import time
-from collections.abc import Awaitable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 from lockbench.adapters import (
     PEERS,
@@ -82,7 +80,6 @@ from lockbench.adapters import (
     Mode,
     Peer,
     Session,
-    describe,
     probe,
 )
 from lockbench.harness import (
@@ -100,7 +97,6 @@ from lockbench.peers_records import (
     ChildSpec,
     ChildWindow,
     ContentionResult,
-    FailureCount,
     FaultResult,
     FaultSamples,
     LatencyResult,
@@ -114,9 +110,7 @@ from lockbench.peers_records import (
     RunSettings,
     ScenarioRecord,
     Statistics,
-    Status,
     ThroughputResult,
-    ThroughputRun,
     WakeResult,
     WithStatistics,
 )
@@ -130,11 +124,28 @@ from lockbench.peers_report import (
 )
 from lockbench.rtt import MeasuredRtt, measure_quorum_round, measure_rtt
 from lockbench.settings import CONTENTION_WORKERS, POOL, SERVERS, THROUGHPUT_WORKERS, TTL, WAIT
+from lockbench.workloads import (
+    CLOSE_GUARD,
+    QUIET_LOGGERS,
+    THROUGHPUT_MODE,
+    Failures,
+    HungError,
+    LoopErrors,
+    Run,
+    bounded,
+    cycle,
+    failure,
+    flush,
+    guarded,
+    library_statistics,
+    outcome,
+    quiet_loggers,
+    throughput_run,
+    warm_all,
+)
 from redis.asyncio import Redis
 
 from asyncredlock.testing import ServerGroup
-
-T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
 SEED = 1729
@@ -142,13 +153,6 @@ FAULTY = SERVERS - 1  # the master blackholed or stopped in scenario b
 CONTENTION_HOLD = 0.001  # seconds each contention worker holds the lock
 PROCESSES = 4  # d: OS processes in the multi-process case…
 PROCESS_TASKS = 5  # …and workers (tasks of one client) in each
-CLOSE_GUARD = 5.0  # seconds a session may take to close before it is abandoned
-# The first cycle of 200 workers at once opens 200 connections per master and loads
-# scripts: seconds of CPU on a small machine, not a hang.
-WARMUP_GUARD = 30.0
-# The library loggers report every failed master call (pottery with a traceback);
-# silenced so that scenario b measures the libraries, not the terminal.
-QUIET_LOGGERS = ("aioredlock", "aioredis", "pottery", "redis_lock")
 
 
 # --- what to run -----------------------------------------------------------------------
@@ -274,90 +278,6 @@ WAKEUP = Scenario(
 SCENARIOS = (LATENCY, FAULTS, THROUGHPUT, CONTENTION, WAKEUP)
 
 
-# --- guards ------------------------------------------------------------------------------
-
-
-class HungError(Exception):
-    """An operation or a whole case outlasted its guard."""
-
-
-_abandoned: set[asyncio.Task[Any]] = set()
-
-
-async def guarded(op: Awaitable[T], seconds: float, what: str) -> T:
-    """``await op``, cancelled after ``seconds`` (then `HungError`)."""
-    scope = asyncio.timeout(seconds)
-    try:
-        async with scope:
-            return await op
-    except TimeoutError:
-        if scope.expired():
-            raise HungError(f"{what}: no result within {seconds:g} s") from None
-        raise
-
-
-async def bounded(coro: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
-    """Run ``coro`` as a task; after ``seconds`` cancel it and move on without waiting
-    for it (a library that ignores cancellation cannot hold the script up)."""
-    task = asyncio.ensure_future(coro)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=seconds)
-    except BaseException:
-        task.cancel()
-        raise
-    if not done:
-        task.cancel()
-        _abandoned.add(task)
-        task.add_done_callback(_abandoned.discard)
-        raise HungError(f"{what}: still running after {seconds:g} s, abandoned")
-    return task.result()
-
-
-def outcome(status: Status, reason: str) -> Outcome:
-    """A result without numbers: hung, failed, unavailable, not applicable."""
-    return {"status": status, "reason": reason}
-
-
-def failure(exc: BaseException) -> Outcome:
-    """The record of a library run that stopped on ``exc``."""
-    if isinstance(exc, HungError):
-        return outcome("hung", str(exc))
-    return outcome("failed", describe(exc))
-
-
-@dataclass(slots=True)
-class Failures:
-    """Failed operations of a run: how many, and a few distinct messages."""
-
-    count: int = 0
-    examples: list[str] = field(default_factory=list)
-
-    def add(self, what: str, exc: BaseException) -> None:
-        """Count one failed ``what``."""
-        self.note(f"{what}: {describe(exc)}")
-
-    def note(self, message: str) -> None:
-        """Count one failure described by ``message``."""
-        self.count += 1
-        if len(self.examples) < 3 and message not in self.examples:
-            self.examples.append(message)
-
-    def counts(self) -> FailureCount:
-        """For the JSON."""
-        return {"failures": self.count, "failure_examples": self.examples}
-
-    def record(self) -> dict[str, Any]:
-        """`counts` as a plain dict, for ``profile_throughput.py`` (it casts it)."""
-        return {**self.counts()}
-
-
-def library_statistics(session: Session) -> WithStatistics:
-    """The library's own counters after a case, where it keeps any (asyncredlock:
-    acquisitions, hand-offs, wake-ups, extensions; warm-up included)."""
-    stats = getattr(session, "statistics", None)
-    return {"library_statistics": stats()} if callable(stats) else {}
-
-
 def summed_statistics(parts: Iterable[WithStatistics]) -> WithStatistics:
     """The counters of several clients (or processes) of one library, summed."""
     totals: Statistics = {}
@@ -365,24 +285,6 @@ def summed_statistics(parts: Iterable[WithStatistics]) -> WithStatistics:
         for name, count in part.get("library_statistics", {}).items():
             totals[name] = totals.get(name, 0) + count
     return {"library_statistics": totals} if totals else {}
-
-
-class Run:
-    """Opens and closes a library's session for one case; records its settings."""
-
-    def __init__(self, peer: Peer, info: LibraryInfo, urls: Sequence[str], mode: Mode) -> None:
-        self.peer, self._info, self._urls, self._mode = peer, info, urls, mode
-        self.session: Session | None = None
-
-    async def __aenter__(self) -> Session:
-        self.session = self.peer.opener(self._urls, self._mode)
-        self._info["settings"].setdefault(self._mode.name, self.session.settings())
-        return self.session
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self.session is not None:
-            with contextlib.suppress(Exception):
-                await bounded(self.session.aclose(), CLOSE_GUARD, "close")
 
 
 # --- a: uncontended latency --------------------------------------------------------------
@@ -397,15 +299,6 @@ class LatencyRunner:
     acquire: list[float] = field(default_factory=list)
     release: list[float] = field(default_factory=list)
     stopped: Outcome | None = None
-
-
-async def cycle(handle: Handle, guard: float) -> tuple[float, float]:
-    """Acquire then release; the seconds each took."""
-    t0 = time.perf_counter()
-    await guarded(handle.acquire(), guard, "acquire")
-    t1 = time.perf_counter()
-    await guarded(handle.release(), guard, "release")
-    return t1 - t0, time.perf_counter() - t1
 
 
 async def run_block(runner: LatencyRunner, count: int, plan: Plan, *, keep: bool) -> None:
@@ -570,68 +463,16 @@ async def cycles(handle: Handle, count: int, guard: float) -> None:
 # --- c: throughput ---------------------------------------------------------------------------
 
 
-async def warm_all(handles: Sequence[Handle], guard: float) -> Failures:
-    """One cycle on every handle at once: connections open, scripts cached. A library
-    may fail some of them under this load; the timed run counts its own failures."""
-    outcomes = await asyncio.gather(*(cycle(h, guard) for h in handles), return_exceptions=True)
-    failures = Failures()
-    for result in outcomes:
-        if isinstance(result, HungError):
-            raise result
-        if isinstance(result, BaseException):
-            failures.add("warm-up cycle", result)
-    return failures
-
-
-async def throughput_run(
-    handles: Sequence[Handle], duration: float, failures: Failures
-) -> ThroughputRun:
-    """Every handle cycles until ``duration`` is over; cycles/s and CPU per cycle. The
-    operations that fail are counted in ``failures``."""
-    cycles = 0
-
-    async def worker(handle: Handle) -> None:
-        nonlocal cycles
-        while time.perf_counter() < deadline:
-            try:
-                await handle.acquire()
-            except Exception as exc:
-                failures.add("acquire", exc)
-                continue
-            try:
-                await handle.release()
-            except Exception as exc:
-                failures.add("release", exc)
-                continue
-            cycles += 1
-
-    gc.collect()
-    cpu, start = time.process_time(), time.perf_counter()
-    deadline = start + duration
-    await asyncio.gather(*(worker(h) for h in handles))
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {
-        "status": "ok" if cycles else "failed",
-        "workers": len(handles),
-        "cycles": cycles,
-        "seconds": round(seconds, 3),
-        "cycles_per_s": round(cycles / seconds, 1),
-        "cpu_s": round(cpu, 3),
-        "cpu_s_per_1000": round(cpu / cycles * 1000, 4) if cycles else None,
-    }
-
-
 async def throughput_case(
     case: Case, peer: Peer, info: LibraryInfo, urls: list[str], plan: Plan
 ) -> ThroughputResult | Outcome:
     """Scenario c, one library: one warm-up cycle per worker, then the timed run."""
-    mode = Mode("uncontended", waiting=False, workers=THROUGHPUT_WORKERS)
     failures = Failures()
     try:
-        async with Run(peer, info, urls, mode) as session:
+        async with Run(peer, info, urls, THROUGHPUT_MODE) as session:
             keys = [f"peers:c:{case.name}:{peer.id}:{i}" for i in range(THROUGHPUT_WORKERS)]
             handles = [session.handle(key) for key in keys]
-            warm = await bounded(warm_all(handles, WARMUP_GUARD), WARMUP_GUARD + 1, "warm-up")
+            warm = await warm_all(handles)
             guard = plan.duration + 2 * plan.op_guard + 5
             timed = throughput_run(handles, plan.duration, failures)
             run = await bounded(timed, guard, "throughput run")
@@ -647,14 +488,6 @@ async def throughput_case(
     if result["status"] != "ok":
         result["reason"] = "no cycle completed; " + "; ".join(result["failure_examples"])
     return result
-
-
-async def throughput(handles: Sequence[Handle], duration: float) -> dict[str, Any]:
-    """`throughput_run` with its failed operations, as the plain dict that
-    ``profile_throughput.py`` adds its own keys to (it types the result itself)."""
-    failures = Failures()
-    run = await throughput_run(handles, duration, failures)
-    return {**run, **failures.counts()}
 
 
 # --- d: contention -------------------------------------------------------------------------
@@ -925,8 +758,7 @@ async def child_run(spec: ChildSpec) -> ChildRecord | Outcome:
     """One process of `processes_case`: its client, warmed up; ``ready`` printed; then
     its workers from the start to the deadline the parent sends. Holds and failures,
     for the parent (as the last line printed)."""
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    quiet_loggers()
     peer = next(p for p in PEERS if p.id == spec["peer"])
     mode = Mode("contended", waiting=True, workers=PROCESS_TASKS)
     info = probe(peer)  # what Run records the settings into
@@ -1032,13 +864,6 @@ def skip_reason(peer: Peer, info: LibraryInfo, scenario: Scenario, case: Case) -
     return None
 
 
-def flush(servers: ServerGroup) -> None:
-    """Empty every running server: each case starts from nothing."""
-    for server in servers:
-        if server.running:
-            server.flushall()
-
-
 def progress(scenario: Scenario, case: Case, label: str, result: Result) -> None:
     """One line per library and case on stderr."""
     print(
@@ -1070,17 +895,7 @@ class Runner:
         self.peers, self.infos = peers, infos
         self.servers, self.proxies, self.plan = servers, proxies, plan
         self.rtts: dict[str, MeasuredRtt] = {}
-        self.loop_errors: dict[str, Failures] = {}
-        self.current: str | None = None
-
-    def on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """asyncio's report of a task error nobody retrieved, or of a task destroyed
-        while pending: counted for the library running at the time, not printed.
-        (Reports come when the task is collected, so ``gc.collect()`` runs before the
-        next library starts.)"""
-        exc = context.get("exception")
-        message = str(context.get("message", "")) + (f": {describe(exc)}" if exc else "")
-        self.loop_errors.setdefault(self.current or "between libraries", Failures()).note(message)
+        self.loop_errors = LoopErrors(idle="between libraries")
 
     async def set_rtt(self, rtt_ms: float) -> None:
         """Set the proxies' delay; measure it once per RTT."""
@@ -1138,20 +953,15 @@ class Runner:
         runnable = [p for p in self.peers if p.id not in results]
         urls = self.proxies.urls(case.n) if via_proxy(case) else self.servers.urls[: case.n]
         if scenario is LATENCY:
-            self.current = "a (all libraries at once)"
-            measured = await latency_case(case, runnable, self.infos, urls, self.plan)
-            gc.collect()
-            self.current = None
+            with self.loop_errors.charged_to("a (all libraries at once)"):
+                measured = await latency_case(case, runnable, self.infos, urls, self.plan)
             for peer in runnable:
                 progress(scenario, case, peer.label, measured[peer.id])
             return results | measured
         for peer in runnable:
             random.seed(SEED)
-            gc.collect()
-            self.current = peer.id
-            results[peer.id] = await self.one(scenario, case, peer, urls)
-            gc.collect()
-            self.current = None
+            with self.loop_errors.charged_to(peer.id):
+                results[peer.id] = await self.one(scenario, case, peer, urls)
             progress(scenario, case, peer.label, results[peer.id])
             flush(self.servers)
         return results
@@ -1171,7 +981,7 @@ class Runner:
 async def run_all(runner: Runner, scenarios: Sequence[Scenario]) -> list[ScenarioRecord]:
     """The scenarios, in order."""
     random.seed(SEED)
-    asyncio.get_running_loop().set_exception_handler(runner.on_loop_error)
+    asyncio.get_running_loop().set_exception_handler(runner.loop_errors.handler)
     return [await runner.scenario(scenario) for scenario in scenarios]
 
 
@@ -1179,8 +989,7 @@ def run(
     peers: Sequence[Peer], plan: Plan, scenarios: Sequence[Scenario] = SCENARIOS
 ) -> PeersReport:
     """Start servers and proxies, run everything, stop everything (also on error)."""
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    quiet_loggers()
     infos = {peer.id: probe(peer) for peer in peers}
     started = time.perf_counter()
     with servers_behind_proxies(SERVERS) as (servers, proxies):
@@ -1195,7 +1004,7 @@ def run(
         libraries=infos,
         measured_rtt=runner.rtts,
         scenarios=measured,
-        loop_errors={who: f.counts() for who, f in runner.loop_errors.items()},
+        loop_errors=runner.loop_errors.counts(),
         seconds=round(time.perf_counter() - started, 1),
     )
     report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in measured}

@@ -3,7 +3,8 @@
 Scenario c: 200 workers, each on its own key, run acquire + release cycles for a fixed
 time over N masters (real servers, connected to directly; with ``--via-proxy`` each
 behind a ``FaultProxy`` hosted in a separate process, which caps the rate at what the
-proxy forwards), reusing ``peers.py``'s warm-up and timed loop as they are.
+proxy forwards), with ``peers.py``'s warm-up and timed run as they are
+(`lockbench.workloads`).
 Configurations:
 
 - **asyncredlock** with its defaults (fencing on, auto-extension on), then with
@@ -16,7 +17,7 @@ Three kinds of pass, each on a fresh session after a warm-up cycle per worker:
 1. **timed** (``--reps`` per configuration, configurations interleaved): cycles/s and
    client CPU per 1,000 cycles (``time.process_time()``), the CPU spent inside the
    garbage collector and the collections per generation (``gc.callbacks``; the
-   ``gc.collect()`` that ``peers.throughput`` runs before its window is left out), and
+   ``gc.collect()`` that ``throughput_run`` runs before its window is left out), and
    the CPU of the proxy process and of the servers (``/proc``, Linux only);
 2. **counting** (one per configuration; counting distorts timing, so its rate is not
    reported): per cycle, the asyncio tasks created (by coroutine, and by the function
@@ -58,20 +59,17 @@ import functools
 import gc
 import importlib
 import inspect
-import logging
 import os
 import selectors
 import socket
-import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar, cast
 
-import peers
 import redis.asyncio
 from lockbench.adapters import (
     PEERS,
@@ -81,15 +79,16 @@ from lockbench.adapters import (
     Mode,
     Peer,
     defaults,
-    describe,
     probe,
 )
 from lockbench.harness import (
     ProxyHost,
+    Spread,
     add_report_option,
     environment,
     read_report,
     servers_behind_proxies,
+    spread,
 )
 from lockbench.profile_report import (
     GC_LAYER,
@@ -97,7 +96,6 @@ from lockbench.profile_report import (
     POLL,
     Counts,
     CountWindow,
-    FailureCount,
     GcRecord,
     Measured,
     Plan,
@@ -105,7 +103,6 @@ from lockbench.profile_report import (
     ProfileRecord,
     ProfileReport,
     RepSummary,
-    Spread,
     Stopped,
     Throughput,
     TimedWindow,
@@ -114,6 +111,20 @@ from lockbench.profile_report import (
     write_outputs,
 )
 from lockbench.settings import POOL, SERVERS, THROUGHPUT_WORKERS, TTL, WAIT
+from lockbench.workloads import (
+    QUIET_LOGGERS,
+    THROUGHPUT_MODE,
+    Failures,
+    LoopErrors,
+    Run,
+    bounded,
+    failure,
+    flush,
+    library_statistics,
+    quiet_loggers,
+    throughput_run,
+    warm_all,
+)
 
 from asyncredlock import AsyncRedlock
 from asyncredlock.testing import ServerGroup
@@ -127,7 +138,6 @@ TOP_FUNCTIONS = 25  # functions by own time kept per profile
 # Seconds a window may outlast its duration (the cycles under way finish) before it
 # counts as hung: peers.py's own guard, with room for the profiler's slowdown.
 GUARD = 30.0
-MODE = Mode("uncontended", waiting=False, workers=WORKERS)
 
 
 # --- the configurations ----------------------------------------------------------------
@@ -191,7 +201,7 @@ class GcMeter:
     """Collections per generation and the time spent in them, from ``gc.callbacks``.
 
     While installed, ``gc.collect()`` is wrapped so that explicit collections (the one
-    ``peers.throughput`` runs before its window) are timed but not counted.
+    ``throughput_run`` runs before its window) are timed but not counted.
 
     Args:
         clock: What the collector's time is measured with.
@@ -562,8 +572,7 @@ def process_cpu(pid: int | None) -> float | None:
 
 def other_cpu(servers: ServerGroup, proxies: ProxyHost, n: int) -> dict[str, float | None]:
     """CPU seconds so far of the proxy process and of the first ``n`` servers."""
-    process = proxies._process
-    proxy = process_cpu(None if process is None else process.pid)
+    proxy = process_cpu(proxies.pid)
     used = [process_cpu(server.pid) for server in list(servers)[:n]]
     return {"proxy": proxy, "servers": None if None in used else sum(u or 0.0 for u in used)}
 
@@ -575,10 +584,14 @@ def per_1000(before: float | None, after: float | None, cycles: int) -> float | 
     return round((after - before) / cycles * 1000, 4)
 
 
-def bounded(run: Coroutine[Any, Any, dict[str, Any]], duration: float) -> Awaitable[Throughput]:
-    """``run`` (``peers.throughput``, whose record is untyped) abandoned as hung if it
-    outlasts its ``duration`` by `GUARD`."""
-    return cast(Awaitable[Throughput], peers.bounded(run, duration + GUARD, "throughput run"))
+async def throughput(handles: Sequence[Handle], duration: float) -> Throughput:
+    """`throughput_run` with its failed operations, abandoned as hung if it outlasts
+    its ``duration`` by `GUARD`."""
+    failures = Failures()
+    timed = throughput_run(handles, duration, failures)
+    run = await bounded(timed, duration + GUARD, "throughput run")
+    # A cast: mypy cannot tell that neither part holds the keys `Harness.window` adds.
+    return cast(Throughput, {**run, **failures.counts()})
 
 
 W = TypeVar("W", bound=Throughput)
@@ -593,14 +606,7 @@ class Harness:
     servers: ServerGroup
     proxies: ProxyHost
     plan: Plan
-    loop_errors: dict[str, peers.Failures] = field(default_factory=dict)
-    current: str = "between configurations"
-
-    def on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """A task error nobody retrieved: counted for the configuration running."""
-        exc = context.get("exception")
-        message = str(context.get("message", "")) + (f": {describe(exc)}" if exc else "")
-        self.loop_errors.setdefault(self.current, peers.Failures()).note(message)
+    loop_errors: LoopErrors = field(default_factory=lambda: LoopErrors("between configurations"))
 
     async def timed(self, peer: Peer, info: LibraryInfo) -> TimedWindow | Stopped:
         """A timed window (pass 1) on a fresh session."""
@@ -625,25 +631,20 @@ class Harness:
         """One session: warm-up, then one window of ``kind``, measured by ``measure``."""
         n = self.plan["n"]
         urls = self.proxies.urls(n) if self.plan["via_proxy"] else self.servers.urls[:n]
-        gc.collect()  # loop errors of the last window are reported before this one's
-        self.current = peer.id
         try:
-            async with peers.Run(peer, info, urls, MODE) as session:
-                keys = [f"profile:c:{kind}:{peer.id}:{i}" for i in range(WORKERS)]
-                handles = [session.handle(key) for key in keys]
-                warm = await peers.bounded(
-                    peers.warm_all(handles, peers.WARMUP_GUARD), peers.WARMUP_GUARD + 1, "warm-up"
-                )
-                await asyncio.sleep(SETTLE)
-                before = peers.library_statistics(session).get("library_statistics")
-                result = await measure(handles, duration)
-                after = peers.library_statistics(session).get("library_statistics")
+            with self.loop_errors.charged_to(peer.id):
+                async with Run(peer, info, urls, THROUGHPUT_MODE) as session:
+                    keys = [f"profile:c:{kind}:{peer.id}:{i}" for i in range(WORKERS)]
+                    handles = [session.handle(key) for key in keys]
+                    warm = await warm_all(handles)
+                    await asyncio.sleep(SETTLE)
+                    before = library_statistics(session).get("library_statistics")
+                    result = await measure(handles, duration)
+                    after = library_statistics(session).get("library_statistics")
         except Exception as exc:
-            return cast(Stopped, peers.failure(exc))
+            return failure(exc)
         finally:
-            gc.collect()
-            self.current = "between configurations"
-            peers.flush(self.servers)
+            flush(self.servers)
         result["warmup_failures"] = warm.count
         if before is not None and after is not None:
             attempts = after["attempts"] - before["attempts"]
@@ -654,13 +655,13 @@ class Harness:
 
     async def _timed(self, handles: Sequence[Handle], duration: float) -> TimedWindow:
         """Pass 1: the rate, the client's CPU and collections, the others' CPU."""
-        run = peers.throughput(handles, duration)
+        run = throughput(handles, duration)
         meter = GcMeter(time.process_time)
         gc.collect()
         objects = len(gc.get_objects())
         before = other_cpu(self.servers, self.proxies, self.plan["n"])
         with meter.installed():
-            result = await bounded(run, duration)
+            result = await run
         after = other_cpu(self.servers, self.proxies, self.plan["n"])
         cycles = result["cycles"]
         return {
@@ -673,22 +674,22 @@ class Harness:
 
     async def _counted(self, handles: Sequence[Handle], duration: float) -> CountWindow:
         """Pass 2: what the cycles did, counted (the rate is not reported)."""
-        run = peers.throughput(handles, duration)
+        run = throughput(handles, duration)
         counter = Counter()
         with counter.installed():
-            result = await bounded(run, duration)
+            result = await run
             await asyncio.sleep(SETTLE)  # the calls still out belong to these cycles
         return {**result, "counts": counter.record(result["cycles"], self.plan["n"])}
 
     async def _profiled(self, handles: Sequence[Handle], duration: float) -> ProfiledWindow:
         """Pass 3: a cProfile of the window, by layer."""
-        run = peers.throughput(handles, duration)
+        run = throughput(handles, duration)
         meter = GcMeter(time.perf_counter)
         profile = cProfile.Profile(meter.timer)
         with meter.installed():
             profile.enable()
             try:
-                result = await bounded(run, duration)
+                result = await run
             finally:
                 profile.disable()
         record = profile_record(profile, meter, result["cycles"], result["cpu_s"])
@@ -696,18 +697,6 @@ class Harness:
 
 
 # --- the run ---------------------------------------------------------------------------------
-
-
-def spread(values: Sequence[float | None]) -> Spread | None:
-    """Median, min and max of the values that are there."""
-    there = [v for v in values if v is not None]
-    if not there:
-        return None
-    return {
-        "median": round(statistics.median(there), 4),
-        "min": round(min(there), 4),
-        "max": round(max(there), 4),
-    }
 
 
 def gc_share(window: TimedWindow) -> float | None:
@@ -721,7 +710,8 @@ def summary(reps: Sequence[TimedWindow | Stopped]) -> RepSummary:
     ok = [r for r in reps if "gc" in r and r["status"] == "ok"]
 
     def over(get: Callable[[TimedWindow], float | None]) -> Spread | None:
-        return spread([get(r) for r in ok])
+        there = [value for r in ok if (value := get(r)) is not None]
+        return spread(there, 4) if there else None
 
     return {
         "reps_ok": len(ok),
@@ -825,7 +815,7 @@ async def run_all(
     harness: Harness, configs: Sequence[Peer], infos: dict[str, LibraryInfo]
 ) -> dict[str, Measured | Unavailable]:
     """Every pass over the configurations that run here; a record per configuration."""
-    asyncio.get_running_loop().set_exception_handler(harness.on_loop_error)
+    asyncio.get_running_loop().set_exception_handler(harness.loop_errors.handler)
     for config in configs:
         if not infos[config.id]["available"]:
             print(f"skipped    {config.label:<32} {infos[config.id]['reason']}", file=sys.stderr)
@@ -835,8 +825,7 @@ async def run_all(
 
 def run(configs: Sequence[Peer], plan: Plan) -> ProfileReport:
     """Start servers and proxies, measure, stop everything (also on error)."""
-    for name in peers.QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    quiet_loggers()
     infos = {config.id: probe(config) for config in configs}
     started = time.perf_counter()
     with servers_behind_proxies(plan["n"]) as (servers, proxies):
@@ -852,15 +841,13 @@ def run(configs: Sequence[Peer], plan: Plan) -> ProfileReport:
             "wait_s": WAIT,
             "pool": POOL,
             "settle_s": SETTLE,
-            "silenced_loggers": list(peers.QUIET_LOGGERS),
+            "silenced_loggers": list(QUIET_LOGGERS),
         },
         "plan": plan,
         "environment": environment() | {"event_loop": "asyncio"},
         "libraries": infos,
         "configs": results,
-        "loop_errors": {
-            who: cast(FailureCount, f.record()) for who, f in harness.loop_errors.items()
-        },
+        "loop_errors": harness.loop_errors.counts(),
         "seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import functools
 import importlib
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from lockbench.harness import add_report_option, environment, read_report
+from lockbench.harness import Spread, add_report_option, environment, read_report, spread
 from lockbench.transport_report import (
     CandidateRecord,
     ColdStart,
@@ -63,7 +62,6 @@ from lockbench.transport_report import (
     Measured,
     Plan,
     Sample,
-    Spread,
     Throughput,
     TransportReport,
     Unavailable,
@@ -528,11 +526,6 @@ def spreads(reps: Sequence[Sample]) -> dict[str, Spread]:
     """Each measure's median, min and max over ``reps``."""
     rows = [cast(Mapping[str, float], rep) for rep in reps]  # every measure is a number
     return {key: spread([row[key] for row in rows]) for key in rows[0]}
-
-
-def spread(values: list[float]) -> Spread:
-    """The median, min and max of ``values``."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def _line(sample: Sample) -> str:

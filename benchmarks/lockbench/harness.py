@@ -4,7 +4,8 @@ environment stamp, and publishing.
 - `ServerGroup` servers plus a `ProxyHost`: one ``FaultProxy`` per server, hosted in a
   *separate process* so that forwarding bytes does not compete with the measured client
   for its event loop (this machine may have only two cores).
-- `summarize()`: percentiles and mean of latency samples, in milliseconds (`Summary`).
+- `summarize()`: percentiles and mean of latency samples, in milliseconds (`Summary`);
+  `spread()`: median, min and max of a measure over repeated runs (`Spread`).
 - `environment()`: what the numbers were measured on (`Environment`), and `machine_line()`.
 - Writers for JSON, markdown and the docs page, and a headless matplotlib.
 
@@ -40,12 +41,17 @@ from asyncredlock.testing import FaultProxy, ServerGroup, find_server_binary
 __all__ = [
     "Environment",
     "ProxyHost",
+    "Spread",
     "Summary",
+    "add_report_option",
     "environment",
     "machine_line",
+    "publish_between",
     "publish_section",
     "pyplot",
+    "read_report",
     "servers_behind_proxies",
+    "spread",
     "summarize",
     "write_json",
     "write_text",
@@ -95,6 +101,11 @@ class ProxyHost:
             child.close()
         self._process = process
         self.ports = self._reply()
+
+    @property
+    def pid(self) -> int | None:
+        """The process id of the child hosting the proxies; None while it is not running."""
+        return None if self._process is None else self._process.pid
 
     def urls(self, n: int) -> list[str]:
         """``redis://`` URLs of the first ``n`` proxies."""
@@ -274,6 +285,25 @@ def summarize(seconds: Sequence[float]) -> Summary:
         "min_ms": round(ms[0], 4),
         "max_ms": round(ms[-1], 4),
     }
+
+
+class Spread(TypedDict):
+    """`spread()`'s record: median, min and max of one measure over repeated runs."""
+
+    median: float
+    min: float
+    max: float
+
+
+def spread(values: Sequence[float], digits: int | None = None) -> Spread:
+    """The median, min and max of ``values``, rounded to ``digits`` decimals if given.
+
+    Raises:
+        statistics.StatisticsError: No values.
+    """
+    stats = (statistics.median(values), min(values), max(values))
+    median, low, high = stats if digits is None else (round(v, digits) for v in stats)
+    return {"median": median, "min": low, "max": high}
 
 
 # --- environment -----------------------------------------------------------------------

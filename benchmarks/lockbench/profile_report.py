@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NotRequired, TypedDict, final
+from typing import NotRequired, TypeAlias, TypedDict, final
 
 from .adapters import LibraryInfo
-from .harness import Environment, write_json, write_text
+from .harness import Environment, Spread, write_json, write_text
+from .peers_records import FailureCount, Outcome, ThroughputRun
 
 # --- the results -----------------------------------------------------------------------------
 
@@ -60,34 +61,17 @@ class RunSettings(TypedDict):
     silenced_loggers: list[str]
 
 
-class FailureCount(TypedDict):
-    """Failed operations, and a few distinct messages (``peers.Failures.record()``)."""
+class Throughput(ThroughputRun, FailureCount):
+    """One window: the timed run of `lockbench.workloads.throughput_run` and its failed
+    operations (as in scenario c of ``peers.json``), then what the window adds."""
 
-    failures: int
-    failure_examples: list[str]
-
-
-class Throughput(FailureCount):
-    """One window: ``peers.throughput``'s record, and what every pass adds to it."""
-
-    status: str  # "ok", or "failed" when no cycle completed
-    workers: int
-    cycles: int
-    seconds: float
-    cycles_per_s: float
-    cpu_s: float
-    cpu_s_per_1000: float | None  # None when no cycle completed
     warmup_failures: NotRequired[int]
     attempts_per_cycle: NotRequired[float]  # where the library counts its attempts
-    reason: NotRequired[str]  # when the status is not "ok"
 
 
-@final
-class Stopped(TypedDict):
-    """A window that stopped on an error (``peers.failure``): no numbers."""
-
-    status: str  # "hung" or "failed"
-    reason: str
+#: A window that stopped on an error (`lockbench.workloads.failure`, status "hung" or
+#: "failed"): no numbers.
+Stopped: TypeAlias = Outcome
 
 
 class GcRecord(TypedDict):
@@ -161,14 +145,6 @@ class ProfiledWindow(Throughput):
     """A profiled window (pass 3)."""
 
     profile: ProfileRecord
-
-
-class Spread(TypedDict):
-    """Median, min and max of a metric over the timed windows."""
-
-    median: float
-    min: float
-    max: float
 
 
 class RepSummary(TypedDict):

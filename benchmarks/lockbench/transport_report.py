@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, NotRequired, TypedDict
 
-from .harness import Environment, publish_between, write_json, write_text
+from .harness import Environment, Spread, publish_between, write_json, write_text
 
 
 class Throughput(TypedDict):
@@ -38,14 +38,6 @@ class ColdStart(TypedDict):
 
 class Sample(Throughput, Latency, ColdStart):
     """One rep of one candidate: every measure, in that order."""
-
-
-class Spread(TypedDict):
-    """One measure over the reps."""
-
-    median: float
-    min: float
-    max: float
 
 
 class _Candidate(TypedDict):
