@@ -159,7 +159,7 @@ class Acquisition:
                 if self._was_handed():
                     continue  # handed the lock meanwhile: take it (top of the loop)
                 raise self._failure(outcome)
-            if core.closed:
+            if core.closing:
                 raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
             self._contended()
             if self.ticket is None and not outcome.decision.unavailable:

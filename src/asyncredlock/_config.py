@@ -9,11 +9,13 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ._keys import Resources
 
 __all__ = [
     "DEFAULTS",
+    "LockKwargs",
     "LockOptions",
     "LockSpec",
     "Role",
@@ -64,8 +66,11 @@ IDENTITY_MAX = 128  # characters: it is written into every lock key's value
 
 
 def default_identity() -> str:
-    """``"<hostname>:<pid>"``: who holds a lock, for an operator reading the masters."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``"<hostname>:<pid>"``: who holds a lock, for an operator reading the masters
+    (the host name cut to fit `IDENTITY_MAX` characters in all)."""
+    pid = f":{os.getpid()}"
+    host = "".join(c for c in socket.gethostname() if c.isprintable() and not c.isspace())
+    return (host or "host")[: IDENTITY_MAX - len(pid)] + pid
 
 
 def check_identity(identity: object) -> str:
@@ -161,6 +166,16 @@ class Settings:
 DEFAULTS = Settings()
 
 
+class LockKwargs(TypedDict):
+    """``lock()``'s keyword arguments (see `LockOptions.kwargs`)."""
+
+    ttl: float | None
+    timeout: float | None
+    auto_extend: bool | None
+    fencing: bool | None
+    fair: bool
+
+
 @dataclass(frozen=True, slots=True)
 class LockOptions:
     """One lock's overrides of its ``AsyncRedlock``'s settings (``None``: the
@@ -183,6 +198,16 @@ class LockOptions:
                 raise TypeError(f"{name} must be a bool")
         if not isinstance(self.fair, bool):
             raise TypeError("fair must be a bool")
+
+    def kwargs(self) -> LockKwargs:
+        """The options as ``lock()``'s keyword arguments."""
+        return LockKwargs(
+            ttl=self.ttl,
+            timeout=self.timeout,
+            auto_extend=self.auto_extend,
+            fencing=self.fencing,
+            fair=self.fair,
+        )
 
     def spec_values(self, settings: Settings) -> tuple[float, float, bool, bool]:
         """``ttl``, ``timeout``, ``auto_extend`` and ``fencing``, each the

@@ -74,7 +74,7 @@ class Core:
         self._last_delete: tuple[Any, ...] = (None,) * 8
         self.counters = Counters()
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
-        self.closed = False
+        self.closing = self.closed = False  # closing: aclose() began; no new acquire()
         self.timing = Timing(
             give_up_silent=True,
             max_wait=max(settings.node_timeout, settings.socket_timeout),

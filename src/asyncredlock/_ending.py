@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -16,26 +17,28 @@ T = TypeVar("T")
 
 
 class Ending(Generic[T]):
-    """The end of ``owner`` (a lease), as told to those who depend on it.
+    """The end of a lease, as told to those who depend on it.
 
     ``announce()`` tells it once: `wait` returns, and on a loss the callbacks are
     scheduled on the event loop (so an error in one goes to the loop's exception
-    handler, as for any callback). The block's cancel scope is cancelled by the
-    lease itself, only when it loses the lock while the block runs.
+    handler, as for any callback). The block's scope is cancelled (`cancel_block`)
+    by the lease itself, only when it is lost while the block runs.
     """
 
-    __slots__ = ("_callbacks", "_event", "known", "lost", "owner", "scope")
+    # It holds no reference to its lease (the callbacks get the lease as an
+    # argument), so a lease and its Ending form no cycle: a lease is freed by
+    # reference counting, not left to the cyclic collector (thousands a second).
+    __slots__ = ("_callbacks", "_event", "known", "lost", "scope")
 
-    def __init__(self, owner: T) -> None:
-        self.owner = owner  # what the callbacks are called with
+    def __init__(self) -> None:
         self.known = False  # announced
         self.lost = False
         self.scope: anyio.CancelScope | None = None  # the async with block's
         self._event: asyncio.Event | None = None  # made only when someone waits
         self._callbacks: list[Callable[[T], object]] = []
 
-    def announce(self, *, lost: bool) -> None:
-        """The end is known: wake the waiters, and call back on a loss."""
+    def announce(self, owner: T, *, lost: bool) -> None:
+        """The end of ``owner`` is known: wake the waiters, and call back on a loss."""
         if self.known:
             return
         self.known, self.lost = True, lost
@@ -45,7 +48,7 @@ class Ending(Generic[T]):
         if lost:
             loop = asyncio.get_running_loop()
             for callback in callbacks:
-                loop.call_soon(callback, self.owner)
+                loop.call_soon(callback, owner)
 
     async def wait(self) -> bool:
         """Wait for `announce`; whether it was a loss."""
@@ -55,13 +58,23 @@ class Ending(Generic[T]):
             await self._event.wait()
         return self.lost
 
-    def add(self, callback: Callable[[T], object]) -> None:
-        """Call ``callback`` on a loss; soon, if the lease is lost already, and
-        never once it is released."""
+    def add(self, callback: Callable[[T], object], owner: T) -> None:
+        """Call ``callback(owner)`` on a loss; soon, if it is lost already, and
+        never once it is released.
+
+        Raises:
+            TypeError: ``callback`` is not callable, or is an async function (its
+                coroutine would never run).
+        """
+        if not callable(callback) or inspect.iscoroutinefunction(callback):
+            raise TypeError(
+                "a loss callback is a plain function taking the lease (to run async"
+                f" code, start a task from it), not {callback!r}"
+            )
         if not self.known:
             self._callbacks.append(callback)
         elif self.lost:
-            asyncio.get_running_loop().call_soon(callback, self.owner)
+            asyncio.get_running_loop().call_soon(callback, owner)
 
     def remove(self, callback: Callable[[T], object]) -> int:
         """Forget every registration of ``callback``; how many there were."""
@@ -74,6 +87,11 @@ class Ending(Generic[T]):
         """The lease's ``async with`` block starts: a scope to cancel on loss."""
         self.scope = anyio.CancelScope()
         self.scope.__enter__()
+
+    def cancel_block(self) -> None:
+        """Cancel the ``async with`` block, if one is running (the lease is lost)."""
+        if self.scope is not None:
+            self.scope.cancel()
 
     def exit_block(
         self,

@@ -19,7 +19,7 @@ from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
 from ._stats import LeaseRecord, LeaseStatistics, Taken
 
-__all__ = ["Lease", "lose_leases", "release_leases"]
+__all__ = ["Lease", "end_leases", "lose_leases"]
 
 logger = logging.getLogger("asyncredlock")
 
@@ -83,7 +83,7 @@ class Lease:
     ) -> None:
         self._core = core
         self._record = LeaseRecord(taken, core.clock())  # for statistics()
-        self._ending = Ending(self)  # the block, wait_lost() and the loss callbacks
+        self._ending: Ending[Lease] = Ending()  # the block, wait_lost(), loss callbacks
         # the id it was queued as, if handed over: its entry leaves every queue on release
         self._waiter = taken.waiter
         target = spec.target
@@ -156,8 +156,9 @@ class Lease:
         is scheduled on the event loop (``loop.call_soon``): soon after the
         loss, or soon after this call if the lease is lost already; never if it
         is released. An exception it raises goes to the loop's exception handler.
+        `TypeError` for a non-callable or an async function.
         """
-        self._ending.add(callback)
+        self._ending.add(callback, self)
 
     def remove_lost_callback(self, callback: Callable[[Lease], object]) -> int:
         """Remove ``callback`` from the loss callbacks; returns how many were removed."""
@@ -276,7 +277,7 @@ class Lease:
                 self._loss = decision
             return decision
         finally:
-            self._ending.announce(lost=self._state is _State.LOST)
+            self._ending.announce(self, lost=self._state is _State.LOST)
             self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
 
     def _send_release(self) -> Round:
@@ -377,8 +378,7 @@ class Lease:
         self._core.counters.lost += 1
         logger.warning("lease on %r lost", self.resource)
         self._finish(_State.LOST)
-        if self._ending.scope is not None:
-            self._ending.scope.cancel()
+        self._ending.cancel_block()
         if not self._core.closed:
             self._send_release()
         self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
@@ -387,7 +387,7 @@ class Lease:
         self._state = state
         self._record.ended_at = self._core.clock()
         if announce:
-            self._ending.announce(lost=self._state is _State.LOST)
+            self._ending.announce(self, lost=self._state is _State.LOST)
         self._core.held.discard(self)
         timer, self._timer = self._timer, None
         if timer is not None:
@@ -442,8 +442,8 @@ def lose_leases(core: Core, key: str, decision: Decision) -> None:
         lease._lose(decision)
 
 
-async def release_leases(core: Core) -> None:
-    """Release every lease this client still holds, all at once, reporting nothing."""
-    async with anyio.create_task_group() as group:
-        for lease in list(core.held):
-            group.start_soon(lease._release_quietly)
+def end_leases(core: Core) -> None:
+    """The client closes: each lease it holds is lost (its holder still counted on
+    it: blocks cancelled, loss callbacks run); the releases go out at once."""
+    for lease in list(core.held):
+        lease._lose(None)

@@ -85,7 +85,7 @@ class Lock:
         """Check the settings, fill in ``core``'s defaults, and make the lock
         (counting its acquisitions in ``counters``, its own if omitted)."""
         settings = core.settings
-        if core.closed:
+        if core.closing:
             raise RuntimeError("this AsyncRedlock is closed")
         keys = tuple(lock_key(settings.prefix, each) for each in names)
         if len(keys) > 1 and any(node.cluster for node in core.nodes):
@@ -152,6 +152,8 @@ class Lock:
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
         core, counters = self._core, self._counters
+        if core.closing:
+            raise RuntimeError("this AsyncRedlock is closed")
         started = core.clock()
         counters.waiting += 1
         try:

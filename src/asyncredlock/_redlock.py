@@ -13,16 +13,24 @@ from typing import Any, ParamSpec, Self, TypeVar
 import anyio
 from redis.asyncio import Redis, RedisCluster
 
-from ._config import DEFAULTS, Settings, check_name, check_names, check_seconds, default_identity
+from ._config import (
+    DEFAULTS,
+    LockOptions,
+    Settings,
+    check_name,
+    check_names,
+    check_seconds,
+    default_identity,
+)
 from ._connect import make_nodes
 from ._core import Core
 from ._inspect import LockState
 from ._keys import lock_key
-from ._lease import Lease, release_leases
+from ._lease import Lease, end_leases
 from ._lock import Lock
 from ._operator import force_free, read_state
 from ._rwlock import RWLock
-from ._singleton import run_singleton
+from ._singleton import check_job, run_singleton
 from ._stats import RedlockStatistics
 from ._template import NameTemplate, serialize
 
@@ -253,10 +261,8 @@ class AsyncRedlock:
                 and ``TypeError`` for arguments that do not fit the signature.
         """
         template = NameTemplate(name)
-        make = functools.partial(
-            self.lock, ttl=ttl, timeout=timeout, auto_extend=auto_extend, fencing=fencing, fair=fair
-        )
-        make(template.text)  # the settings are checked now, not at the first call
+        options = LockOptions(ttl, timeout, auto_extend, fencing, fair)  # checked now
+        make = functools.partial(self.lock, **options.kwargs())
         return serialize(template, make)
 
     async def run_singleton(
@@ -266,35 +272,36 @@ class AsyncRedlock:
         *,
         ttl: float | None = None,
         fencing: bool | None = None,
-        pause: float = 1.0,
     ) -> T:
         """Run ``job(lease)`` on one process at a time: the holder of the lock on
         ``name`` runs it; every other caller waits to take over.
 
         Waits for the lock without limit (woken by a release; a holder that died
-        frees it when its key expires, at most ``ttl`` later), then runs the job
-        inside ``async with``, the lease extending itself. If the lease is lost,
-        the job is cancelled, and this call waits for the lock again and starts
-        the job anew when it holds it. An outage of the masters is waited out,
-        ``pause`` seconds between tries. Cancelling this call cancels the job
-        and releases the lock.
+        frees it when its key expires, at most ``ttl`` later; an outage of the
+        masters is waited out), then runs the job inside ``async with``, the lease
+        extending itself. If the lease is lost (or this ``AsyncRedlock`` closes),
+        the job is cancelled; after a loss this call waits for the lock again and
+        starts the job anew when it holds it. Cancelling this call cancels the
+        job and releases the lock.
 
         Args:
             name: The resource name of the lock.
             job: An async function taking the lease (``lease.token`` fences what
                 it writes); it may run forever or return.
             ttl, fencing: As for `lock`.
-            pause: Seconds between tries while no quorum of masters answers (1.0).
 
         Returns:
             What ``job`` returned, the one time it ran to the end.
 
         Raises:
-            TypeError, ValueError: A bad name or setting, before any I/O.
+            TypeError, ValueError: A bad name, job or setting, before any I/O.
+            RuntimeError: This ``AsyncRedlock`` is closed (also once it closes
+                while the job runs).
             Exception: Whatever ``job`` raises (the lock is released first).
         """
+        check_job(job)
         lock = self.lock(name, ttl=ttl, timeout=math.inf, auto_extend=True, fencing=fencing)
-        return await run_singleton(lock, job, pause=check_seconds("pause", pause))
+        return await run_singleton(lock, job)
 
     def rwlock(self, name: str, *, fair: bool = False, patience: float = 1.0) -> RWLock:
         """A read-write lock on the resource ``name``: many readers or one writer.
@@ -381,22 +388,29 @@ class AsyncRedlock:
         await self._core.settle()
 
     async def aclose(self) -> None:
-        """Release held leases, finish background calls, close the connections.
+        """End held leases, finish background calls, close the connections.
 
-        Waits at most ``node_timeout`` in all for the held leases' releases and
+        A lease still held ends lost (its holder still counted on it): its
+        ``async with`` block is cancelled and raises `LockLostError`,
+        ``wait_lost()`` returns ``True``, its loss callbacks run; it is released
+        on the masters. Waits at most ``node_timeout`` in all for those releases and
         the calls still out, then fails every call still out (the calls waiting
         on them end with an error: ``QuorumUnavailableError`` whose outcomes say
         the ``AsyncRedlock`` was closed) and closes the connections. A lock key
         whose undo was cut short expires with its TTL. Safe to call twice.
         """
         core = self._core
-        if core.closed:
+        if core.closing:
             return
         core.gates.close()
+        core.closing = True  # lock() and acquire() refuse from now on
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self._settings.node_timeout):
-                await release_leases(core)
+                end_leases(core)
                 await core.settle()
+                while core.held:  # taken by an acquisition that was still out
+                    end_leases(core)
+                    await core.settle()
             core.closed = True
             # Fail every call still out: the rounds waiting on them decide, and
             # their callers get an error instead of waiting for a hung master.
@@ -406,7 +420,7 @@ class AsyncRedlock:
             await core.tracker.aclose()
 
     def _check_open(self) -> None:
-        if self._core.closed:
+        if self._core.closing:
             raise RuntimeError("this AsyncRedlock is closed")
 
     async def __aenter__(self) -> Self:

@@ -38,20 +38,9 @@ class NameTemplate:
         if not text:
             raise ValueError("a lock name template must not be empty")
         try:
-            parsed = list(string.Formatter().parse(text))
+            fields = frozenset(_fields(text))
         except ValueError as exc:
-            raise ValueError(f"malformed lock name template {text!r}: {exc}") from None
-        fields = set()
-        for _, field, _, _ in parsed:
-            if field is None:
-                continue
-            root = field.partition(".")[0].partition("[")[0]
-            if not root or root.isdigit():
-                raise ValueError(
-                    f"lock name template {text!r}: fields must be named, as in"
-                    ' "orders:{order_id}"'
-                )
-            fields.add(root)
+            raise ValueError(f"lock name template {text!r}: {exc}") from None
         self.text = text
         #: The names the template needs, without attributes or items.
         self.fields = frozenset(fields)
@@ -59,7 +48,7 @@ class NameTemplate:
     def __repr__(self) -> str:
         return f"NameTemplate({self.text!r})"
 
-    def check_names(self, available: Iterable[str], what: str) -> None:
+    def require_fields(self, available: Iterable[str], what: str) -> None:
         """Raise `ValueError` unless every field is one of ``available`` (``what``
         says where they come from, for the message)."""
         missing = sorted(self.fields - set(available))
@@ -81,6 +70,30 @@ class NameTemplate:
             raise ValueError(f"cannot fill lock name template {self.text!r}: {exc!r}") from None
 
 
+def _fields(text: str) -> list[str]:
+    """The root names of ``text``'s fields, those nested in a format spec
+    (``"{x:{width}}"``) included.
+
+    Raises:
+        ValueError: A malformed template, or a field without a name.
+    """
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ValueError(f"malformed: {exc}") from None
+    roots = []
+    for _, field, spec, _ in parsed:
+        if field is None:
+            continue
+        root = field.partition(".")[0].partition("[")[0]
+        if not root or root.isdigit():
+            raise ValueError('fields must be named, as in "orders:{order_id}"')
+        roots.append(root)
+        if spec and "{" in spec:
+            roots.extend(_fields(spec))
+    return roots
+
+
 def serialize(
     template: NameTemplate, lock: Callable[[str], AbstractAsyncContextManager[object]]
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
@@ -91,7 +104,7 @@ def serialize(
         if not inspect.iscoroutinefunction(function):
             raise TypeError(f"locked() decorates coroutine functions (async def), not {function!r}")
         signature = inspect.signature(function)
-        template.check_names(signature.parameters, f"parameters of {function.__qualname__}()")
+        template.require_fields(signature.parameters, f"parameters of {function.__qualname__}()")
 
         @functools.wraps(function)
         async def locked(*args: P.args, **kwargs: P.kwargs) -> T:

@@ -19,12 +19,10 @@ from asyncredlock.contrib.aiohttp import REDLOCK, HTTPErrors, locked, setup
 from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .apps.items import aiohttp_app
+from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, aiohttp_app
 
 pytestmark = pytest.mark.anyio
 
-HANG_GUARD = 60  # seconds; only stops a hung test, never decides an outcome
-LIMIT, REQUESTS, ROUNDS = 3, 5, 10
 Client = TestClient[web.Request, web.Application]
 
 
@@ -121,14 +119,16 @@ class TestErrors:
         self, servers: ServerGroup
     ) -> None:
         app = app_with(servers.urls)
-        finished = False
+        cancelled: list[bool] = []
 
         @locked("job:{job}")
         async def work(request: web.Request) -> web.Response:
-            nonlocal finished
-            await request.app[REDLOCK].force_release(f"job:{request.match_info['job']}")
-            await anyio.sleep_forever()
-            finished = True
+            try:
+                await request.app[REDLOCK].force_release(f"job:{request.match_info['job']}")
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
             return web.Response()
 
         app.router.add_post("/work/{job}", work)
@@ -137,7 +137,7 @@ class TestErrors:
                 body = await response.json()
         assert response.status == 503
         assert "lock lost" in body["detail"]
-        assert not finished
+        assert cancelled == [True]
 
 
 class TestHandlers:
@@ -154,6 +154,22 @@ class TestHandlers:
 
         app.router.add_view("/orders/{order_id}", Order)
         async with serving(app) as client, client.put("/orders/1") as response:
+            assert await response.json() == {"held": True}
+
+    async def test_a_sub_applications_route_uses_the_main_apps_redlock(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+        api = web.Application()
+
+        @locked("orders:{order_id}", timeout=0)
+        async def get(request: web.Request) -> web.Response:
+            state = await request.config_dict[REDLOCK].inspect("orders:5")
+            return web.json_response({"held": state.holder is not None})
+
+        api.router.add_get("/orders/{order_id}", get)
+        app.add_subapp("/api", api)
+        async with serving(app) as client, client.get("/api/orders/5") as response:
             assert await response.json() == {"held": True}
 
     async def test_the_app_owns_one_redlock_while_it_runs(self, servers: ServerGroup) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import socket
+import weakref
 from collections.abc import Callable
 
 import anyio
@@ -191,6 +193,13 @@ class TestLease:
                 await heard.wait()
             assert called == [("kept", True), ("late", True)]
 
+            async def coroutine_function(lease: Lease) -> None: ...
+
+            with pytest.raises(TypeError, match="plain function"):
+                lease.add_lost_callback(coroutine_function)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="plain function"):
+                lease.add_lost_callback("stop")  # type: ignore[arg-type]
+
             released = await redlock.lock("leader").acquire()
             released.add_lost_callback(stop("released"))
             await released.release()
@@ -198,6 +207,54 @@ class TestLease:
             await redlock.settle()
             await anyio.wait_all_tasks_blocked()  # a callback scheduled would have run
             assert [which for which, _ in called] == ["kept", "late"]
+
+    async def test_a_released_lease_is_freed_without_the_cycle_collector(
+        self, servers: ServerGroup
+    ) -> None:
+        """Thousands of leases a second: each must go with its last reference, not
+        wait for the cyclic garbage collector (a cycle once cost 40% of throughput)."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            gc.collect()
+            gc.disable()
+            try:
+                lease = await redlock.lock("freed").acquire()
+                lease.add_lost_callback(print)
+                ref = weakref.ref(lease)
+                await lease.release()
+                await redlock.settle()
+                del lease
+                assert ref() is None
+            finally:
+                gc.enable()
+
+    async def test_closing_the_client_ends_a_held_lease_lost(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """No block runs on, unprotected, after its client gave the lock up."""
+        redlock = AsyncRedlock(servers.urls)
+        inside, cancelled, called = anyio.Event(), anyio.Event(), anyio.Event()
+        explicit = await redlock.lock("explicit").acquire()
+        explicit.add_lost_callback(lambda lease: called.set())
+
+        async def block() -> None:
+            with pytest.raises(LockLostError):
+                async with redlock.lock("block"):
+                    inside.set()
+                    try:
+                        await anyio.sleep_forever()
+                    except anyio.get_cancelled_exc_class():
+                        cancelled.set()
+                        raise
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(block)
+                await inside.wait()
+                await redlock.aclose()
+            await called.wait()
+        assert cancelled.is_set()
+        assert await explicit.wait_lost() is True
+        assert await masters.keys() == [[]] * 5  # released on the masters all the same
 
     async def test_release_of_a_lease_another_holder_owns(
         self, servers: ServerGroup, masters: Masters

@@ -27,6 +27,7 @@ class User:
 class TestSerializing:
     async def test_calls_with_the_same_name_run_one_at_a_time(self, servers: ServerGroup) -> None:
         entered: list[int] = []
+        first_inside = anyio.Event()
         first_may_leave = anyio.Event()
         async with (
             AsyncRedlock(servers.urls) as one,
@@ -36,6 +37,7 @@ class TestSerializing:
             @one.locked("jobs:{job_id}")
             async def run_first(job_id: int) -> str:
                 entered.append(1)
+                first_inside.set()
                 await first_may_leave.wait()
                 return f"first {job_id}"
 
@@ -52,8 +54,7 @@ class TestSerializing:
             with Waits(other) as waits, anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(call, "first", run_first)
-                    while not entered:
-                        await anyio.wait_all_tasks_blocked()
+                    await first_inside.wait()
                     tg.start_soon(call, "second", run_second)
                     await waits.reach(1)  # the second call failed an attempt: it waits
                     assert entered == [1]
@@ -120,21 +121,23 @@ class TestLoss:
     async def test_a_lost_lease_cancels_the_call(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
-        finished = False
+        cancelled: list[bool] = []
         async with AsyncRedlock(servers.urls) as redlock:
 
             @redlock.locked("lost:{n}")
             async def work(n: int) -> None:
-                nonlocal finished
-                await redlock.force_release(f"lost:{n}")
-                await anyio.sleep_forever()
-                finished = True
+                try:
+                    await redlock.force_release(f"lost:{n}")
+                    await anyio.sleep_forever()
+                except anyio.get_cancelled_exc_class():
+                    cancelled.append(True)
+                    raise
 
             with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError) as caught:
                 await work(1)
             await redlock.settle()
         assert caught.value.resource == "lost:1"
-        assert not finished
+        assert cancelled == [True]
         assert await masters.keys() == [[]] * 5
 
 
@@ -169,6 +172,13 @@ class TestBadInput:
         with pytest.raises(ValueError, match=r"uses job, which is not .*run_job\(\)"):
 
             @decorate
+            async def run_job(job_id: int) -> None: ...
+
+    def test_a_field_nested_in_a_format_spec_is_checked_too(self) -> None:
+        redlock = AsyncRedlock(["redis://127.0.0.1:1"])
+        with pytest.raises(ValueError, match="uses width, which is not"):
+
+            @redlock.locked("jobs:{job_id:>{width}}")
             async def run_job(job_id: int) -> None: ...
 
     def test_a_plain_function_is_refused(self) -> None:

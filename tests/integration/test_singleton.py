@@ -12,7 +12,7 @@ import textwrap
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, Lease
+from asyncredlock import AsyncRedlock, Lease, LockLostError
 from asyncredlock.testing import ServerGroup
 
 from .conftest import Masters
@@ -45,6 +45,7 @@ class TestOneAtATime:
         now_leading = 0
         candidates = [AsyncRedlock(servers.urls, identity=f"web-{i}") for i in range(3)]
         turns = [anyio.Event() for _ in range(3)]
+        led = [anyio.Event() for _ in range(3)]
 
         async def run(i: int) -> str:
             async def job(lease: Lease) -> str:
@@ -52,7 +53,9 @@ class TestOneAtATime:
                 now_leading += 1
                 assert now_leading == 1  # never two leaders
                 leading.append(candidates[i].identity)
-                await turns[len(leading) - 1].wait()  # lead until the test says stop
+                turn = len(leading) - 1
+                led[turn].set()
+                await turns[turn].wait()  # lead until the test says stop
                 now_leading -= 1
                 return candidates[i].identity
 
@@ -63,8 +66,7 @@ class TestOneAtATime:
                 for i in range(3):
                     tg.start_soon(run, i)
                 for turn in range(3):
-                    while len(leading) <= turn:
-                        await anyio.wait_all_tasks_blocked()
+                    await led[turn].wait()
                     state = await candidates[0].inspect("scheduler")
                     assert state.identity == leading[turn]
                     turns[turn].set()  # this leader's job returns: the next takes over
@@ -131,15 +133,86 @@ class TestOneAtATime:
             await redlock.settle()
         assert await masters.keys() == [[]] * 5
 
-    def test_bad_input_before_any_io(self) -> None:
+    async def test_the_jobs_own_lock_lost_error_propagates(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        runs = 0
+
+        async def job(lease: Lease) -> None:
+            nonlocal runs
+            runs += 1
+            async with redlock.lock("inner"):
+                await redlock.force_release("inner")  # the job's own lock is lost
+                await anyio.sleep_forever()
+
+        async with AsyncRedlock(servers.urls) as redlock:
+            with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError) as caught:
+                await redlock.run_singleton("outer", job)
+            await redlock.settle()
+        assert (caught.value.resource, runs) == ("inner", 1)  # not restarted
+        assert await masters.keys() == [[]] * 5
+
+    async def test_a_job_that_finished_is_not_run_again_when_the_release_finds_it_gone(
+        self, servers: ServerGroup
+    ) -> None:
+        runs = 0
+        async with AsyncRedlock(servers.urls) as redlock:
+
+            async def job(lease: Lease) -> str:
+                nonlocal runs
+                runs += 1
+                for client in Masters(servers.urls).clients:  # expired under it
+                    await client.delete("gone")
+                    await client.aclose()
+                return "done"
+
+            with anyio.fail_after(HANG_GUARD):
+                assert await redlock.run_singleton("gone", job) == "done"
+        assert runs == 1
+
+    async def test_closing_the_client_cancels_the_job(self, servers: ServerGroup) -> None:
+        started, cancelled = anyio.Event(), anyio.Event()
+
+        async def job(lease: Lease) -> None:
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.set()
+                raise
+
+        redlock = AsyncRedlock(servers.urls)
+        errors: list[BaseException] = []
+
+        async def run() -> None:
+            try:
+                await redlock.run_singleton("closing", job)
+            except RuntimeError as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await started.wait()
+                await redlock.aclose()
+        assert cancelled.is_set()
+        assert [str(error) for error in errors] == ["this AsyncRedlock is closed"]
+
+    async def test_bad_input_before_any_io(self) -> None:
         redlock = AsyncRedlock(["redis://127.0.0.1:1"])
 
         async def job(lease: Lease) -> None: ...
 
-        with pytest.raises(ValueError, match=r"^pause must be > 0"):
-            anyio.run(lambda: redlock.run_singleton("x", job, pause=0))
+        def plain(lease: Lease) -> None: ...
+
+        with pytest.raises(TypeError, match="must be an async function"):
+            await redlock.run_singleton("x", plain)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"^ttl must be > 0"):
-            anyio.run(lambda: redlock.run_singleton("x", job, ttl=-1))
+            await redlock.run_singleton("x", job, ttl=-1)
+        with pytest.raises(ValueError, match="must not be empty"):
+            await redlock.run_singleton("", job)
+        assert redlock.statistics().attempts == 0
+        await redlock.aclose()
 
 
 class TestTakeOver:
@@ -155,12 +228,15 @@ class TestTakeOver:
                 [sys.executable, "-c", CHILD, *servers.urls], stdout=subprocess.PIPE
             ) as child,
         ):
-            assert child.stdout is not None
+            try:
+                assert child.stdout is not None
+                with anyio.fail_after(HANG_GUARD):
+                    assert (await child.stdout.receive()).startswith(b"leading")
+                    assert (await redlock.inspect("scheduler")).identity == "child"
+            finally:
+                os.kill(child.pid, signal.SIGKILL)  # never left waiting forever
+            assert await child.wait() == -signal.SIGKILL
             with anyio.fail_after(HANG_GUARD):
-                assert (await child.stdout.receive()).startswith(b"leading")
-                assert (await redlock.inspect("scheduler")).identity == "child"
-                os.kill(child.pid, signal.SIGKILL)
-                assert await child.wait() == -signal.SIGKILL
                 # the dead leader's key expires (ttl 1 s) and this candidate takes over
                 await redlock.run_singleton("scheduler", job)
         assert took_over.is_set()

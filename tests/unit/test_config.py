@@ -108,6 +108,14 @@ class TestSettings:
                 assert parameters[name].default == getattr(DEFAULTS, name), name
         assert parameters["identity"].default is None
 
+    def test_a_long_host_name_is_cut_to_fit_the_default_identity(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(socket, "gethostname", lambda: "h" * 255)
+        identity = AsyncRedlock(nowhere()).identity
+        assert len(identity) == 128
+        assert identity.endswith(f":{os.getpid()}")
+
     def test_identity_is_the_process_of_the_maker_unless_given(self) -> None:
         assert AsyncRedlock(nowhere()).identity == f"{socket.gethostname()}:{os.getpid()}"
         assert AsyncRedlock(nowhere(), identity="web-3").identity == "web-3"

@@ -3,11 +3,24 @@ the hint when a framework is missing."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from .._config import LockOptions
 from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, RedlockError
+from .._lock import Lock
+from .._redlock import AsyncRedlock
+from .._template import NameTemplate
 
-__all__ = ["ErrorResponse", "HTTPErrors", "missing_framework"]
+__all__ = [
+    "ErrorResponse",
+    "HTTPErrors",
+    "RequestLock",
+    "check_redlock",
+    "errors_or_default",
+    "missing_framework",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +84,42 @@ def missing_framework(module: str, framework: str, extra: str) -> ImportError:
     return ImportError(
         f"asyncredlock.contrib.{module} needs {framework}: pip install 'asyncredlock[{extra}]'"
     )
+
+
+def errors_or_default(errors: object) -> HTTPErrors:
+    """``errors``, or `HTTPErrors`'s defaults for ``None``.
+
+    Raises:
+        TypeError: ``errors`` is something else.
+    """
+    if errors is None:
+        return HTTPErrors()
+    if not isinstance(errors, HTTPErrors):
+        raise TypeError(f"errors must be an HTTPErrors, not {type(errors).__name__}")
+    return errors
+
+
+def check_redlock(masters: Sequence[Any], settings: dict[str, Any]) -> None:
+    """Raise now what ``AsyncRedlock(masters, **settings)`` would raise at startup
+    (it opens nothing, so the one made here needs no closing)."""
+    AsyncRedlock(masters, **settings)
+
+
+class RequestLock:
+    """The lock of one request: a name template filled with the route's path
+    parameters, and ``lock()``'s options, both checked when made."""
+
+    __slots__ = ("options", "template")
+
+    def __init__(self, name: str, options: LockOptions) -> None:
+        self.template = NameTemplate(name)
+        self.options = options
+
+    def lock(self, redlock: AsyncRedlock, params: Mapping[str, object]) -> Lock:
+        """The lock for a request with these path parameters.
+
+        Raises:
+            ValueError: A field of the template is not among ``params``.
+        """
+        self.template.require_fields(params, "a path parameter of this route")
+        return redlock.lock(self.template.fill(params), **self.options.kwargs())

@@ -26,8 +26,7 @@ from typing import Any, TypeVar
 from .._config import LockOptions
 from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
 from .._redlock import AsyncRedlock
-from .._template import NameTemplate
-from ._http import HTTPErrors, missing_framework
+from ._http import HTTPErrors, RequestLock, check_redlock, errors_or_default, missing_framework
 
 try:
     from aiohttp import web
@@ -36,8 +35,9 @@ except ImportError:  # pragma: no cover - exercised in a subprocess
 
 __all__ = ["REDLOCK", "HTTPErrors", "locked", "setup"]
 
-#: The app's ``AsyncRedlock``: ``request.app[REDLOCK]``, set by `setup` while the
-#: app runs.
+#: The app's ``AsyncRedlock``, set by `setup` while the app runs: ``app[REDLOCK]``,
+#: or ``request.config_dict[REDLOCK]`` in a handler (which also finds it from a
+#: sub-application's routes).
 REDLOCK: web.AppKey[AsyncRedlock] = web.AppKey("asyncredlock", AsyncRedlock)
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
@@ -69,10 +69,8 @@ def setup(
         TypeError, ValueError: As `AsyncRedlock` raises for bad masters or
             settings, and for a bad ``errors``: raised here, not at startup.
     """
-    mapping = HTTPErrors() if errors is None else errors
-    if not isinstance(mapping, HTTPErrors):
-        raise TypeError(f"errors must be an HTTPErrors, not {type(mapping).__name__}")
-    AsyncRedlock(masters, **settings)  # checked now; it opens nothing, so nothing to close
+    mapping = errors_or_default(errors)
+    check_redlock(masters, settings)
 
     async def own_redlock(app: web.Application) -> AsyncIterator[None]:
         async with AsyncRedlock(masters, **settings) as redlock:
@@ -103,7 +101,9 @@ def locked(
     fair: bool = False,
 ) -> Callable[[Handler], Handler]:
     """A decorator for a handler (``async def handler(request)``, or a method of a
-    ``web.View``): it runs holding a lock, taken through ``request.app[REDLOCK]``.
+    ``web.View``): it runs holding a lock, taken through the ``AsyncRedlock`` of
+    the app `setup` was given (``request.config_dict[REDLOCK]``, so a route of a
+    sub-application finds it too).
 
     ``name`` is filled with the route's ``match_info`` (``"orders:{order_id}"``);
     the other arguments are `AsyncRedlock.lock`'s. The lock is released when the
@@ -116,8 +116,7 @@ def locked(
             that is not a coroutine function. At a request, `ValueError` if a
             field is not a path parameter of the route.
     """
-    template = NameTemplate(name)
-    options = LockOptions(ttl, timeout, auto_extend, fencing, fair)
+    request_lock = RequestLock(name, LockOptions(ttl, timeout, auto_extend, fencing, fair))
 
     def decorate(handler: Handler) -> Handler:
         if not inspect.iscoroutinefunction(handler):
@@ -126,17 +125,8 @@ def locked(
         @functools.wraps(handler)
         async def run(arg: web.Request | web.View) -> web.StreamResponse:
             request = arg.request if isinstance(arg, web.View) else arg
-            params = request.match_info
-            template.check_names(params, "a path parameter of this route")
-            lock = request.app[REDLOCK].lock(
-                template.fill(params),
-                ttl=options.ttl,
-                timeout=options.timeout,
-                auto_extend=options.auto_extend,
-                fencing=options.fencing,
-                fair=options.fair,
-            )
-            async with lock:
+            # config_dict: the app that ran setup(), also from a sub-application's route
+            async with request_lock.lock(request.config_dict[REDLOCK], request.match_info):
                 return await handler(arg)
 
         return run  # type: ignore[return-value]  # same signature as the handler

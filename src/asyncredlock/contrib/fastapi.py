@@ -25,8 +25,7 @@ from .._config import LockOptions
 from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, RedlockError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
-from .._template import NameTemplate
-from ._http import HTTPErrors, missing_framework
+from ._http import HTTPErrors, RequestLock, check_redlock, errors_or_default, missing_framework
 
 try:
     from fastapi import Depends, FastAPI, Request
@@ -60,7 +59,7 @@ def lifespan(masters: Sequence[Any], /, **settings: Any) -> Lifespan:
     Raises:
         TypeError, ValueError: As `AsyncRedlock` raises for bad masters or settings.
     """
-    AsyncRedlock(masters, **settings)  # checked now; it opens nothing, so nothing to close
+    check_redlock(masters, settings)
 
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[None]:
@@ -113,21 +112,10 @@ def locked(
         TypeError, ValueError: A bad template or setting, raised here. At a
             request, `ValueError` if a field is not a path parameter of the route.
     """
-    template = NameTemplate(name)
-    options = LockOptions(ttl, timeout, auto_extend, fencing, fair)
+    request_lock = RequestLock(name, LockOptions(ttl, timeout, auto_extend, fencing, fair))
 
     async def hold_lock(request: Request) -> AsyncIterator[Lease]:
-        params = request.path_params
-        template.check_names(params, "a path parameter of this route")
-        lock = redlock_of(request.app).lock(
-            template.fill(params),
-            ttl=options.ttl,
-            timeout=options.timeout,
-            auto_extend=options.auto_extend,
-            fencing=options.fencing,
-            fair=options.fair,
-        )
-        async with lock as lease:
+        async with request_lock.lock(redlock_of(request.app), request.path_params) as lease:
             yield lease
 
     # The lock's dependency ends with the handler ("function" scope), not after the
@@ -149,9 +137,7 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
         app: The application.
         errors: Other status codes or ``Retry-After`` (``HTTPErrors(busy=409)``).
     """
-    mapping = HTTPErrors() if errors is None else errors
-    if not isinstance(mapping, HTTPErrors):
-        raise TypeError(f"errors must be an HTTPErrors, not {type(mapping).__name__}")
+    mapping = errors_or_default(errors)
 
     async def handle(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RedlockError)

@@ -1,9 +1,11 @@
 """Seed 003's ``/items`` race as FastAPI and aiohttp apps, with and without a lock.
 
 ``POST /items/{shop}`` allows ``limit`` items per shop: it counts them (``LLEN``),
-works for ``WORK`` seconds, then appends (``RPUSH``). Without a lock, concurrent
-requests all count before any appends and every one is accepted; with
-``locked("items:{shop}")`` they take turns and the limit holds.
+works for ``WORK`` seconds, then appends (``RPUSH``). Without a lock, the handler
+also waits after counting until all ``REQUESTS`` concurrent requests have counted
+(a barrier on the database, bounded), so the race is certain, not a matter of timing:
+every one is accepted. With ``locked("items:{shop}")`` they take turns and the limit
+holds.
 
 ``fastapi_from_env()`` is the factory uvicorn's worker processes call: it reads
 ``ITEMS_MASTERS`` (comma-separated URLs), ``ITEMS_DB``, ``ITEMS_LIMIT`` and
@@ -26,19 +28,34 @@ from asyncredlock import Lease
 from asyncredlock.contrib import aiohttp as redlock_aiohttp
 from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locked
 
-WORK = 0.2  # seconds between the count and the append, as real work would take
+LIMIT, REQUESTS, ROUNDS = 3, 5, 10  # items allowed; concurrent POSTs; rounds per test
+HANG_GUARD = 60  # seconds; only stops a hung test, never decides an outcome
+WORK = 0.05  # seconds between the count and the append, as real work would take
 TIMEOUT = 20.0  # seconds a request waits for the lock: five turns of WORK fit easily
+BARRIER = 10  # seconds an unlocked handler waits at most for the others to count
 
 
-async def create(db: Redis, shop: str, limit: int) -> tuple[int, dict[str, object]]:
-    """The handler's work: the status and body of one ``POST``."""
+async def create(
+    db: Redis, shop: str, limit: int, *, barrier: bool
+) -> tuple[int, dict[str, object]]:
+    """The handler's work: the status and body of one ``POST``; ``barrier``: wait
+    after counting until every request of the round has counted."""
     key = f"items:{shop}"
     count = await db.llen(key)
+    if barrier:
+        await all_counted(db, shop)
     if count >= limit:
         return 400, {"detail": "limit reached", "pid": os.getpid()}
     await anyio.sleep(WORK)
     await db.rpush(key, "item")
     return 201, {"stored": count + 1, "pid": os.getpid()}
+
+
+async def all_counted(db: Redis, shop: str) -> None:
+    """Return once ``REQUESTS`` handlers of this shop have counted (or BARRIER s)."""
+    if await db.incr(f"counted:{shop}") == REQUESTS:
+        await db.rpush(f"go:{shop}", *["go"] * REQUESTS)
+    await db.blpop([f"go:{shop}"], timeout=BARRIER)
 
 
 def fastapi_app(masters: Sequence[str], db_url: str, limit: int, *, lock: bool) -> FastAPI:
@@ -58,15 +75,14 @@ def fastapi_app(masters: Sequence[str], db_url: str, limit: int, *, lock: bool) 
 
     @app.post("/items/{shop}", dependencies=guard)
     async def post_item(shop: str, response: Response) -> dict[str, object]:
-        response.status_code, body = await create(app.state.db, shop, limit)
+        response.status_code, body = await create(app.state.db, shop, limit, barrier=not lock)
         return body
 
-    @app.put("/slow/{shop}")
-    async def slow(
-        shop: str, lease: Annotated[Lease, Depends(locked("slow:{shop}", timeout=0))]
+    @app.put("/once/{shop}")
+    async def once(
+        shop: str, lease: Annotated[Lease, Depends(locked("once:{shop}", timeout=0))]
     ) -> dict[str, object]:
-        await anyio.sleep(float(shop))  # held this long: others get 423
-        return {"token": lease.token}
+        return {"token": lease.token}  # timeout=0: a lock still held would be 423
 
     @app.get("/health")
     async def health() -> dict[str, int]:
@@ -101,7 +117,8 @@ def aiohttp_app(masters: Sequence[str], db_url: str, limit: int, *, lock: bool) 
     app.cleanup_ctx.append(own_db)
 
     async def post_item(request: web.Request) -> web.Response:
-        status, body = await create(request.app[DB], request.match_info["shop"], limit)
+        shop = request.match_info["shop"]
+        status, body = await create(request.app[DB], shop, limit, barrier=not lock)
         return web.json_response(body, status=status)
 
     handler = redlock_aiohttp.locked("items:{shop}", timeout=TIMEOUT)(post_item)
