@@ -151,3 +151,10 @@ def test_pytest_plugin_entry_point() -> None:
     assert [p.value for p in points if p.name == "asyncredlock"] == [
         "asyncredlock.testing.pytest_plugin"
     ]
+
+
+def test_the_logger_has_a_null_handler() -> None:
+    import logging
+
+    handlers = logging.getLogger("asyncredlock").handlers
+    assert any(isinstance(handler, logging.NullHandler) for handler in handlers)

@@ -11,6 +11,8 @@ async with AsyncRedlock(["redis://h1", "redis://h2", "redis://h3"]) as redlock:
 
 from __future__ import annotations
 
+import logging
+
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeoutError as LockTimeoutError
@@ -52,6 +54,10 @@ __all__ = [
     "RedlockStatistics",
     "StaleTokenError",
 ]
+
+# A library's logger: silent unless the application configures logging (the
+# "No handlers could be found" fallback to stderr never applies).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Tracebacks and reprs show asyncredlock.X, not the private module (as httpx does).
 for _name in __all__:

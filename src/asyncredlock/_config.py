@@ -15,6 +15,7 @@ from ._keys import Resources
 
 __all__ = [
     "DEFAULTS",
+    "MAX_SECONDS",
     "LockKwargs",
     "LockOptions",
     "LockSpec",
@@ -24,8 +25,16 @@ __all__ = [
     "check_name",
     "check_names",
     "check_seconds",
+    "check_text",
     "default_identity",
 ]
+
+
+#: The longest duration any setting takes, in seconds (about 31.7 years): far below
+#: what the servers accept for ``PX`` (a 64-bit count of milliseconds added to their
+#: clock) and what their Lua numbers hold exactly (2**53), so no value that passes
+#: here can fail there.
+MAX_SECONDS = 1e9
 
 
 def check_seconds(
@@ -35,17 +44,40 @@ def check_seconds(
 
     Raises:
         TypeError: ``value`` is not an int or float (``bool`` is refused too).
-        ValueError: ``value`` is NaN, negative, infinite or zero where that is refused.
+        ValueError: ``value`` is NaN, negative, zero where that is refused,
+            infinite where that is refused, or finite and over `MAX_SECONDS`.
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
+    too_long = f"{name} must be at most {MAX_SECONDS:g} seconds (about 31 years), got {value!r}"
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(too_long) from None
     if math.isnan(seconds) or (math.isinf(seconds) and not (allow_inf and seconds > 0)):
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    if MAX_SECONDS < seconds < math.inf:
+        raise ValueError(too_long)
     return seconds
+
+
+def check_text(what: str, text: str) -> str:
+    """Refuse text that cannot be sent to the servers (a lone surrogate, as in
+    ``"k\\ud800"``, has no UTF-8 encoding).
+
+    Raises:
+        ValueError: ``text`` cannot be encoded as UTF-8.
+    """
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} cannot be encoded as UTF-8 ({exc.reason} at {exc.start}): {text!r}"
+        ) from None
+    return text
 
 
 def check_name(name: object) -> str:
@@ -53,13 +85,13 @@ def check_name(name: object) -> str:
 
     Raises:
         TypeError: ``name`` is not a ``str``.
-        ValueError: ``name`` is empty.
+        ValueError: ``name`` is empty, or cannot be encoded as UTF-8.
     """
     if not isinstance(name, str):
         raise TypeError(f"a lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("a lock name must not be empty")
-    return name
+    return check_text("a lock name", name)
 
 
 IDENTITY_MAX = 128  # characters: it is written into every lock key's value
@@ -85,10 +117,7 @@ def check_identity(identity: object) -> str:
         raise TypeError(f"identity must be a str, not {type(identity).__name__}")
     if not 0 < len(identity) <= IDENTITY_MAX:
         raise ValueError(f"identity must have 1 to {IDENTITY_MAX} characters, got {len(identity)}")
-    try:
-        identity.encode()
-    except UnicodeEncodeError:
-        raise ValueError(f"identity cannot be encoded as UTF-8: {identity!r}") from None
+    check_text("identity", identity)
     if not identity.isprintable() or any(c.isspace() for c in identity):
         raise ValueError(f"identity must have no whitespace or control characters: {identity!r}")
     return identity
@@ -150,6 +179,7 @@ class Settings:
             raise ValueError(f"drift_factor must be in [0, 0.5), got {self.drift_factor!r}")
         if not isinstance(self.prefix, str):
             raise TypeError(f"prefix must be a str, not {type(self.prefix).__name__}")
+        check_text("prefix", self.prefix)
         if not isinstance(self.auto_extend, bool):
             raise TypeError("auto_extend must be a bool")
         if not isinstance(self.fencing, bool):

@@ -146,6 +146,7 @@ class TestLockArguments:
             (b"orders", TypeError, "must be a str, not bytes"),
             (42, TypeError, "must be a str, not int"),
             (None, TypeError, "must be a str, not NoneType"),
+            ("k\ud800", ValueError, "cannot be encoded as UTF-8"),
         ],
     )
     async def test_bad_names_refused_everywhere(
@@ -159,6 +160,10 @@ class TestLockArguments:
         async with AsyncRedlock(servers.urls) as redlock:
             with pytest.raises(error, match=pattern):
                 redlock.lock(name)
+            with pytest.raises(error, match=pattern):
+                redlock.lock(["fine", name])
+            with pytest.raises(error, match=pattern):
+                redlock.rwlock(name)
             with pytest.raises(error, match=pattern):
                 await redlock.inspect(name)
             with pytest.raises(error, match=pattern):
@@ -175,6 +180,9 @@ class TestLockArguments:
             ({"ttl": math.inf}, ValueError, r"^ttl must be a finite"),
             ({"ttl": True}, TypeError, r"^ttl must be a number"),
             ({"ttl": "10"}, TypeError, r"^ttl must be a number"),
+            ({"ttl": 1e20}, ValueError, r"^ttl must be at most 1e\+09 seconds"),
+            ({"ttl": 10**400}, ValueError, r"^ttl must be at most 1e\+09 seconds"),
+            ({"timeout": 1e20}, ValueError, r"^timeout must be at most 1e\+09 seconds"),
             ({"timeout": -1}, ValueError, r"^timeout must be >= 0"),
             ({"timeout": math.nan}, ValueError, r"^timeout must be a finite"),
             ({"timeout": "2"}, TypeError, r"^timeout must be a number"),
@@ -196,7 +204,7 @@ class TestLockArguments:
             assert redlock.statistics().attempts == 0
             await assert_still_works(redlock, masters)
 
-    @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5"])
+    @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5", 1e20])
     async def test_a_bad_extend_ttl_keeps_the_lease(
         self, servers: ServerGroup, masters: Masters, ttl: Any
     ) -> None:

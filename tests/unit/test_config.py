@@ -65,6 +65,13 @@ class TestCheckSeconds:
         with pytest.raises(ValueError, match=r"^timeout must be >= 0 seconds"):
             check_seconds("timeout", -0.5, allow_zero=True)
 
+    def test_a_billion_seconds_is_the_longest(self) -> None:
+        assert check_seconds("ttl", 1e9) == 1e9
+        with pytest.raises(ValueError, match=r"^ttl must be at most 1e\+09 seconds"):
+            check_seconds("ttl", 1e9 + 1)
+        with pytest.raises(ValueError, match=r"^ttl must be at most"):
+            check_seconds("ttl", 10**400, allow_inf=True)  # too large for a float
+
     def test_positive_infinity_allowed_when_asked(self) -> None:
         assert check_seconds("timeout", math.inf, allow_inf=True) == math.inf
         for refused in (-math.inf, math.nan):
@@ -229,6 +236,11 @@ class TestAsyncRedlockSettings:
             ({"drift_factor": -0.1}, ValueError, r"^drift_factor must be in"),
             ({"drift_factor": "0.01"}, TypeError, r"^drift_factor must be a number"),
             ({"prefix": b"app:"}, TypeError, r"^prefix must be a str"),
+            ({"prefix": "app\udfff:"}, ValueError, r"^prefix cannot be encoded as UTF-8"),
+            ({"ttl": 1e20}, ValueError, r"^ttl must be at most 1e\+09 seconds"),
+            ({"node_timeout": 2e9}, ValueError, r"^node_timeout must be at most"),
+            ({"retry_delay": 1e10}, ValueError, r"^retry_delay must be at most"),
+            ({"socket_timeout": 10**30}, ValueError, r"^socket_timeout must be at most"),
             ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
             ({"fencing": "no"}, TypeError, r"^fencing must be a bool"),
             ({"clock": "monotonic"}, TypeError, r"^clock must be a callable"),
