@@ -4,7 +4,8 @@ Every candidate runs the same Redlock-shaped cycle against N = 5 local valkey ma
 (no proxy): on every master at once, ``EVALSHA`` of an acquire script (``SET NX PX``,
 then ``INCR`` of a fence key), decided when 3 of 5 replied; then ``EVALSHA`` of a
 compare-and-delete release, decided at 3 of 5 (on each master sent once that master
-answered the acquire, so a pool cannot reorder them). The other replies are still awaited
+answered the acquire, so a pool cannot reorder them; and the next cycle's acquire of
+that key, once that master has the release). The other replies are still awaited
 (in the background, all of them before the window closes) and counted, and the
 servers are checked afterwards: no lock key may be left. Candidates:
 
@@ -313,24 +314,41 @@ async def _after(first: asyncio.Future[object], then: Callable[[], Awaitable[obj
     return await then()
 
 
-async def one_cycle(client: Client, shas: tuple[str, str], key: str, bg: Background) -> None:
+Released = Sequence[asyncio.Future[object]]
+
+
+async def one_cycle(
+    client: Client, shas: tuple[str, str], key: str, bg: Background, after: Released = ()
+) -> Released:
     """Acquire ``key`` on every master, decided at QUORUM, then release it likewise; an
-    acquisition short of its quorum counts in ``bg.errors``."""
+    acquisition short of its quorum counts in ``bg.errors``. ``after``: the previous
+    cycle's releases of ``key``; on each master this acquisition goes after that
+    master's release (else, on a slow master, it could overtake a release still
+    waiting for its acquire's reply and be refused). Returns this cycle's releases."""
     value = f"v{time.monotonic_ns()}"
     keys = (key, f"{{{key}}}:fence")
-    replies, acquired = await quorum_of(
-        [call(shas[0], keys, (value, str(TTL_MS))) for call in client.calls], bg
-    )
+    acquires = [
+        functools.partial(call, shas[0], keys, (value, str(TTL_MS))) for call in client.calls
+    ]
+    replies, acquired = await quorum_of(_each_after(acquires, after), bg)
     if sum(1 for r in replies if isinstance(r, int) and r > 0) < QUORUM:
         bg.errors += 1
     # On each master the release goes after that master answered the acquire: a client
     # whose calls to one master can travel on different connections (a pool) could
     # otherwise have the release overtake the acquire and leave the key behind.
-    releases: list[Awaitable[object]] = []
-    for call, first in zip(client.calls, acquired, strict=True):
-        release = functools.partial(call, shas[1], (key,), (value,))
-        releases.append(release() if first.done() else _after(first, release))
-    await quorum_of(releases, bg)
+    releases = [functools.partial(call, shas[1], (key,), (value,)) for call in client.calls]
+    _, released = await quorum_of(_each_after(releases, acquired), bg)
+    return released
+
+
+def _each_after(
+    calls: Sequence[Callable[[], Awaitable[object]]], before: Released
+) -> list[Awaitable[object]]:
+    """Each call, sent once its master's ``before`` future is done (at once if none)."""
+    return [
+        call() if i >= len(before) or before[i].done() else _after(before[i], call)
+        for i, call in enumerate(calls)
+    ]
 
 
 # --- the measures ------------------------------------------------------------------------
@@ -369,13 +387,13 @@ async def throughput(
     async def worker(i: int) -> None:
         nonlocal count, warm
         key = f"transport:{candidate.id}:{i}"
-        await one_cycle(client, shas, key, bg)  # warm-up: every connection is open
+        released = await one_cycle(client, shas, key, bg)  # warm-up: every connection open
         warm += 1
         if warm == WORKERS:
             warmed.set()
         await warmed.wait()
         while not stop:
-            await one_cycle(client, shas, key, bg)
+            released = await one_cycle(client, shas, key, bg, released)
             count += 1
 
     try:
@@ -417,11 +435,12 @@ async def latency(
     times = []
     try:
         key = f"transport:{candidate.id}:solo"
+        released: Released = ()
         for _ in range(20):
-            await one_cycle(client, shas, key, bg)
+            released = await one_cycle(client, shas, key, bg, released)
         for _ in range(count):
             start = time.perf_counter()
-            await one_cycle(client, shas, key, bg)
+            released = await one_cycle(client, shas, key, bg, released)
             times.append(time.perf_counter() - start)
         await bg.drain(10)
     finally:

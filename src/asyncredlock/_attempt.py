@@ -14,8 +14,9 @@ import anyio
 from ._config import LockSpec
 from ._core import Core
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
-from ._keys import channel
+from ._keys import channel, holder_value
 from ._lease import Lease
+from ._log import log_acquired
 from ._node import Reply
 from ._protocol import (
     QueueEntry,
@@ -24,7 +25,6 @@ from ._protocol import (
     classify_commit,
     fence_tokens,
     holder_expires_in,
-    holder_value,
 )
 from ._quorum import Decision, Round
 from ._stats import LockCounters, Taken
@@ -129,9 +129,12 @@ class Acquisition:
     async def run(self) -> Lease:
         """Attempt until one takes the lock or the deadline passes."""
         try:
-            return await self._attempts()
+            lease = await self._attempts()
         finally:
             self._leave()
+        if self.attempts != 1 or self.handed_by:  # it waited (retried, or was handed it)
+            log_acquired(lease, self.attempts, self.core.clock() - self.started)
+        return lease
 
     async def _attempts(self) -> Lease:
         core, spec = self.core, self.spec

@@ -47,8 +47,9 @@ class Holding(Protocol):
 
     keys: tuple[str, ...]
 
-    def _lose(self, decision: Decision | None) -> None:
-        """End the lease lost (its block cancelled), removing what it holds."""
+    def _lose(self, decision: Decision | None, reason: str) -> None:
+        """End the lease lost (its block cancelled), removing what it holds;
+        ``reason`` says why, for the log."""
 
     async def _release_quietly(self) -> None:
         """Release it, reporting nothing."""

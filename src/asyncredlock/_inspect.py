@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._config import Settings
+from ._keys import identity_of
 from ._node import Reply
-from ._protocol import identity_of
 from ._quorum import quorum_of
 
 __all__ = ["LockState", "NodeLockState", "node_state"]

@@ -1,9 +1,11 @@
-"""Key layout: the lock key is the resource name; auxiliary keys share its cluster slot."""
+"""Key layout: the lock key is the resource name; auxiliary keys share its cluster slot.
+And what a lock key holds: a holder's identity and a random part."""
 
 from __future__ import annotations
 
 import functools
 import itertools
+import secrets
 import string
 from dataclasses import dataclass
 
@@ -12,6 +14,8 @@ __all__ = [
     "aux_key",
     "channel",
     "has_hash_tag",
+    "holder_value",
+    "identity_of",
     "key_slot",
     "lock_key",
     "queue_keys",
@@ -133,3 +137,29 @@ def terms_key(key: str) -> str:
 def undo_key(key: str, value: str) -> str:
     """The marker that refuses a late ``SET`` of the attempt holding ``value``."""
     return aux_key(key, f"undo:{value}")
+
+
+_RANDOM_HEX = 32  # a lock value's random part: 128 bits, as lowercase hex
+
+
+def holder_value(identity: str) -> str:
+    """A new lock value: ``"<identity>:<128 random bits in hex>"``.
+
+    Unique by its random part; the identity before it is for people reading the
+    masters. Other Redlock clients see an opaque string, as they should.
+    """
+    return f"{identity}:{secrets.token_hex(_RANDOM_HEX // 2)}"
+
+
+def identity_of(value: str) -> str | None:
+    """The identity in a lock value written by `holder_value`; ``None`` for any
+    other value (an older version's, or another client's)."""
+    identity, colon, random = value.rpartition(":")
+    if not (identity and colon and len(random) == _RANDOM_HEX):
+        return None
+    if not set(random) <= _LOWER_HEX:
+        return None
+    return identity
+
+
+_LOWER_HEX = frozenset(string.hexdigits.lower())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
@@ -14,6 +13,7 @@ from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._ending import Ending
 from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
+from ._log import log_extension_failed, log_lost, log_release_short
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
@@ -21,7 +21,7 @@ from ._stats import LeaseRecord, LeaseStatistics, Taken
 
 __all__ = ["Lease", "end_leases", "lose_leases"]
 
-logger = logging.getLogger("asyncredlock")
+_GONE = "a majority of masters no longer hold it"
 
 
 class _State(enum.Enum):
@@ -190,7 +190,7 @@ class Lease:
                 resource=self.resource,
                 outcomes=decision.outcomes,
             )
-        self._lose(decision)
+        self._lose(decision, _GONE)
         raise LockNotOwnedError(
             f"{self.resource!r} is no longer held by this lease",
             resource=self.resource,
@@ -258,6 +258,7 @@ class Lease:
             return None
         core.counters.failed_extensions += 1
         self._record.failed_extensions += 1
+        log_extension_failed(self, decision.outcomes, decision.unavailable)
         return decision
 
     async def _release_round(self) -> Decision:
@@ -273,8 +274,8 @@ class Lease:
             decision = await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
             if not decision.reached and not decision.unavailable:
                 core.counters.lost += 1
-                self._state = _State.LOST
-                self._loss = decision
+                self._state, self._loss = _State.LOST, decision
+                log_lost(self, decision.outcomes, "gone from a majority when released")
             return decision
         finally:
             self._ending.announce(self, lost=self._state is _State.LOST)
@@ -357,7 +358,7 @@ class Lease:
         """One automatic extension; schedules the next, or ends the lease lost."""
         core = self._core
         if core.clock() >= self._expires_at:
-            self._lose(self._loss)
+            self._lose(self._loss, "not extended before its validity ran out")
             return
         start = core.clock()
         decision = await self._extend_round(self.ttl)
@@ -365,18 +366,19 @@ class Lease:
         if decision is None:
             self._extend_at(start + self.ttl / 3)
         elif not decision.unavailable:
-            self._lose(decision)
+            self._lose(decision, _GONE)
         else:
             self._loss = decision
             self._extend_at(core.clock() + min(self.ttl / 12, core.settings.retry_delay))
 
-    def _lose(self, decision: Decision | None) -> None:
-        """Mark the lease lost, cancel its block, and remove what it still holds."""
+    def _lose(self, decision: Decision | None, reason: str) -> None:
+        """Mark the lease lost (``reason``: why, for the log), cancel its block, and
+        remove what it still holds."""
         if self._state is not _State.HELD:
             return
         self._loss = decision
         self._core.counters.lost += 1
-        logger.warning("lease on %r lost", self.resource)
+        log_lost(self, decision.outcomes if decision else (), reason)
         self._finish(_State.LOST)
         self._ending.cancel_block()
         if not self._core.closed:
@@ -426,9 +428,7 @@ class Lease:
             return
         decision = await self._release_round()
         if decision.unavailable:
-            logger.warning(
-                "released %r on too few masters; the rest expire with the TTL", self.resource
-            )
+            log_release_short(self, decision.outcomes)
 
     def _lost_error(self) -> RedlockError:
         outcomes = self._loss.outcomes if self._loss else ()
@@ -439,11 +439,11 @@ class Lease:
 def lose_leases(core: Core, key: str, decision: Decision) -> None:
     """End lost this client's leases on ``key`` (forced free): their blocks are cancelled."""
     for lease in [each for each in core.held if key in each.keys]:
-        lease._lose(decision)
+        lease._lose(decision, "forced free (force_release)")
 
 
 def end_leases(core: Core) -> None:
     """The client closes: each lease it holds is lost (its holder still counted on
     it: blocks cancelled, loss callbacks run); the releases go out at once."""
     for lease in list(core.held):
-        lease._lose(None)
+        lease._lose(None, "its AsyncRedlock was closed")

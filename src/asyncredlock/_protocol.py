@@ -1,13 +1,10 @@
 """What the scripts are sent and what their replies mean: the acquisition's
-refusal codes, verdicts for the quorum, fence tokens, the waiter's queue entry, and
-the lock values (a holder's identity and random part)."""
+refusal codes, verdicts for the quorum, fence tokens, and the waiter's queue entry."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-import secrets
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,8 +23,6 @@ __all__ = [
     "fence_tokens",
     "granted",
     "holder_expires_in",
-    "holder_value",
-    "identity_of",
     "may_be_queued",
     "ms",
 ]
@@ -38,32 +33,6 @@ __all__ = [
 #: tokens in between are this holder's to give to the tasks it passes the lease
 #: on to (see ``_gate``), at most ``TOKEN_BLOCK - 1`` of them in a row.
 TOKEN_BLOCK = 64
-
-
-_RANDOM_HEX = 32  # a lock value's random part: 128 bits, as lowercase hex
-
-
-def holder_value(identity: str) -> str:
-    """A new lock value: ``"<identity>:<128 random bits in hex>"``.
-
-    Unique by its random part; the identity before it is for people reading the
-    masters. Other Redlock clients see an opaque string, as they should.
-    """
-    return f"{identity}:{secrets.token_hex(_RANDOM_HEX // 2)}"
-
-
-def identity_of(value: str) -> str | None:
-    """The identity in a lock value written by `holder_value`; ``None`` for any
-    other value (an older version's, or another client's)."""
-    identity, colon, random = value.rpartition(":")
-    if not (identity and colon and len(random) == _RANDOM_HEX):
-        return None
-    if not set(random) <= _LOWER_HEX:
-        return None
-    return identity
-
-
-_LOWER_HEX = frozenset(string.hexdigits.lower())
 
 
 #: Why ``acquire.lua`` and ``acquire_rw.lua`` refused (the 4th element of a refusal).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -35,8 +34,6 @@ from ._stats import RedlockStatistics
 from ._template import NameTemplate, serialize
 
 __all__ = ["AsyncRedlock"]
-
-logger = logging.getLogger("asyncredlock")
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import math
 import select
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,9 +39,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["ClosedError", "Link", "Opener", "Reply", "Stream", "pack"]
+from ._log import log_master_readmitted, log_master_silent
 
-logger = logging.getLogger("asyncredlock")
+__all__ = ["ClosedError", "Link", "Opener", "Reply", "Stream", "pack"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +309,7 @@ class Link:
             self._quiet_since = asyncio.get_running_loop().time()
         if self.silent:
             self.silent = False
+            log_master_readmitted(self.name)
 
     def _arm(self, delay: float) -> None:
         if self._watchdog is None:
@@ -344,6 +344,7 @@ class Link:
         if quiet >= self.node_timeout:
             if not self.silent:
                 self.silent = True
+                log_master_silent(self.name, quiet)
                 for watcher in list(self.watchers):
                     watcher()
             self._arm(min(self.node_timeout, self._quiet_since + self.socket_timeout - now))

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from redis.crc import key_slot as redis_py_key_slot
 
-from asyncredlock._keys import aux_key, has_hash_tag, lock_key
+from asyncredlock._keys import aux_key, has_hash_tag, holder_value, identity_of, lock_key
 
 
 def crc16_xmodem(data: bytes) -> int:
@@ -119,3 +119,29 @@ class TestAuxKey:
         keys = {aux_key("orders:42", s) for s in ("fence", "readers", "queue")}
         assert len(keys) == 3
         assert "orders:42" not in keys
+
+
+class TestHolderValue:
+    def test_identity_then_128_random_bits(self) -> None:
+        first, second = holder_value("web-3"), holder_value("web-3")
+        assert first != second
+        identity, _, random = first.rpartition(":")
+        assert (identity, len(random), int(random, 16) >= 0) == ("web-3", 32, True)
+
+    @pytest.mark.parametrize("identity", ["web-3", "host:4242", "a:b:c", "ü"])
+    def test_the_identity_reads_back(self, identity: str) -> None:
+        assert identity_of(holder_value(identity)) == identity
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "0123456789abcdef0123456789abcdef",  # an older version's: random only
+            ":0123456789abcdef0123456789abcdef",  # no identity before the colon
+            "web:0123456789ABCDEF0123456789ABCDEF",  # not our hex
+            "web:0123456789abcdef",  # too short
+            "web:0123456789abcdef0123456789abcdeg",  # not hex
+            "a1b2-c3d4",  # another client's
+        ],
+    )
+    def test_other_values_have_no_identity(self, value: str) -> None:
+        assert identity_of(value) is None

@@ -13,8 +13,6 @@ from asyncredlock._protocol import (
     classify_flag,
     fence_tokens,
     holder_expires_in,
-    holder_value,
-    identity_of,
 )
 from asyncredlock._quorum import NodeSkippedError, Verdict
 
@@ -82,29 +80,3 @@ class TestReplies:
         replies = settled(Reply([0, 300]), Reply([0, 100]), Reply([0, 200]), Reply([1, 5]))
         assert holder_expires_in(replies) == 0.2
         assert holder_expires_in(settled(Reply([1, 5]), Reply([0, -1]))) == float("inf")
-
-
-class TestHolderValue:
-    def test_identity_then_128_random_bits(self) -> None:
-        first, second = holder_value("web-3"), holder_value("web-3")
-        assert first != second
-        identity, _, random = first.rpartition(":")
-        assert (identity, len(random), int(random, 16) >= 0) == ("web-3", 32, True)
-
-    @pytest.mark.parametrize("identity", ["web-3", "host:4242", "a:b:c", "ü"])
-    def test_the_identity_reads_back(self, identity: str) -> None:
-        assert identity_of(holder_value(identity)) == identity
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            "0123456789abcdef0123456789abcdef",  # an older version's: random only
-            ":0123456789abcdef0123456789abcdef",  # no identity before the colon
-            "web:0123456789ABCDEF0123456789ABCDEF",  # not our hex
-            "web:0123456789abcdef",  # too short
-            "web:0123456789abcdef0123456789abcdeg",  # not hex
-            "a1b2-c3d4",  # another client's
-        ],
-    )
-    def test_other_values_have_no_identity(self, value: str) -> None:
-        assert identity_of(value) is None

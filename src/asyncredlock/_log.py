@@ -1,0 +1,112 @@
+"""The library's log, on the ``asyncredlock`` logger: one line per event that changes
+a lease or a master's standing, the facts also given as ``extra`` fields
+(``resource``, ``identity``, ``token``, ``masters``, ``reason``), so structured
+handlers (JSON, structlog) get them as fields."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from ._errors import NodeOutcome
+from ._keys import identity_of
+
+__all__ = [
+    "Held",
+    "log_acquired",
+    "log_extension_failed",
+    "log_lost",
+    "log_master_readmitted",
+    "log_master_silent",
+    "log_release_short",
+]
+
+logger = logging.getLogger("asyncredlock")
+
+
+class Held(Protocol):
+    """What the log reads of a lease."""
+
+    resource: str
+    value: str
+    token: int | None
+
+
+def _facts(lease: Held, outcomes: Sequence[NodeOutcome], reason: str) -> dict[str, object]:
+    return {
+        "resource": lease.resource,
+        "identity": identity_of(lease.value),
+        "token": lease.token,
+        "masters": {outcome.node: outcome.detail for outcome in outcomes},
+        "reason": reason,
+    }
+
+
+def _failed(outcomes: Sequence[NodeOutcome]) -> str:
+    """The masters that did not take the operation, and why."""
+    return "; ".join(str(o) for o in outcomes if not o.ok) or "no master reported"
+
+
+def log_acquired(lease: Held, attempts: int, waited: float) -> None:
+    """A lease taken after waiting: more than one attempt, or handed over (INFO)."""
+    reason = f"waited {waited:.3f} s, {attempts} attempts"
+    logger.info(
+        "acquired %r after waiting (%s)", lease.resource, reason, extra=_facts(lease, (), reason)
+    )
+
+
+def log_extension_failed(lease: Held, outcomes: Sequence[NodeOutcome], unavailable: bool) -> None:
+    """An extension round that did not reach a quorum in time (WARNING)."""
+    reason = "too many masters failed or did not answer" if unavailable else "not held"
+    logger.warning(
+        "extending %r failed (%s): %s",
+        lease.resource,
+        reason,
+        _failed(outcomes),
+        extra=_facts(lease, outcomes, reason),
+    )
+
+
+def log_lost(lease: Held, outcomes: Sequence[NodeOutcome], reason: str) -> None:
+    """A lease ended lost (WARNING): why, and what the masters said last."""
+    logger.warning(
+        "lease on %r lost: %s [%s]",
+        lease.resource,
+        reason,
+        _failed(outcomes),
+        extra=_facts(lease, outcomes, reason),
+    )
+
+
+def log_release_short(lease: Held, outcomes: Sequence[NodeOutcome]) -> None:
+    """A release that reached too few masters; their keys expire with the TTL
+    (WARNING)."""
+    reason = "released on too few masters; the rest expire with the TTL"
+    logger.warning(
+        "releasing %r: %s: %s",
+        lease.resource,
+        reason,
+        _failed(outcomes),
+        extra=_facts(lease, outcomes, reason),
+    )
+
+
+def log_master_silent(master: str, seconds: float) -> None:
+    """A master counted as silent: calls out and no byte for ``seconds`` (WARNING)."""
+    reason = f"no reply for {seconds:g} s with calls out"
+    logger.warning(
+        "master %s silent: %s",
+        master,
+        reason,
+        extra={"masters": {master: "silent"}, "reason": reason},
+    )
+
+
+def log_master_readmitted(master: str) -> None:
+    """A silent master answered again (INFO)."""
+    logger.info(
+        "master %s answers again",
+        master,
+        extra={"masters": {master: "answering"}, "reason": "answered"},
+    )

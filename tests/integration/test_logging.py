@@ -1,0 +1,151 @@
+"""The ``asyncredlock`` log tells a lease's story: who, which masters, and why, at each
+step, as text and as ``extra`` fields for structured handlers."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock, Lease, LockLostError
+from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+
+def records(caplog: pytest.LogCaptureFixture, resource: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "resource", None) == resource]
+
+
+class TestLeaseStory:
+    async def test_acquired_after_waiting_names_the_lease(
+        self, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="asyncredlock")
+        async with (
+            AsyncRedlock(servers.urls, identity="holder") as holder,
+            AsyncRedlock(servers.urls, identity="waiter") as waiter,
+        ):
+            held = await holder.lock("story").acquire()
+            got: list[Lease] = []
+            with anyio.fail_after(HANG_GUARD), Waits(waiter) as waits:
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        got.append(await waiter.lock("story").acquire())
+
+                    tg.start_soon(take)
+                    await waits.reach(1)  # refused once: it waits for the release
+                    await held.release()
+            await got[0].release()
+        (record,) = [r for r in records(caplog, "story") if r.levelno == logging.INFO]
+        assert record.getMessage().startswith("acquired 'story' after waiting")
+        assert (record.__dict__["identity"], record.__dict__["token"]) == (
+            "waiter",
+            got[0].token,
+        )
+
+    async def test_a_loss_by_deletion_says_which_masters_and_why(
+        self,
+        servers: ServerGroup,
+        masters: Masters,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        async with AsyncRedlock(servers.urls, identity="web-1") as redlock:
+            lease = await redlock.lock("gone", ttl=30, auto_extend=False).acquire()
+            for client in masters.clients[:3]:
+                await client.delete("gone")
+            with pytest.raises(Exception, match="no longer held"):
+                await lease.extend()
+        failed, lost = records(caplog, "gone")
+        assert failed.levelno == lost.levelno == logging.WARNING
+        assert failed.getMessage().startswith("extending 'gone' failed (not held)")
+        assert lost.getMessage().startswith(
+            "lease on 'gone' lost: a majority of masters no longer hold it"
+        )
+        for record in (failed, lost):
+            assert record.__dict__["identity"] == "web-1"
+            assert record.__dict__["token"] == lease.token
+            assert set(record.__dict__["masters"]) == set(servers.urls)
+        assert servers.urls[0] in lost.getMessage()  # a master that said why, named
+
+    async def test_an_outage_logs_each_failed_extension_then_the_loss(
+        self, make_servers: MakeServers, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        group = make_servers(3)
+        async with AsyncRedlock(group.urls, node_timeout=0.05) as redlock:
+            with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError):
+                async with redlock.lock("outage", ttl=0.6):
+                    group[0].stop()
+                    group[1].stop()
+                    await anyio.sleep_forever()  # until the lease is lost
+        story = records(caplog, "outage")
+        *failed, lost = story
+        assert failed
+        for record in failed:
+            message = record.getMessage()
+            assert message.startswith("extending 'outage' failed (too many masters")
+            assert group.urls[0] in message
+        assert lost.getMessage().startswith(
+            "lease on 'outage' lost: not extended before its validity ran out"
+        )
+
+    async def test_closing_with_a_lease_held_logs_why(
+        self, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        redlock = AsyncRedlock(servers.urls)
+        await redlock.lock("closed").acquire()
+        await redlock.aclose()
+        (record,) = records(caplog, "closed")
+        assert record.__dict__["reason"] == "its AsyncRedlock was closed"
+
+
+class _Heard(logging.Handler):
+    """Sets ``event`` when a record whose message starts with ``prefix`` is logged."""
+
+    def __init__(self, prefix: str, event: anyio.Event) -> None:
+        super().__init__()
+        self.prefix, self.event = prefix, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.event.set()
+
+
+class TestMasters:
+    async def test_a_silent_master_and_its_return_are_logged(
+        self, make_servers: MakeServers, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="asyncredlock")
+        group = make_servers(3)
+        quiet = group.urls[2]
+        heard = anyio.Event()
+        handler = _Heard(f"master {quiet} silent", heard)
+        logging.getLogger("asyncredlock").addHandler(handler)
+        try:
+            async with AsyncRedlock(group.urls, node_timeout=0.05) as redlock:
+                await (await redlock.lock("warm").acquire()).release()
+                group[2].pause()
+                try:
+                    with anyio.fail_after(HANG_GUARD):
+                        lease = await redlock.lock("quiet").acquire()  # at quorum
+                        await heard.wait()  # its call there is out, unanswered
+                finally:
+                    group[2].resume()
+                await lease.release()
+                with anyio.fail_after(HANG_GUARD):
+                    await redlock.settle()
+        finally:
+            logging.getLogger("asyncredlock").removeHandler(handler)
+        about = [r for r in caplog.records if r.getMessage().startswith(f"master {quiet}")]
+        assert about[0].getMessage().startswith(f"master {quiet} silent: no reply for")
+        assert about[0].levelno == logging.WARNING
+        assert about[0].__dict__["masters"] == {quiet: "silent"}
+        assert about[-1].getMessage() == f"master {quiet} answers again"
+        assert about[-1].levelno == logging.INFO
