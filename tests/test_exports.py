@@ -6,6 +6,9 @@ import importlib
 import importlib.metadata
 import importlib.resources
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -158,3 +161,22 @@ def test_the_logger_has_a_null_handler() -> None:
 
     handlers = logging.getLogger("asyncredlock").handlers
     assert any(isinstance(handler, logging.NullHandler) for handler in handlers)
+
+
+def test_the_pytest_plugin_is_opt_in(tmp_path: Path) -> None:
+    """A project that installs asyncredlock sees none of its fixtures unless it opts in."""
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+
+    def fixtures(*options: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider", *options],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run.stdout
+
+    assert "make_servers" not in fixtures()
+    assert "make_servers" in fixtures("-p", "asyncredlock.testing.pytest_plugin")

@@ -1,6 +1,9 @@
 """pytest plugin: real Redis/Valkey servers as fixtures, and a Docker availability check.
 
-Loaded automatically through the ``pytest11`` entry point ``asyncredlock``. Fixtures:
+Opt-in: nothing is loaded by installing asyncredlock. Load it with
+``pytest -p asyncredlock.testing.pytest_plugin`` (or ``addopts`` in the pytest
+configuration), or with ``pytest_plugins = ["asyncredlock.testing.pytest_plugin"]`` in
+the top-level ``conftest.py``. Fixtures:
 
 - ``redlock_server_group`` (session): five servers started once for the whole run.
   Shared: tests must not stop, pause or restart them.
