@@ -5,6 +5,7 @@ asyncredlock --version
 asyncredlock demo [--servers N] [--requests N] [--limit N]
 asyncredlock inspect NAME --master URL [--master URL ...] [--json]
 asyncredlock force-release NAME --masters URL,URL,... [--yes]
+asyncredlock list [PATTERN] --master URL ... [--max-keys N] [--json]
 ```
 
 Masters come from ``--master`` (repeatable) and ``--masters`` (comma-separated), or
@@ -22,7 +23,8 @@ Exit codes:
 - 2: bad usage (no masters, a malformed URL, a bad option).
 - 3: too few masters answered: ``inspect`` cannot tell (fewer than a quorum
   answered, or those that did not could make a quorum with a value seen);
-  ``force-release``: too many failed, the lock may still be held.
+  ``force-release``: too many failed, the lock may still be held; ``list``: fewer
+  than a quorum answered.
 - 130: interrupted (Ctrl-C).
 """
 
@@ -49,6 +51,7 @@ from ._cli.common import (
     fail,
     master_options,
 )
+from ._cli.listing import add_list
 from ._cli.state import add_force_release, add_inspect
 
 __all__ = ["main"]
@@ -90,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     options = master_options()
     add_inspect(commands, options)
     add_force_release(commands, options)
+    add_list(commands, options)
     return parser
 
 

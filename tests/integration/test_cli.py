@@ -1,5 +1,5 @@
 """The command line against real servers: inspect, force-release, demo, --version,
-and bad input."""
+and bad input (list: test_cli_list.py)."""
 
 from __future__ import annotations
 
@@ -282,6 +282,7 @@ class TestBadInput:
             ["demo", "--limit", "three"],
             ["demo", "--servers", "0"],
             ["demo", "--masters", "0"],
+            ["list", "--max-keys", "0", "--master", "redis://127.0.0.1:1"],
             ["no-such-command"],
         ],
     )
@@ -298,8 +299,15 @@ class TestBadInput:
     def test_help_exits_zero(self, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["--help"]) == 0
         out = capsys.readouterr().out
-        commands = ("demo", "inspect", "force-release")
+        commands = ("demo", "inspect", "force-release", "list")
         assert all(command in out for command in commands)
+
+    @pytest.mark.parametrize("command", ["list"])
+    def test_no_masters_for_list_and_watch(
+        self, command: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main(command.split()) == 2
+        assert capsys.readouterr().err.startswith("asyncredlock: error: no masters")
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
