@@ -6,6 +6,7 @@ asyncredlock demo [--servers N] [--requests N] [--limit N]
 asyncredlock inspect NAME --master URL [--master URL ...] [--json]
 asyncredlock force-release NAME --masters URL,URL,... [--yes]
 asyncredlock list [PATTERN] --master URL ... [--max-keys N] [--json]
+asyncredlock watch NAME --master URL ... [--interval SECONDS] [--count N]
 ```
 
 Masters come from ``--master`` (repeatable) and ``--masters`` (comma-separated), or
@@ -16,7 +17,7 @@ else from the ``REDLOCK_MASTERS`` environment variable (comma- or space-separate
 Exit codes:
 
 - 0: success; ``inspect``: the lock is held (a value, or a reader, on a quorum);
-  ``force-release``: a key was deleted.
+  ``force-release``: a key was deleted; ``watch``: ``--count`` lines printed.
 - 1: ``inspect``: the lock is free; ``force-release``: there was nothing to delete,
   or the confirmation was declined; ``demo``: the locked round was wrong, or a
   dependency is missing.
@@ -53,6 +54,7 @@ from ._cli.common import (
 )
 from ._cli.listing import add_list
 from ._cli.state import add_force_release, add_inspect
+from ._cli.watch import add_watch
 
 __all__ = ["main"]
 
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect(commands, options)
     add_force_release(commands, options)
     add_list(commands, options)
+    add_watch(commands, options)
     return parser
 
 

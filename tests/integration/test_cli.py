@@ -1,5 +1,5 @@
 """The command line against real servers: inspect, force-release, demo, --version,
-and bad input (list: test_cli_list.py)."""
+and bad input (list and watch: test_cli_list.py, test_cli_watch.py)."""
 
 from __future__ import annotations
 
@@ -283,6 +283,8 @@ class TestBadInput:
             ["demo", "--servers", "0"],
             ["demo", "--masters", "0"],
             ["list", "--max-keys", "0", "--master", "redis://127.0.0.1:1"],
+            ["watch", "x", "--interval", "0", "--master", "redis://127.0.0.1:1"],
+            ["watch", "x", "--count", "0", "--master", "redis://127.0.0.1:1"],
             ["no-such-command"],
         ],
     )
@@ -299,10 +301,10 @@ class TestBadInput:
     def test_help_exits_zero(self, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["--help"]) == 0
         out = capsys.readouterr().out
-        commands = ("demo", "inspect", "force-release", "list")
+        commands = ("demo", "inspect", "force-release", "list", "watch")
         assert all(command in out for command in commands)
 
-    @pytest.mark.parametrize("command", ["list"])
+    @pytest.mark.parametrize("command", ["list", "watch x"])
     def test_no_masters_for_list_and_watch(
         self, command: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
