@@ -76,6 +76,12 @@ class Status(enum.Enum):
     FREE = EXIT_FAILURE  # nothing on a quorum, and the silent masters cannot make one
     UNKNOWN = EXIT_UNAVAILABLE  # too few answered to tell
 
+    @property
+    def exit_code(self) -> int:
+        """The exit status ``inspect`` gives for it."""
+        code: int = self.value
+        return code
+
 
 def answered(state: LockState) -> int:
     """On how many masters the state could be read."""

@@ -69,8 +69,7 @@ def add_force_release(commands: Subcommands, options: Parser) -> None:
 def _inspect(args: argparse.Namespace) -> int:
     state, quorum = asyncio.run(_read_state(args))
     print(_state_json(state, quorum) if args.json else state_text(state, quorum))
-    status: int = status_of(state, quorum).value
-    return status
+    return status_of(state, quorum).exit_code
 
 
 async def _read_state(args: argparse.Namespace) -> tuple[LockState, int]:
