@@ -1,13 +1,17 @@
-"""The command line against real servers: inspect, force-release, and bad input."""
+"""The command line against real servers: inspect, force-release, demo, --version,
+and bad input (list and watch: test_cli_list.py, test_cli_watch.py)."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 
 import anyio.to_thread
 import pytest
+from redis.asyncio import Redis
 
+import asyncredlock
 from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
 from asyncredlock.__main__ import main
 from asyncredlock.testing import ServerGroup
@@ -94,11 +98,23 @@ class TestInspect:
         monkeypatch.setenv("REDLOCK_MASTERS", ",".join(servers.urls))
         code = await cli("inspect", "cli:free", "--json")
         document = json.loads(capsys.readouterr().out)
-        assert code == 0
+        assert code == 1
         assert (document["holder"], document["identity"]) == (None, None)
+        assert document["status"] == "free"
         assert all(master["holder"] is None for master in document["masters"])
 
-    async def test_fails_when_a_majority_does_not_answer(
+    async def test_a_wrong_prefix_finds_the_lock_free(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls, prefix="app:") as redlock, redlock.lock("cli:p"):
+            wrong = await cli("inspect", "cli:p", "--prefix", "ap:", *master_args(servers.urls))
+            right = await cli("inspect", "cli:p", "--prefix", "app:", *master_args(servers.urls))
+        out = capsys.readouterr().out
+        assert (wrong, right) == (1, 0)
+        assert "(key 'ap:cli:p')" in out
+        assert "majority holder: none (no value is held on a quorum)" in out
+
+    async def test_exit_3_when_a_majority_does_not_answer(
         self,
         servers: ServerGroup,
         make_servers: MakeServers,
@@ -108,13 +124,35 @@ class TestInspect:
         urls = servers.urls[:2] + down.urls
         code = await cli("inspect", "cli:outage", *master_args(urls))
         out = capsys.readouterr().out
-        assert code == 1
+        assert code == 3
         assert "majority holder: unknown (only 2 of 5 masters answered)" in out
         assert out.count("error: ") == 3
 
+    @pytest.mark.parametrize(("held_on", "expected_code"), [(0, 1), (1, 3)])
+    async def test_silent_masters_could_make_a_quorum(
+        self,
+        servers: ServerGroup,
+        make_servers: MakeServers,
+        capsys: pytest.CaptureFixture[str],
+        held_on: int,
+        expected_code: int,
+    ) -> None:
+        """3 of 5 answer: free when none of them holds a value; unknown when one
+        does, since with the 2 silent ones that value could be on a quorum."""
+        down = make_servers(2, start=False)  # ports reserved, nothing listening
+        urls = servers.urls[:3] + down.urls
+        for url in servers.urls[:held_on]:
+            async with Redis.from_url(url) as client:
+                await client.set("cli:partial", "elsewhere:" + "0" * 32, px=60_000)
+        code = await cli("inspect", "cli:partial", "--json", *master_args(urls))
+        document = json.loads(capsys.readouterr().out)
+        assert code == expected_code
+        assert (document["answered"], document["holder"]) == (3, None)
+        assert document["status"] == {1: "free", 3: "unknown"}[expected_code]
+
 
 class TestForceRelease:
-    async def test_an_outage_is_one_line_and_exit_1(
+    async def test_an_outage_is_one_line_and_exit_3(
         self,
         servers: ServerGroup,
         make_servers: MakeServers,
@@ -124,7 +162,7 @@ class TestForceRelease:
         urls = servers.urls[:2] + down.urls
         code = await cli("force-release", "cli:outage", "--yes", *master_args(urls))
         err = capsys.readouterr().err
-        assert code == 1
+        assert code == 3
         assert err.startswith("asyncredlock: error: could not force 'cli:outage' free")
         assert "Traceback" not in err
 
@@ -144,6 +182,32 @@ class TestForceRelease:
                 await stuck.release()
         assert code == 0
         assert "deleted the lock key of 'cli:stuck' on 5 of 5 masters" in capsys.readouterr().out
+
+    async def test_nothing_held_exits_1(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            await (await redlock.lock("cli:gone").acquire()).release()
+            code = await cli("force-release", "cli:gone", "--yes", *master_args(servers.urls))
+        captured = capsys.readouterr()
+        assert code == 1
+        assert captured.out == (
+            "nothing to release: no key of 'cli:gone' was deleted on any of 5 masters\n"
+        )
+        assert captured.err == ""
+
+    async def test_frees_a_lock_held_by_readers_only(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            reading = await redlock.rwlock("cli:read").read().acquire()
+            await redlock.settle()  # the masters beyond the quorum have listed it too
+            code = await cli("force-release", "cli:read", "--yes", *master_args(servers.urls))
+            state = await redlock.inspect("cli:read")
+            assert reading.held  # another client: told at its next extension
+        assert code == 0
+        assert all(node.readers == () for node in state.nodes)
+        assert "deleted the lock key of 'cli:read' on 5 of 5 masters" in capsys.readouterr().out
 
     @pytest.mark.parametrize(("answer", "expected_code"), [("y\n", 0), ("n\n", 1), ("", 1)])
     async def test_asks_before_deleting(
@@ -213,8 +277,14 @@ class TestBadInput:
             ["inspect"],
             ["inspect", "", "--master", "redis://127.0.0.1:1"],
             ["inspect", "x", "--master", "redis://127.0.0.1:1", "--node-timeout", "0"],
+            ["inspect", "k\udc80", "--master", "redis://127.0.0.1:1"],  # undecodable argv
             ["demo", "--requests", "0"],
             ["demo", "--limit", "three"],
+            ["demo", "--servers", "0"],
+            ["demo", "--masters", "0"],
+            ["list", "--max-keys", "0", "--master", "redis://127.0.0.1:1"],
+            ["watch", "x", "--interval", "0", "--master", "redis://127.0.0.1:1"],
+            ["watch", "x", "--count", "0", "--master", "redis://127.0.0.1:1"],
             ["no-such-command"],
         ],
     )
@@ -231,4 +301,43 @@ class TestBadInput:
     def test_help_exits_zero(self, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["--help"]) == 0
         out = capsys.readouterr().out
-        assert all(command in out for command in ("demo", "inspect", "force-release"))
+        commands = ("demo", "inspect", "force-release", "list", "watch")
+        assert all(command in out for command in commands)
+
+    @pytest.mark.parametrize("command", ["list", "watch x"])
+    def test_no_masters_for_list_and_watch(
+        self, command: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main(command.split()) == 2
+        assert capsys.readouterr().err.startswith("asyncredlock: error: no masters")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"asyncredlock {asyncredlock.__version__}\n"
+
+
+class TestDemo:
+    """``demo --servers N``, and ``--masters N`` still accepted (a small, fast run)."""
+
+    @pytest.mark.parametrize(
+        ("option", "servers", "notice"),
+        [
+            ("--servers", 2, ""),
+            (
+                "--masters",
+                1,
+                "asyncredlock demo: warning: --masters is deprecated, use --servers\n",
+            ),
+        ],
+    )
+    async def test_runs_on_that_many_servers(
+        self, capsys: pytest.CaptureFixture[str], option: str, servers: int, notice: str
+    ) -> None:
+        code = await cli("demo", option, str(servers), "--requests", "2", "--limit", "1")
+        captured = capsys.readouterr()
+        assert code == 0
+        masters_line = next(line for line in captured.out.splitlines() if "masters:" in line)
+        assert len(re.findall(r"redis://", masters_line)) == servers
+        assert "OK: with the lock, exactly 1 created and 1 refused." in captured.out
+        assert captured.err == notice

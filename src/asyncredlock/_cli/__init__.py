@@ -1,0 +1,1 @@
+"""The subcommands of the ``asyncredlock`` command line (parsed in ``__main__``)."""

@@ -1,0 +1,208 @@
+"""What the subcommands share: exit codes, errors, the master options, the verdict
+on a lock's state."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import NoReturn, TypeAlias
+
+from .._inspect import LockState
+from .._redlock import AsyncRedlock
+
+__all__ = [
+    "CLI_NODE_TIMEOUT",
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "MASTERS_ENV",
+    "PROG",
+    "Parser",
+    "Status",
+    "Subcommands",
+    "UsageError",
+    "answered",
+    "connect",
+    "count",
+    "fail",
+    "lock_name",
+    "master_options",
+    "master_urls",
+    "masters",
+    "positive_seconds",
+    "quorum_readers",
+    "status_of",
+]
+
+PROG = "asyncredlock"
+MASTERS_ENV = "REDLOCK_MASTERS"
+# Longer than the library's 0.1 s default: a CLI opens every connection cold,
+# possibly over TLS to a distant master.
+CLI_NODE_TIMEOUT = 1.0
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # also: the lock is free, or there was nothing to release
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3  # fewer than a quorum of masters answered
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported on one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+#: What ``add_subparsers()`` returns (a string: the class is not generic at run time).
+Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+class Status(enum.Enum):
+    """What the masters that answered say about a lock, and its exit status."""
+
+    HELD = EXIT_OK  # a writer's value, or a reader, on a quorum
+    FREE = EXIT_FAILURE  # nothing on a quorum, and the silent masters cannot make one
+    UNKNOWN = EXIT_UNAVAILABLE  # too few answered to tell
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status ``inspect`` gives for it."""
+        code: int = self.value
+        return code
+
+
+def answered(state: LockState) -> int:
+    """On how many masters the state could be read."""
+    return sum(1 for node in state.nodes if node.error is None)
+
+
+def quorum_readers(state: LockState, quorum: int) -> list[str]:
+    """The readers (values) of a read-write lock listed on a quorum of masters."""
+    seen = Counter(value for node in state.nodes for value, _ in node.readers)
+    return sorted(value for value, times in seen.items() if times >= quorum)
+
+
+def status_of(state: LockState, quorum: int) -> Status:
+    """Held, free, or unknown: free only when no value is on a quorum and none
+    could be, even counting every master that did not answer as holding it."""
+    if state.holder is not None or quorum_readers(state, quorum):
+        return Status.HELD
+    silent = len(state.nodes) - answered(state)
+    seen = Counter(node.holder for node in state.nodes if node.holder is not None)
+    seen.update(value for node in state.nodes for value, _ in node.readers)
+    most = max(seen.values(), default=0)
+    if answered(state) < quorum or (silent and most + silent >= quorum):
+        return Status.UNKNOWN
+    return Status.FREE
+
+
+def masters(number: int) -> str:
+    """``"1 master"``, ``"5 masters"``."""
+    return f"{number} master" if number == 1 else f"{number} masters"
+
+
+def master_options() -> Parser:
+    """Options shared by the commands that talk to existing masters."""
+    options = Parser(add_help=False)
+    group = options.add_argument_group("masters")
+    group.add_argument(
+        "--master", dest="masters", action="append", metavar="URL", help="a master (repeat)"
+    )
+    group.add_argument(
+        "--masters",
+        dest="masters",
+        action="extend",
+        type=_split_urls,
+        metavar="URL,URL,...",
+        help="masters, comma-separated",
+    )
+    group.add_argument("--prefix", default="", help="the key prefix the application uses")
+    group.add_argument(
+        "--node-timeout",
+        type=float,
+        default=CLI_NODE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"the longest wait for any master's reply ({CLI_NODE_TIMEOUT:g} s)",
+    )
+    return options
+
+
+def lock_name(text: str) -> str:
+    """An argparse ``type`` for a resource name: not empty, encodable."""
+    if not text:
+        raise argparse.ArgumentTypeError("the lock name must not be empty")
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid UTF-8") from exc
+    return text
+
+
+def count(*, minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` accepting whole numbers from ``minimum`` up."""
+
+    def parse(text: str) -> int:
+        value = int(text)  # argparse reports a ValueError as "invalid value"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type`` for a finite duration above zero."""
+    value = float(text)  # argparse reports a ValueError as "invalid value"
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
+def _split_urls(text: str) -> list[str]:
+    return [url for url in re.split(r"[,\s]+", text) if url]
+
+
+def master_urls(args: argparse.Namespace) -> list[str]:
+    """The masters the user named: the options, else ``$REDLOCK_MASTERS``.
+
+    Raises:
+        UsageError: None were named.
+    """
+    urls: list[str] = args.masters or _split_urls(os.environ.get(MASTERS_ENV, ""))
+    if not urls:
+        raise UsageError(f"no masters: give --master URL, --masters URL,URL,... or ${MASTERS_ENV}")
+    return urls
+
+
+def connect(args: argparse.Namespace) -> AsyncRedlock:
+    """An ``AsyncRedlock`` over the masters the user named.
+
+    Raises:
+        UsageError: No masters, a malformed URL or a bad prefix.
+    """
+    try:
+        # The option bounds the whole wait: silence and a slow reply alike.
+        wait = args.node_timeout
+        return AsyncRedlock(
+            master_urls(args), prefix=args.prefix, node_timeout=wait, socket_timeout=wait
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def fail(message: str, status: int) -> int:
+    """Print ``message`` as one error line on stderr; return ``status``."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status

@@ -1,0 +1,313 @@
+"""``list``: the locks held on the masters whose names match a pattern.
+
+Each master's keys are walked with ``SCAN`` (never ``KEYS``), at most about
+``--max-keys`` of them; the library's auxiliary keys (``{K}:fence``,
+``{K}:undo:...``, the queue's keys...) are left out, and a read-write lock held only
+by readers is found by its ``{K}:readers`` set. Each lock found is then read with
+``inspect()``, as ``asyncredlock inspect`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from .._inspect import LockState
+from .._keys import aux_key, has_hash_tag, key_slot
+from .._protocol import identity_of
+from .._redlock import AsyncRedlock
+from .common import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    PROG,
+    Parser,
+    Subcommands,
+    connect,
+    count,
+    fail,
+    master_urls,
+    masters,
+    quorum_readers,
+)
+
+__all__ = ["add_list", "listed_key", "split_aux"]
+
+#: What follows ``{K}:`` in the library's auxiliary keys of a lock key ``K`` (and
+#: ``undo:<value>``); ``released`` is a channel, never a key, but a key of that
+#: shape is not a lock either.
+AUX_SUFFIXES = frozenset({"fence", "readers", "queue", "queue:expiry", "queue:terms", "released"})
+DEFAULT_MAX_KEYS = 100_000
+SCAN_COUNT = 1000  # keys asked of SCAN per call
+INSPECT_BATCH = 100  # locks read at once
+
+
+def add_list(commands: Subcommands, options: Parser) -> None:
+    """The ``list`` subcommand."""
+    listing = commands.add_parser(
+        "list",
+        parents=[options],
+        help="list the locks held, by name pattern",
+        description="List the locks held on the masters whose names match PATTERN: "
+        "per lock, on how many masters it is held, its majority holder's identity "
+        "and the readers of a read-write lock. Keys are walked with SCAN. Exit 0, "
+        "or 3 when fewer than a quorum of masters answered.",
+    )
+    listing.add_argument(
+        "pattern",
+        nargs="?",
+        default="*",
+        metavar="PATTERN",
+        help="shell-style pattern of lock names, without the prefix: *, ?, [seq], [!seq] (*)",
+    )
+    listing.add_argument(
+        "--max-keys",
+        type=count(minimum=1),
+        default=DEFAULT_MAX_KEYS,
+        metavar="N",
+        help=f"read at most about N keys on each master ({DEFAULT_MAX_KEYS})",
+    )
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(command=_list)
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What SCAN found on one master: the lock keys, or why it could not walk them."""
+
+    node: str
+    keys: frozenset[str] = frozenset()
+    error: str | None = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The scans of every master and the locks found held, by name."""
+
+    scans: tuple[Scan, ...]
+    locks: tuple[LockState, ...]
+    quorum: int
+
+    @property
+    def answered(self) -> int:
+        return sum(1 for scan in self.scans if scan.error is None)
+
+
+def _list(args: argparse.Namespace) -> int:
+    listing = asyncio.run(_collect(args))
+    print(_listing_json(listing, args) if args.json else _listing_text(listing, args))
+    for scan in listing.scans:
+        if scan.error is not None:
+            print(f"{PROG}: warning: {scan.node}: {scan.error}", file=sys.stderr)
+        elif scan.truncated:
+            print(
+                f"{PROG}: warning: {scan.node}: stopped after about {args.max_keys} keys, "
+                "locks may be missing (raise --max-keys)",
+                file=sys.stderr,
+            )
+    if listing.answered < listing.quorum:
+        total = masters(len(listing.scans))
+        return fail(f"only {listing.answered} of {total} answered", EXIT_UNAVAILABLE)
+    return EXIT_OK
+
+
+async def _collect(args: argparse.Namespace) -> Listing:
+    async with connect(args) as redlock:
+        places = zip(master_urls(args), redlock.masters, strict=True)
+        scans = await asyncio.gather(*(_scan(url, node, args) for url, node in places))
+        keys = sorted(frozenset[str]().union(*(scan.keys for scan in scans)))
+        names = [key.removeprefix(args.prefix) for key in keys]
+        states = await _read_states(redlock, names)
+        held = tuple(state for state in states if _held_on(state))
+        return Listing(tuple(scans), held, redlock.quorum)
+
+
+async def _read_states(redlock: AsyncRedlock, names: Sequence[str]) -> list[LockState]:
+    states: list[LockState] = []
+    for start in range(0, len(names), INSPECT_BATCH):
+        batch = names[start : start + INSPECT_BATCH]
+        states += await asyncio.gather(*(redlock.inspect(name) for name in batch))
+    return states
+
+
+# -- scanning --------------------------------------------------------------------------
+
+
+async def _scan(url: str, node: str, args: argparse.Namespace) -> Scan:
+    """Walk one master's keys; ``node`` names it (``url`` may hold a password)."""
+    wait = args.node_timeout
+    client = Redis.from_url(
+        url, socket_timeout=wait, socket_connect_timeout=wait, retry=Retry(NoBackoff(), 0)
+    )
+    try:
+        keys, truncated = await _scan_keys(client, args)
+    except (RedisError, OSError) as exc:
+        return Scan(node, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        await client.aclose()
+    return Scan(node, frozenset(keys), truncated=truncated)
+
+
+async def _scan_keys(client: Redis, args: argparse.Namespace) -> tuple[set[str], bool]:
+    """The lock keys listed among a master's keys, and whether the walk was cut short."""
+    # Every key of a lock (its own, its readers') holds prefix + name: a server-side
+    # filter that keeps them all.
+    match = f"*{_glob_escape(args.prefix)}*" if args.prefix else None
+    step = min(SCAN_COUNT, args.max_keys)
+    found: set[str] = set()
+    cursor, read = 0, 0
+    while True:
+        cursor, batch = await client.scan(cursor, match=match, count=step)
+        read += max(step, len(batch))  # with MATCH, SCAN reads about COUNT keys a call
+        found.update(key for raw in batch if (key := listed_key(raw, args.prefix, args.pattern)))
+        if not cursor:
+            return found, False
+        if read >= args.max_keys:
+            return found, True
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis glob pattern."""
+    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)
+
+
+def listed_key(raw: bytes | str, prefix: str, pattern: str) -> str | None:
+    """The lock key that the key ``raw`` stands for in a listing, if any.
+
+    A lock key stands for itself and a readers set for its lock key; other
+    auxiliary keys, and keys whose name (after ``prefix``) does not match
+    ``pattern``, stand for none.
+    """
+    try:
+        key = raw if isinstance(raw, str) else raw.decode()
+    except UnicodeDecodeError:  # never a name the library accepts
+        return None
+    aux = split_aux(key)
+    if aux is not None:
+        if aux[1] != "readers":
+            return None
+        key = aux[0]
+    name = key.removeprefix(prefix)
+    if not key.startswith(prefix) or not name or not fnmatchcase(name, pattern):
+        return None
+    return key
+
+
+def split_aux(key: str) -> tuple[str, str] | None:
+    """``(lock key, suffix)`` when ``key`` is ``aux_key(lock key, suffix)`` for a
+    suffix of the library's (`AUX_SUFFIXES`, ``undo:<value>``), else ``None``.
+
+    A resource whose own name has such a shape (``{a}:fence``) is taken for the
+    auxiliary key it looks like.
+    """
+    for base in _bases(key):
+        head = aux_key(base, "")
+        suffix = key[len(head) :]
+        if key.startswith(head) and (suffix in AUX_SUFFIXES or suffix.startswith("undo:")):
+            return base, suffix
+    return None
+
+
+def _bases(key: str) -> Iterator[str]:
+    """The lock keys ``K`` of which ``key`` may be an auxiliary key (see `aux_key`):
+    ``{K}:...``; ``{tag}:K:...`` for a ``K`` that holds a ``}`` but no hash tag (the
+    tag hashes to the slot of ``K``); ``K:...`` for a ``K`` with a hash tag."""
+    colons = [i for i, char in enumerate(key) if char == ":"]
+    end = key.find("}")
+    if key.startswith("{") and key[end + 1 : end + 2] == ":" and (tag := key[1:end]):
+        yield tag
+        for i in colons:
+            base = key[end + 2 : i]
+            if "}" in base and not has_hash_tag(base) and key_slot(base) == key_slot(tag):
+                yield base
+    yield from (key[:i] for i in colons if has_hash_tag(key[:i]))
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def _held_on(state: LockState) -> int:
+    """On how many masters the lock has a holder: a writer's key (with an expiry,
+    as every lock key has), or a reader."""
+    return sum(
+        1
+        for node in state.nodes
+        if (node.holder is not None and node.ttl is not None) or node.readers
+    )
+
+
+def _holder_cell(state: LockState) -> str:
+    if state.holder is not None:
+        return state.identity or state.holder
+    written = any(node.holder is not None for node in state.nodes)
+    return "(no majority)" if written else "-"
+
+
+def _readers_cell(state: LockState, quorum: int) -> str:
+    readers = quorum_readers(state, quorum)
+    if not readers:
+        return "-"
+    who = dict.fromkeys(identity_of(value) or value for value in readers)
+    return f"{len(readers)} ({', '.join(who)})"
+
+
+def _listing_text(listing: Listing, args: argparse.Namespace) -> str:
+    total = len(listing.scans)
+    rows = [("NAME", "MASTERS", "HOLDER", "READERS")]
+    rows += [
+        (
+            state.resource,
+            f"{_held_on(state)} of {total}",
+            _holder_cell(state),
+            _readers_cell(state, listing.quorum),
+        )
+        for state in listing.locks
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    table = ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
+    held = len(listing.locks)
+    summary = f"{held} lock{'' if held == 1 else 's'} matching {args.pattern!r} held"
+    summary += f" on {masters(total)} ({listing.answered} answered, quorum {listing.quorum})"
+    return "\n".join([*(table if held else []), summary])
+
+
+def _listing_json(listing: Listing, args: argparse.Namespace) -> str:
+    document = {
+        "pattern": args.pattern,
+        "prefix": args.prefix,
+        "quorum": listing.quorum,
+        "answered": listing.answered,
+        "masters": [
+            {"node": scan.node, "error": scan.error, "truncated": scan.truncated}
+            for scan in listing.scans
+        ],
+        "locks": [_lock_json(state) for state in listing.locks],
+    }
+    return json.dumps(document, indent=2)
+
+
+def _lock_json(state: LockState) -> dict[str, Any]:
+    readers = Counter(value for node in state.nodes for value, _ in node.readers)
+    return {
+        "name": state.resource,
+        "key": state.key,
+        "held_on": _held_on(state),
+        "holder": state.holder,
+        "identity": state.identity,
+        "readers": [
+            {"value": value, "identity": identity_of(value), "on": on}
+            for value, on in sorted(readers.items())
+        ],
+    }

@@ -1,0 +1,264 @@
+"""``asyncredlock list`` against real servers, and how it tells lock keys from the
+library's auxiliary keys."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import anyio.to_thread
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, Lease
+from asyncredlock.__main__ import main
+from asyncredlock._cli.listing import listed_key, split_aux
+from asyncredlock._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
+from asyncredlock.testing import ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+pytestmark = pytest.mark.anyio
+
+
+async def cli(*argv: str) -> int:
+    """``main(argv)`` in a worker thread: it runs its own event loop, as from a shell."""
+    return await anyio.to_thread.run_sync(main, list(argv))
+
+
+def master_args(urls: list[str]) -> list[str]:
+    return [arg for url in urls for arg in ("--master", url)]
+
+
+def table(out: str) -> dict[str, list[str]]:
+    """The rows of a listing, by lock name: its cells after the name."""
+    lines = out.splitlines()
+    if not lines[0].startswith("NAME"):
+        return {}
+    rows = [re.split(r"\s{2,}", line) for line in lines[1:-1]]
+    return {row[0]: row[1:] for row in rows}
+
+
+def json_documents(out: str) -> list[dict[str, Any]]:
+    """The JSON documents printed one after another."""
+    decoder, found, at = json.JSONDecoder(), [], 0
+    while at < len(out):
+        document, end = decoder.raw_decode(out, at)
+        found.append(document)
+        at = end + 1  # the newline after it
+    return found
+
+
+def names(document: dict[str, Any]) -> list[str]:
+    return [lock["name"] for lock in document["locks"]]
+
+
+@pytest.fixture(autouse=True)
+def _no_masters_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDLOCK_MASTERS", raising=False)
+
+
+async def hold(redlock: AsyncRedlock, *names: str) -> list[Lease]:
+    """Take each lock for a minute, and wait until every master has it."""
+    leases = [await redlock.lock(name, ttl=60.0, auto_extend=False).acquire() for name in names]
+    await redlock.settle()
+    return leases
+
+
+class TestList:
+    async def test_held_locks_and_readers_not_auxiliary_keys(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls, identity="lister") as redlock:
+            await (await redlock.lock("done").acquire()).release()  # its fence counter stays
+            leases = await hold(redlock, "jobs:1", "{user}:7", "a}b")
+            rw = redlock.rwlock("report")
+            readers = [await rw.read().acquire(), await rw.read().acquire()]
+            await redlock.settle()
+            async with Redis.from_url(servers.urls[0]) as first:
+                await _not_locks(first)
+                assert await first.exists("{done}:fence", "{jobs:1}:fence", "{report}:readers") == 3
+            code = await cli("list", *master_args(servers.urls))
+            text = capsys.readouterr().out
+            json_code = await cli("list", "--json", *master_args(servers.urls))
+        assert (code, json_code) == (0, 0)
+        assert table(text) == {
+            "a}b": ["5 of 5", "lister", "-"],
+            "jobs:1": ["5 of 5", "lister", "-"],
+            "report": ["5 of 5", "-", "2 (lister)"],
+            "{user}:7": ["5 of 5", "lister", "-"],
+        }
+        assert (
+            text.splitlines()[-1] == "4 locks matching '*' held on 5 masters (5 answered, quorum 3)"
+        )
+        locks = {lock["name"]: lock for lock in json.loads(capsys.readouterr().out)["locks"]}
+        assert [locks[name]["holder"] for name in ("jobs:1", "{user}:7", "a}b")] == [
+            lease.value for lease in leases
+        ]
+        assert locks["jobs:1"] | {"holder": None} == {
+            "name": "jobs:1",
+            "key": "jobs:1",
+            "held_on": 5,
+            "holder": None,
+            "identity": "lister",
+            "readers": [],
+        }
+        assert locks["report"]["readers"] == sorted(
+            ({"value": lease.value, "identity": "lister", "on": 5} for lease in readers),
+            key=lambda reader: reader["value"],
+        )
+
+    async def test_any_string_with_an_expiry_is_listed_other_keys_are_not(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        for i, url in enumerate(servers.urls):
+            async with Redis.from_url(url) as client:
+                await client.set("config", "x")  # no expiry: not a lock
+                await client.hset("hash", "field", "value")  # not a string
+                if i < 3:
+                    await client.set("elsewhere", "not-ours", px=60_000)  # another client's
+                if i < 2:
+                    await client.set("partial", "not-ours", px=60_000)  # not on a quorum
+        code = await cli("list", *master_args(servers.urls))
+        assert table(capsys.readouterr().out) == {
+            "elsewhere": ["3 of 5", "not-ours", "-"],
+            "partial": ["2 of 5", "(no majority)", "-"],
+        }
+        json_code = await cli("list", "--json", *master_args(servers.urls))
+        elsewhere, partial = json.loads(capsys.readouterr().out)["locks"]
+        assert (code, json_code) == (0, 0)
+        assert (elsewhere["held_on"], elsewhere["holder"], elsewhere["identity"]) == (
+            3,
+            "not-ours",
+            None,
+        )
+        assert (partial["held_on"], partial["holder"], partial["identity"]) == (2, None, None)
+
+    async def test_pattern_and_prefix(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls, prefix="app:") as app,
+            AsyncRedlock(servers.urls) as plain,
+        ):
+            await hold(app, "jobs:1", "jobs:2", "mail:1")
+            await hold(plain, "jobs:3")
+            argv = ["--json", *master_args(servers.urls)]
+            codes = [
+                await cli("list", "jobs:*", "--prefix", "app:", *argv),
+                await cli("list", "jobs:*", *argv),
+                await cli("list", "*jobs*", *argv),
+                await cli("list", "[!j]*", "--prefix", "app:", *argv),
+            ]
+        documents = json_documents(capsys.readouterr().out)
+        assert codes == [0, 0, 0, 0]
+        assert [names(document) for document in documents] == [
+            ["jobs:1", "jobs:2"],  # names without the prefix
+            ["jobs:3"],
+            ["app:jobs:1", "app:jobs:2", "jobs:3"],
+            ["mail:1"],
+        ]
+        assert documents[0]["prefix"] == "app:"
+        assert [lock["key"] for lock in documents[0]["locks"]] == ["app:jobs:1", "app:jobs:2"]
+
+    async def test_nothing_held_exits_0(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code = await cli("list", *master_args(servers.urls))
+        assert code == 0
+        assert capsys.readouterr().out == (
+            "0 locks matching '*' held on 5 masters (5 answered, quorum 3)\n"
+        )
+
+    @pytest.mark.parametrize(("down", "expected_code"), [(2, 0), (3, 3)])
+    async def test_exit_3_when_fewer_than_a_quorum_answer(
+        self,
+        servers: ServerGroup,
+        make_servers: MakeServers,
+        capsys: pytest.CaptureFixture[str],
+        down: int,
+        expected_code: int,
+    ) -> None:
+        silent = make_servers(down, start=False)  # ports reserved, nothing listening
+        urls = servers.urls[: 5 - down] + silent.urls
+        async with AsyncRedlock(servers.urls) as redlock:
+            await hold(redlock, "up")
+            code = await cli("list", "--json", *master_args(urls))
+        captured = capsys.readouterr()
+        document = json.loads(captured.out)
+        assert code == expected_code
+        assert names(document) == ["up"]
+        assert document["answered"] == 5 - down
+        assert [master["error"] is not None for master in document["masters"]] == [False] * (
+            5 - down
+        ) + [True] * down
+        warnings = [line for line in captured.err.splitlines() if ": warning: " in line]
+        assert len(warnings) == down
+        assert ("error: only 2 of 5 masters answered" in captured.err) == (expected_code == 3)
+
+    async def test_reads_at_most_about_max_keys_per_master(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            await hold(redlock, *(f"many:{i}" for i in range(30)))
+            bounded = await cli("list", "--max-keys", "1", "--json", *master_args(servers.urls))
+            captured = capsys.readouterr()
+            whole = await cli("list", "--json", *master_args(servers.urls))
+        assert (bounded, whole) == (0, 0)
+        document = json.loads(captured.out)
+        assert all(master["truncated"] for master in document["masters"])
+        assert captured.err.count("stopped after about 1 keys, locks may be missing") == 5
+        assert len(document["locks"]) < 30
+        complete = json.loads(capsys.readouterr().out)
+        assert len(complete["locks"]) == 30
+        assert not any(master["truncated"] for master in complete["masters"])
+
+
+async def _not_locks(client: Redis) -> None:
+    """Auxiliary keys with no lock key beside them, as a crash could leave."""
+    await client.zadd("{ghost}:queue", {"w:c:1": 1})
+    await client.zadd("{ghost}:queue:expiry", {"w:c:1": 1})
+    await client.hset("{ghost}:queue:terms", "w:c:1", "1")
+    await client.set("{ghost}:undo:host:1:" + "0" * 32, "1", px=60_000)
+    await client.set("{ghost}:fence", "7")
+
+
+LOCK_KEYS = ["a", "jobs:1", "{user}:7", "a}b", "}", "a{b", "x}{y}", "{a}:fence"]
+
+
+@pytest.mark.parametrize("key", LOCK_KEYS)
+def test_auxiliary_keys_map_back_to_their_lock_key(key: str) -> None:
+    value = "host:1:" + "0" * 32
+    aux = {
+        aux_key(key, "fence"): "fence",
+        readers_key(key): "readers",
+        queue_keys(key)[0]: "queue",
+        queue_keys(key)[1]: "queue:expiry",
+        terms_key(key): "queue:terms",
+        undo_key(key, value): f"undo:{value}",
+        channel(key): "released",
+    }
+    assert {each: split_aux(each) for each in aux} == {each: (key, s) for each, s in aux.items()}
+
+
+@pytest.mark.parametrize("key", ["a", "jobs:1", "{user}:7", "a}b", "{user}:profile", "{}:fence"])
+def test_lock_keys_are_not_auxiliary(key: str) -> None:
+    assert split_aux(key) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "prefix", "pattern", "expected"),
+    [
+        (b"jobs:1", "", "*", "jobs:1"),
+        (b"{jobs:1}:readers", "", "jobs:*", "jobs:1"),
+        (b"{jobs:1}:fence", "", "*", None),
+        (b"mail:1", "", "jobs:*", None),
+        (b"app:jobs:1", "app:", "jobs:?", "app:jobs:1"),
+        (b"{app:jobs:1}:readers", "app:", "jobs:1", "app:jobs:1"),
+        (b"jobs:1", "app:", "*", None),
+        (b"app:", "app:", "*", None),  # the prefix alone names no lock
+        (b"\xff", "", "*", None),
+    ],
+)
+def test_listed_key(raw: bytes, prefix: str, pattern: str, expected: str | None) -> None:
+    assert listed_key(raw, prefix, pattern) == expected
