@@ -149,11 +149,9 @@ def test_version_matches_the_distribution() -> None:
     assert asyncredlock.__version__ == importlib.metadata.version("asyncredlock")
 
 
-def test_pytest_plugin_entry_point() -> None:
+def test_no_pytest_plugin_is_registered_on_install() -> None:
     points = importlib.metadata.entry_points(group="pytest11")
-    assert [p.value for p in points if p.name == "asyncredlock"] == [
-        "asyncredlock.testing.pytest_plugin"
-    ]
+    assert [p.value for p in points if p.value.startswith("asyncredlock")] == []
 
 
 def test_the_logger_has_a_null_handler() -> None:

@@ -25,8 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from .._inspect import LockState
-from .._keys import aux_key, has_hash_tag, key_slot
-from .._protocol import identity_of
+from .._keys import aux_key, has_hash_tag, identity_of, key_slot
 from .._redlock import AsyncRedlock
 from .common import (
     EXIT_OK,

@@ -7,7 +7,7 @@ import asyncio
 from datetime import datetime
 
 from .._inspect import LockState
-from .._protocol import identity_of
+from .._keys import identity_of
 from .common import (
     EXIT_OK,
     Parser,
