@@ -40,6 +40,11 @@ from ._scripts import (
 from ._stats import Counters
 from ._wakeup import Waker
 
+_OTHER_LOOP = (
+    "this AsyncRedlock was first used on another event loop (each asyncio.run() has"
+    " its own); its connections belong to that loop: make one per loop, inside it"
+)
+
 
 class Holding(Protocol):
     """What the engine's owner (``AsyncRedlock``) needs of a lease it keeps in
@@ -50,9 +55,6 @@ class Holding(Protocol):
     def _lose(self, decision: Decision | None, reason: str) -> None:
         """End the lease lost (its block cancelled), removing what it holds;
         ``reason`` says why, for the log."""
-
-    async def _release_quietly(self) -> None:
-        """Release it, reporting nothing."""
 
 
 __all__ = ["CONTENDED_KEYS", "Core", "Holding"]
@@ -76,6 +78,7 @@ class Core:
         self.counters = Counters()
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closing = self.closed = False  # closing: aclose() began; no new acquire()
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one of the first use
         self.timing = Timing(
             give_up_silent=True,
             max_wait=max(settings.node_timeout, settings.socket_timeout),
@@ -135,7 +138,16 @@ class Core:
         """
         if self.closed:
             raise RuntimeError("this AsyncRedlock is closed")
+        self.check_loop()
         return Round(self.nodes, make, skip_silent=skip_silent)
+
+    def check_loop(self) -> None:
+        """Bind to the loop of the first use; `RuntimeError` on any other after."""
+        loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop = loop
+        elif loop is not self.loop:
+            raise RuntimeError(_OTHER_LOOP)
 
     async def decide(
         self, rnd: Round, classify: Classify, *, wait: float | None = None

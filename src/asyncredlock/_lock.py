@@ -154,6 +154,7 @@ class Lock:
         core, counters = self._core, self._counters
         if core.closing:
             raise RuntimeError("this AsyncRedlock is closed")
+        core.check_loop()
         started = core.clock()
         counters.waiting += 1
         try:

@@ -399,6 +399,7 @@ class AsyncRedlock:
         core = self._core
         if core.closing:
             return
+        core.check_loop()
         core.gates.close()
         core.closing = True  # lock() and acquire() refuse from now on
         with anyio.CancelScope(shield=True):

@@ -9,6 +9,7 @@ The storm of cancelled acquisitions across clients is in ``test_cancellation.py`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -215,3 +216,27 @@ class TestDemotedMaster:
             await lease.release()
             assert client_state(redlock).connections == (2,)
         await direct.aclose()
+
+
+class TestEventLoops:
+    def test_a_second_event_loop_is_refused_with_the_cause(self, servers: ServerGroup) -> None:
+        """One AsyncRedlock per event loop: a second asyncio.run() gets a clear error,
+        before anything is sent, not 'Event loop is closed' from a dead transport."""
+        redlock = AsyncRedlock(servers.urls)
+
+        async def cycle() -> None:
+            lease = await redlock.lock("loops").acquire()
+            await lease.release()
+
+        async def close() -> None:
+            await redlock.aclose()
+
+        first = asyncio.new_event_loop()
+        try:
+            first.run_until_complete(cycle())
+            for action in (cycle, close):
+                with pytest.raises(RuntimeError, match="first used on another event loop"):
+                    asyncio.run(action())
+            first.run_until_complete(close())  # on its own loop it closes as usual
+        finally:
+            first.close()
