@@ -183,9 +183,19 @@ def _display(parts: SplitResult) -> str:
 
 
 def _client_name(client: Redis | RedisCluster) -> str:
-    kwargs: dict[str, Any] = getattr(
-        getattr(client, "connection_pool", None), "connection_kwargs", {}
-    )
+    """A client's display name: its URL, ``redis-cluster://host:port`` (the first
+    startup node) or ``redis-sentinel://host:port/service`` (the first sentinel)."""
+    if isinstance(client, RedisCluster):
+        node = next(iter(client.nodes_manager.startup_nodes.values()), None)
+        if node is not None:
+            return f"redis-cluster://{node.host}:{node.port}"
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
+    if service is not None and sentinels:
+        first = sentinels[0].connection_pool.connection_kwargs
+        return f"redis-sentinel://{first.get('host')}:{first.get('port')}/{service}"
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", {})
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     host, port = kwargs.get("host"), kwargs.get("port")

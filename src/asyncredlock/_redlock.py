@@ -145,7 +145,9 @@ class AsyncRedlock:
 
     @property
     def masters(self) -> tuple[str, ...]:
-        """The masters' display names (URLs without passwords), in order."""
+        """The masters' display names, in order: URLs without passwords,
+        ``redis-cluster://host:port`` for a cluster client and
+        ``redis-sentinel://host:port/service`` for a Sentinel-managed one."""
         return tuple(node.name for node in self._core.nodes)
 
     @property

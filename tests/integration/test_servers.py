@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import asyncredlock.testing._servers as servers_module
+from asyncredlock import AsyncRedlock
 from asyncredlock.testing import (
     ServerBinaryNotFoundError,
     ServerGroup,
@@ -53,6 +54,33 @@ class TestServerProcess:
             assert server.running
             assert server.url == f"redis://127.0.0.1:{server.port}"
             assert redis.Redis.from_url(server.url, retry=Retry(NoBackoff(), 0)).ping()
+
+    def test_a_password_is_required_and_carried_by_the_url(self) -> None:
+        with ServerProcess(password="s3cr:t/") as server:
+            server.start()
+            assert server.url.startswith("redis://:s3cr%3At%2F@127.0.0.1:")
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis(port=server.port).ping()  # no password: refused
+            with redis.Redis.from_url(server.url) as authed:
+                authed.set("k", "v")
+            server.flushall()  # its own checks authenticate too
+            server.restart()
+            with redis.Redis.from_url(server.url) as authed:
+                assert authed.get("k") is None
+
+    @pytest.mark.anyio
+    async def test_a_lock_on_password_protected_masters(self) -> None:
+        servers = [ServerProcess(password="pw") for _ in range(3)]
+        try:
+            for server in servers:
+                server.start()
+            async with AsyncRedlock([server.url for server in servers]) as redlock:
+                async with redlock.lock("guarded") as lease:
+                    assert lease.token is not None
+                assert "pw" not in " ".join(redlock.masters)  # never displayed
+        finally:
+            for server in servers:
+                server.close()
 
     def test_stop_then_start_keeps_port(self, make_servers: MakeServers) -> None:
         server = make_servers(1)[0]

@@ -16,7 +16,8 @@ from typing import Any
 import anyio
 import pytest
 import redis
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
 from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError
 from asyncredlock.testing import ServerGroup
@@ -123,6 +124,17 @@ class TestMasters:
         for first, second in [(f"{url}/1", f"{url}/2"), (f"{url}?db=1", f"{url}?db=2")]:
             with pytest.raises(ValueError, match="given twice"):
                 AsyncRedlock([first, second, servers.urls[1]])
+
+    async def test_cluster_and_sentinel_clients_display_where_they_point(self) -> None:
+        cluster = RedisCluster(host="127.0.0.1", port=7000)  # nothing is connected
+        sentinel = Sentinel([("127.0.0.1", 26379)]).master_for("orders")
+        redlock = AsyncRedlock([cluster, sentinel, "redis://127.0.0.1:6379"])
+        assert redlock.masters == (
+            "redis-cluster://127.0.0.1:7000",
+            "redis-sentinel://127.0.0.1:26379/orders",
+            "redis://127.0.0.1:6379",
+        )
+        await redlock.aclose()
 
     async def test_urls_and_user_clients_mix_and_user_clients_stay_open(
         self, servers: ServerGroup, masters: Masters

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+from urllib.parse import quote
 
 from ._support import (
     ADDRESS_IN_USE,
@@ -61,6 +62,8 @@ class ServerProcess:
             `close()`, when None.
         extra_args: More command-line arguments, e.g. ``("--enable-debug-command",
             "local")``.
+        password: Require it (``--requirepass``): `url` carries it, and the
+            process's own checks (readiness, `flushall`) authenticate with it.
 
     Raises:
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
@@ -75,6 +78,7 @@ class ServerProcess:
         appendonly: bool = False,
         workdir: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        password: str | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
@@ -82,7 +86,8 @@ class ServerProcess:
         self._auto_port = port == 0
         self._port = port or pick_port()
         self._appendonly = appendonly
-        self._extra_args = tuple(extra_args)
+        self._password = password
+        self._extra_args = tuple(extra_args) + (("--requirepass", password) if password else ())
         self._own_workdir = workdir is None
         self._workdir = Path(workdir or tempfile.mkdtemp(prefix="asyncredlock-server-"))
         self._workdir.mkdir(parents=True, exist_ok=True)
@@ -110,8 +115,10 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT``, for `AsyncRedlock` or ``redis.asyncio.from_url``."""
-        return f"redis://{HOST}:{self._port}"
+        """``redis://127.0.0.1:PORT`` (``redis://:PASSWORD@127.0.0.1:PORT`` with a
+        password), for `AsyncRedlock` or ``redis.asyncio.from_url``."""
+        auth = "" if self._password is None else f":{quote(self._password, safe='')}@"
+        return f"redis://{auth}{HOST}:{self._port}"
 
     @property
     def pid(self) -> int | None:
@@ -245,7 +252,9 @@ class ServerProcess:
             timeout: Seconds for connecting and for the reply.
         """
         try:
-            return resp_call(self._port, "PING", timeout=timeout) == b"PONG"
+            return (
+                resp_call(self._port, "PING", timeout=timeout, password=self._password) == b"PONG"
+            )
         except (OSError, RespError):
             return False
 
@@ -258,7 +267,7 @@ class ServerProcess:
         Raises:
             OSError: The server is not reachable or did not answer in time.
         """
-        resp_call(self._port, "FLUSHALL", timeout=timeout)
+        resp_call(self._port, "FLUSHALL", timeout=timeout, password=self._password)
 
     def close(self) -> None:
         """Stop the process and remove the private working directory. Idempotent."""
@@ -325,7 +334,7 @@ class ServerProcess:
             if proc.poll() is not None:
                 self._forget()
                 raise self._start_error(f"exited with status {proc.returncode}")
-            answering = answering_pid(self._port, timeout=0.1)
+            answering = answering_pid(self._port, timeout=0.1, password=self._password)
             if answering is not None and in_group(answering, proc.pid):
                 self._started_once = True
                 return

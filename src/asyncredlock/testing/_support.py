@@ -143,17 +143,23 @@ def pick_port() -> int:
 # --- a minimal RESP client, enough for PING, INFO and FLUSHALL --------------------------
 
 
-def resp_call(port: int, *args: str, timeout: float) -> object:
-    """Send one command to ``127.0.0.1:port`` and return the decoded reply.
+def resp_call(port: int, *args: str, timeout: float, password: str | None = None) -> object:
+    """Send one command to ``127.0.0.1:port`` (after ``AUTH password``, if given) and
+    return the decoded reply.
 
     Raises:
         OSError: The connection failed or timed out (`TimeoutError`).
         RespError: The server answered with an error.
     """
-    with socket.create_connection((HOST, port), timeout=timeout) as sock:
+    with (
+        socket.create_connection((HOST, port), timeout=timeout) as sock,
+        sock.makefile("rb") as stream,
+    ):
+        if password is not None:
+            sock.sendall(encode(("AUTH", password)))
+            read_reply(stream)
         sock.sendall(encode(args))
-        with sock.makefile("rb") as stream:
-            return read_reply(stream)
+        return read_reply(stream)
 
 
 def encode(args: Sequence[str]) -> bytes:
@@ -180,10 +186,10 @@ def read_reply(stream: BinaryIO) -> object:
     return body
 
 
-def answering_pid(port: int, timeout: float) -> int | None:
+def answering_pid(port: int, timeout: float, password: str | None = None) -> int | None:
     """The ``process_id`` of the server answering on `port`, or None if none answers."""
     try:
-        info = resp_call(port, "INFO", "server", timeout=timeout)
+        info = resp_call(port, "INFO", "server", timeout=timeout, password=password)
     except (OSError, RespError):
         return None
     if not isinstance(info, bytes):
