@@ -97,22 +97,32 @@ def make_nodes(masters: object, settings: Settings) -> list[Node]:
 def make_node(master: object, settings: Settings) -> tuple[Node, object]:
     if isinstance(master, str):
         return _node_from_url(master, settings)
-    if isinstance(master, RedisCluster):
-        node = Node(_client_name(master), client=master, owned=False)
+    kind = _valkey_kind(master)
+    client: Any = master  # a redis-py client, or valkey-py's fork with the same API
+    if isinstance(master, RedisCluster) or kind == "cluster":
+        node = Node(_client_name(client), client=client, owned=False)
         return node, id(master)
-    if isinstance(master, Redis):
-        pool = master.connection_pool
+    if isinstance(master, Redis) or kind == "client":
+        pool = client.connection_pool
         kwargs = dict(pool.connection_kwargs)
         if kwargs.get("socket_connect_timeout") is None:
             kwargs["socket_connect_timeout"] = settings.socket_timeout
         opener = RedisPyOpener(pool.connection_class, {**kwargs, **_OWN_CONNECTION})
-        node = _linked(_client_name(master), opener, settings)
-        node.client = master  # kept alive: a Sentinel pool is referenced weakly
+        node = _linked(_client_name(client), opener, settings)
+        node.client = client  # kept alive: a Sentinel pool is referenced weakly
         return node, id(master)
     raise TypeError(
-        "each master must be a URL string or a redis.asyncio Redis/RedisCluster client, "
-        f"not {type(master).__name__}"
+        "each master must be a URL string or a redis.asyncio Redis/RedisCluster or"
+        f" valkey.asyncio Valkey/ValkeyCluster client, not {type(master).__name__}"
     )
+
+
+def _valkey_kind(master: object) -> str | None:
+    """``"client"`` or ``"cluster"`` for a ``valkey.asyncio`` client (the Valkey
+    project's fork of redis-py, with the same connection internals); else None."""
+    if not type(master).__module__.startswith("valkey.asyncio."):
+        return None
+    return "cluster" if hasattr(master, "nodes_manager") else "client"
 
 
 #: What asyncredlock's own connections need, whatever the client they copy:
@@ -182,10 +192,10 @@ def _display(parts: SplitResult) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def _client_name(client: Redis | RedisCluster) -> str:
+def _client_name(client: Any) -> str:
     """A client's display name: its URL, ``redis-cluster://host:port`` (the first
     startup node) or ``redis-sentinel://host:port/service`` (the first sentinel)."""
-    if isinstance(client, RedisCluster):
+    if isinstance(client, RedisCluster) or hasattr(client, "nodes_manager"):
         node = next(iter(client.nodes_manager.startup_nodes.values()), None)
         if node is not None:
             return f"redis-cluster://{node.host}:{node.port}"

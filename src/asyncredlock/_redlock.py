@@ -7,10 +7,13 @@ import math
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 
 import anyio
 from redis.asyncio import Redis, RedisCluster
+
+if TYPE_CHECKING:  # the Valkey project's fork of redis-py, accepted if installed
+    from valkey.asyncio import Valkey, ValkeyCluster
 
 from ._config import (
     DEFAULTS,
@@ -47,7 +50,8 @@ class AsyncRedlock:
 
     Args:
         masters: The masters, as URLs (``redis://``, ``rediss://``, ``unix://``) or
-            ready ``redis.asyncio`` clients (``Redis`` or ``RedisCluster``); any mix.
+            ready ``redis.asyncio`` clients (``Redis`` or ``RedisCluster``), or
+            ``valkey.asyncio`` ones (``Valkey`` or ``ValkeyCluster``); any mix.
             A client you pass is used as configured and not closed by ``aclose()``.
             Use an odd number: N masters tolerate ``(N - 1) // 2`` failures.
         ttl: Default time to live of a lock key, in seconds (10.0). Long enough to
@@ -101,7 +105,7 @@ class AsyncRedlock:
 
     def __init__(
         self,
-        masters: Sequence[str | Redis | RedisCluster],
+        masters: Sequence[str | Redis | RedisCluster | Valkey | ValkeyCluster],
         *,
         ttl: float = DEFAULTS.ttl,
         timeout: float = DEFAULTS.timeout,

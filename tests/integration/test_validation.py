@@ -16,6 +16,8 @@ from typing import Any
 import anyio
 import pytest
 import redis
+import valkey
+import valkey.asyncio
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
@@ -124,6 +126,23 @@ class TestMasters:
         for first, second in [(f"{url}/1", f"{url}/2"), (f"{url}?db=1", f"{url}?db=2")]:
             with pytest.raises(ValueError, match="given twice"):
                 AsyncRedlock([first, second, servers.urls[1]])
+
+    async def test_valkey_clients_are_masters_too(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        mine = [valkey.asyncio.Valkey.from_url(url) for url in servers.urls[:3]]
+        try:
+            async with AsyncRedlock([*mine, *servers.urls[3:]]) as redlock:
+                assert redlock.masters[:3] == tuple(f"{url}/0" for url in servers.urls[:3])
+                await assert_still_works(redlock, masters)
+            assert [await client.ping() for client in mine] == [True] * 3  # still open
+        finally:
+            for client in mine:
+                await client.aclose()
+
+    def test_a_sync_valkey_client_is_refused(self, servers: ServerGroup) -> None:
+        with pytest.raises(TypeError, match=r"valkey\.asyncio Valkey/ValkeyCluster"):
+            AsyncRedlock([valkey.Valkey.from_url(servers.urls[0])])  # type: ignore[list-item]
 
     async def test_cluster_and_sentinel_clients_display_where_they_point(self) -> None:
         cluster = RedisCluster(host="127.0.0.1", port=7000)  # nothing is connected
