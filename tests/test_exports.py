@@ -37,6 +37,7 @@ PUBLIC = {
         "RedlockError",
         "RedlockStatistics",
         "StaleTokenError",
+        "acl_rules",
     ],
     asyncredlock.fencing: [
         "FenceGuard",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from ._acl import acl_rules as acl_rules
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeoutError as LockTimeoutError
@@ -53,6 +54,7 @@ __all__ = [
     "RedlockError",
     "RedlockStatistics",
     "StaleTokenError",
+    "acl_rules",
 ]
 
 # A library's logger: silent unless the application configures logging (the

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from ._acl import acl_refusal
 from ._config import LockSpec
 from ._core import Core
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
@@ -158,6 +159,8 @@ class Acquisition:
                     core.contended.pop(self.key, None)  # no contention this time
                 return outcome
             first = False
+            if acl_refusal(outcome.decision) is not None:
+                raise self._failure(outcome)  # a permission is missing: retrying cannot help
             if self.deadline - core.clock() <= 0:
                 if self._was_handed():
                     continue  # handed the lock meanwhile: take it (top of the loop)
@@ -388,8 +391,14 @@ class Acquisition:
         name = spec.target.label
         if decision.unavailable:
             counters.unavailable += 1
+            refusal = acl_refusal(decision)
+            why = (
+                "too many masters failed or did not answer"
+                if refusal is None
+                else f"refused by the masters' ACL (see asyncredlock.acl_rules()): {refusal}"
+            )
             return QuorumUnavailableError(
-                f"could not lock {name!r}: too many masters failed or did not answer",
+                f"could not lock {name!r}: {why}",
                 resource=name,
                 outcomes=decision.outcomes,
             )

@@ -23,5 +23,6 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
     channel, message = writer, first .. ' left:forced'
   end
 end
-redis.call('PUBLISH', channel, message)
+-- pcall: an announcement refused (an ACL without the channel) undoes no release
+redis.pcall('PUBLISH', channel, message)
 return 1

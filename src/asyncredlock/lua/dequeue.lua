@@ -51,9 +51,10 @@ if announce then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   local writer = inbox(first)
   if writer then
-    redis.call('PUBLISH', writer, first .. ' left:' .. ARGV[1])
+    -- pcall: an announcement refused (an ACL without the channel) is no failure
+    redis.pcall('PUBLISH', writer, first .. ' left:' .. ARGV[1])
   else
-    redis.call('PUBLISH', ARGV[2], 'left:' .. ARGV[1])
+    redis.pcall('PUBLISH', ARGV[2], 'left:' .. ARGV[1])
   end
 end
 return removed

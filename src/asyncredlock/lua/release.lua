@@ -64,7 +64,8 @@ for i = 0, n - 1 do
         end
       end
     end
-    redis.call('PUBLISH', channel, message)
+    -- pcall: an announcement refused (an ACL without the channel) undoes no release
+    redis.pcall('PUBLISH', channel, message)
     held = held + 1
   end
 end

@@ -27,7 +27,8 @@ if lapses then
     if writer then
       channel, message = writer, first .. ' ' .. ARGV[1]
     end
-    redis.call('PUBLISH', channel, message)
+    -- pcall: an announcement refused (an ACL without the channel) undoes no release
+    redis.pcall('PUBLISH', channel, message)
   end
   if tonumber(lapses) > now then
     return 1

@@ -1,0 +1,139 @@
+"""The ACL rules a Redis/Valkey user needs to run asyncredlock's locks, and no more."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ._keys import aux_key
+from ._wakeup import INBOX_PREFIX
+
+if TYPE_CHECKING:
+    from ._quorum import Decision
+
+__all__ = ["acl_refusal", "acl_rules"]
+
+#: How a master says a command, key or channel is not the user's to use: ``NOPERM``
+#: for a command sent, ``ACL failure in script`` for one a script calls.
+_REFUSALS = ("NOPERM", "ACL failure in script")
+
+#: Commands sent on asyncredlock's own connections (the scripts, preloaded and run by
+#: SHA1, or sent whole when a master lost its script cache; the wake-up
+#: subscriptions). AUTH (and HELLO) need no permission.
+_DIRECT = ("evalsha", "eval", "script|load", "subscribe", "unsubscribe")
+
+#: Commands the Lua scripts in ``lua/`` call (ACLs check these too).
+_IN_SCRIPTS = (
+    "del",
+    "exists",
+    "get",
+    "hdel",
+    "hget",
+    "hset",
+    "incrby",
+    "pexpire",
+    "pexpireat",
+    "pttl",
+    "publish",
+    "set",
+    "time",
+    "zadd",
+    "zrange",
+    "zrangebyscore",
+    "zrank",
+    "zrem",
+    "zremrangebyscore",
+    "zscore",
+)
+
+#: The channel on which a lock's release is announced (see `asyncredlock._keys.channel`).
+_RELEASED = "released"
+
+_GLOB = frozenset("*?[]\\")
+
+
+def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
+    """The ACL rules a user needs for asyncredlock's locks on the names ``keys``.
+
+    Give them to ``ACL SETUSER`` after the user's name, ``on`` and its password::
+
+        ACL SETUSER locker on >s3cret <rules...>
+
+    They are: the commands asyncredlock sends and those its server-side scripts
+    call (``+evalsha``, ``+set``, ``+publish``...); the key patterns of the lock
+    keys and of every auxiliary key kept beside them (fence counter, readers,
+    queue, undo markers: ``{K}:...``, or ``K:...`` for a key with a hash tag);
+    and the pub/sub channels (each lock's ``{K}:released`` and the clients'
+    inboxes ``asyncredlock:inbox:*``). The rules only add permissions: give them
+    to a new user (or start with ``reset``). SELECT is not included: add
+    ``+select`` when a master URL names a database other than 0.
+
+    Args:
+        keys: A glob-style pattern (as ``ACL SETUSER`` takes them) that every
+            lock name used matches: ``"orders:*"``, or ``"*"`` for any name.
+        prefix: The ``AsyncRedlock(prefix=...)`` in use, taken literally (its
+            glob characters are escaped).
+
+    Returns:
+        The rule tokens, commands first, then key patterns (``~``), then
+        channel patterns (``&``).
+
+    Raises:
+        ValueError: ``keys`` is empty or holds whitespace (a rule is one token).
+    """
+    if not keys:
+        raise ValueError("keys must be a non-empty glob pattern")
+    if any(char.isspace() for char in prefix + keys):
+        raise ValueError(f"keys and prefix must hold no whitespace: {prefix + keys!r}")
+    pattern = _escape(prefix) + keys
+    rules = [f"+{command}" for command in (*_DIRECT, *_IN_SCRIPTS)]
+    if pattern == "*":  # any name: one pattern covers every key and channel shape
+        rules += ["~*", f"&*:{_RELEASED}"]
+    else:
+        bases = _aux_bases(prefix, keys)
+        shapes = [pattern, *(base + "*" for base in bases)]
+        if pattern.endswith("*"):  # `~P` covers `~P:*`
+            shapes = [shape for shape in shapes if shape != pattern + ":*"]
+        rules += _unique(f"~{shape}" for shape in shapes)
+        rules += _unique(f"&{base}{_RELEASED}" for base in bases)
+    rules.append(f"&{_escape(INBOX_PREFIX)}*")
+    return rules
+
+
+def _aux_bases(prefix: str, keys: str) -> list[str]:
+    """Patterns for ``aux_key(K, "")`` of every lock key ``K`` that ``prefix + keys``
+    matches (see `asyncredlock._keys.aux_key`): exactly that for one name; for a glob
+    ``P``, ``{P}:`` (a name without hash tag) and, when a name could hold a brace,
+    ``P:`` (a name with a hash tag) and ``{*}:P:`` (a ``}`` but no tag)."""
+    if not any(char in _GLOB for char in keys):
+        return [_escape(aux_key(prefix + keys, ""))]
+    pattern = _escape(prefix) + keys
+    bases = ["{" + pattern + "}:"]
+    if any(char in pattern for char in "*?[{}"):
+        bases += [pattern + ":", "{*}:" + pattern + ":"]
+    return bases
+
+
+def _escape(text: str) -> str:
+    """``text`` as a glob pattern that matches only itself."""
+    return "".join("\\" + char if char in _GLOB else char for char in text)
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def acl_refusal(decision: Decision) -> str | None:
+    """What the masters' ACLs refused, when they refused on enough masters that no
+    quorum can be reached (retrying cannot help: a permission is missing); else
+    ``None``."""
+    if not decision.unavailable:
+        return None
+    refused = [
+        outcome.detail
+        for outcome in decision.outcomes
+        if not outcome.ok and any(text in outcome.detail for text in _REFUSALS)
+    ]
+    if len(refused) <= decision.masters - decision.quorum:
+        return None
+    return refused[0]

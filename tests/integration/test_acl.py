@@ -1,0 +1,193 @@
+"""A least-privilege user (exactly `acl_rules`) runs every feature against real servers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError, acl_rules
+from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+NEVER = 3600.0  # a retry delay no test waits out
+PASSWORD = "s3cret-acl"
+
+
+async def add_user(group: ServerGroup, user: str, rules: Sequence[str]) -> list[str]:
+    """Create ``user`` with exactly ``rules`` on every server; its URLs."""
+    for url in group.urls:
+        async with Redis.from_url(url) as client:
+            await client.execute_command(
+                "ACL", "SETUSER", user, "reset", "on", f">{PASSWORD}", *rules
+            )
+            await client.execute_command("ACL", "LOG", "RESET")
+    return [url.replace("redis://", f"redis://{user}:{PASSWORD}@") for url in group.urls]
+
+
+async def denials(group: ServerGroup) -> list[list[object]]:
+    """What ``ACL LOG`` recorded on each server (commands, keys, channels refused)."""
+    logs = []
+    for url in group.urls:
+        async with Redis.from_url(url) as client:
+            logs.append(await client.execute_command("ACL", "LOG"))
+    return logs
+
+
+async def exists_anywhere(group: ServerGroup, key: str) -> int:
+    count = 0
+    for url in group.urls:
+        async with Redis.from_url(url) as client:
+            count += await client.exists(key)
+    return count
+
+
+@pytest.mark.parametrize("keys", ["orders:*", "*"])
+async def test_the_least_privileged_user_runs_every_feature(
+    make_servers: MakeServers, keys: str
+) -> None:
+    group = make_servers(3)
+    urls = await add_user(group, "locker", acl_rules(keys))
+    with anyio.fail_after(HANG_GUARD):
+        async with (
+            AsyncRedlock(urls) as one,
+            AsyncRedlock(urls, retry_delay=NEVER) as two,
+        ):
+            for name in ("orders:1", "orders:{tag}:2", "orders:odd}3"):
+                await _plain_cycle(one, name)
+            await _rwlock(one, two)
+            await _woken(one, two, fair=False)
+            await _woken(one, two, fair=True)
+            await _operator(one, group)
+            await _decorated(one)
+            await one.settle()
+            await two.settle()
+            woken = two.statistics().wakeups
+    assert woken >= 2
+    assert await denials(group) == [[], [], []]
+
+
+async def _plain_cycle(redlock: AsyncRedlock, name: str) -> None:
+    """A fenced lock on a fresh resource, extended and released."""
+    lease = await redlock.lock(name, ttl=30.0, auto_extend=False).acquire()
+    assert isinstance(lease.token, int)
+    await lease.extend(60.0)
+    await lease.release()
+    again = await redlock.lock(name).acquire()
+    assert isinstance(again.token, int)
+    assert again.token > lease.token
+    await again.release()
+
+
+async def _rwlock(one: AsyncRedlock, two: AsyncRedlock) -> None:
+    """Readers together (one of them extended), then a writer once they left."""
+    first = await one.rwlock("orders:rw").read(auto_extend=False).acquire()
+    second = await two.rwlock("orders:rw").read().acquire()
+    await first.extend()
+    await first.release()
+    await second.release()
+    writer = await one.rwlock("orders:rw").write().acquire()
+    assert isinstance(writer.token, int)
+    await writer.release()
+
+
+async def _woken(one: AsyncRedlock, two: AsyncRedlock, *, fair: bool) -> None:
+    """A waiter of another client acquires when the holder releases."""
+    name = f"orders:wake:{fair}"
+    held = await one.lock(name, ttl=60.0, fair=fair).acquire()
+    got: list[int | None] = []
+
+    async def wait() -> None:
+        lease = await two.lock(name, fair=fair, timeout=HANG_GUARD).acquire()
+        got.append(lease.token)
+        await lease.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await Waits(two).reach(1)
+        await held.release()
+    assert len(got) == 1
+
+
+async def _operator(redlock: AsyncRedlock, group: ServerGroup) -> None:
+    """``inspect`` names the holder; ``force_release`` takes the lock away."""
+    lease = await redlock.lock("orders:op", ttl=60.0, auto_extend=False).acquire()
+    state = await redlock.inspect("orders:op")
+    assert state.holder == lease.value
+    assert [node.error for node in state.nodes] == [None, None, None]
+    assert all(node.fence is not None for node in state.nodes)
+    assert await redlock.force_release("orders:op") >= 2
+    assert await exists_anywhere(group, "orders:op") == 0
+    free = await redlock.inspect("orders:op")
+    assert free.holder is None
+    with pytest.raises(LockNotOwnedError):
+        await lease.release()
+
+
+async def _decorated(redlock: AsyncRedlock) -> None:
+    """``AsyncRedlock.locked``: each call holds the lock named from its arguments."""
+    calls: list[int] = []
+
+    @redlock.locked("orders:job:{job}", ttl=10.0)
+    async def run(job: int) -> None:
+        calls.append(job)
+
+    await run(7)
+    assert calls == [7]
+
+
+async def test_a_release_refused_its_announcement_still_counts(make_servers: MakeServers) -> None:
+    """A user without the channel permissions: PUBLISH in the scripts is refused,
+    but the keys were deleted, so the release (and the rest) succeed."""
+    group = make_servers(3)
+    rules = [rule for rule in acl_rules("orders:*") if not rule.startswith("&")]
+    urls = await add_user(group, "mute", rules)
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls) as redlock:
+            lease = await redlock.lock("orders:quiet", auto_extend=False).acquire()
+            await lease.release()
+            assert await exists_anywhere(group, "orders:quiet") == 0
+            reader = await redlock.rwlock("orders:quiet-rw").read(auto_extend=False).acquire()
+            await reader.release()
+            assert await exists_anywhere(group, "{orders:quiet-rw}:readers") == 0
+            await redlock.lock("orders:forced", ttl=60.0, auto_extend=False).acquire()
+            assert await redlock.force_release("orders:forced") == 3
+            await redlock.settle()
+    refused = [entry for log in await denials(group) for entry in log]
+    assert refused  # the announcements were refused, on the channels only
+    assert {(entry[b"reason"], entry[b"context"]) for entry in refused} == {(b"channel", b"lua")}
+
+
+@pytest.mark.parametrize(
+    ("missing", "named"),
+    [
+        ("~{orders:*}:*", "No permissions to access a key"),
+        ("+time", "'time' command"),
+        ("+evalsha", "'evalsha' command"),
+    ],
+)
+async def test_a_missing_permission_ends_the_acquisition_at_once(
+    make_servers: MakeServers, missing: str, named: str
+) -> None:
+    """Refused by every master's ACL: one attempt, then `QuorumUnavailableError`
+    naming the refusal, long before the (hour-long) timeout."""
+    group = make_servers(3)
+    rules = [rule for rule in acl_rules("orders:*") if rule != missing]
+    assert len(rules) == len(acl_rules("orders:*")) - 1
+    urls = await add_user(group, "partial", rules)
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls, timeout=NEVER) as redlock:
+            with pytest.raises(QuorumUnavailableError) as caught:
+                await redlock.lock("orders:refused").acquire()
+            attempts = redlock.statistics().attempts
+    assert attempts == 1
+    assert "refused by the masters' ACL" in str(caught.value)
+    assert named in str(caught.value)
+    refused = [o for o in caught.value.outcomes if named in o.detail]
+    assert len(refused) >= 2
+    assert not any(o.ok for o in refused)
