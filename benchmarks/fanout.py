@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import gc
 import random
 import secrets
@@ -79,6 +78,7 @@ from lockbench.harness import (
     add_report_option,
     environment,
     read_report,
+    redlock_counters,
     servers_behind_proxies,
     summarize,
 )
@@ -429,9 +429,7 @@ async def measure_case(
         samples = await measure(runners, plan, plan.iterations_for(case))
         clients = {"asyncredlock": plain, "asyncredlock_fenced": fenced, APART: apart}
         stats = {
-            name: dataclasses.asdict(client.statistics())
-            for name, client in clients.items()
-            if name in runners
+            name: redlock_counters(client) for name, client in clients.items() if name in runners
         }
     return samples, stats
 

@@ -54,7 +54,6 @@ import asyncio
 import collections
 import contextlib
 import cProfile
-import dataclasses
 import functools
 import gc
 import importlib
@@ -87,6 +86,7 @@ from lockbench.harness import (
     add_report_option,
     environment,
     read_report,
+    redlock_counters,
     servers_behind_proxies,
     spread,
 )
@@ -167,7 +167,7 @@ class AblatedSession:
 
     def statistics(self) -> dict[str, Any]:
         """``AsyncRedlock.statistics()``: its counters so far."""
-        return dataclasses.asdict(self._redlock.statistics())
+        return redlock_counters(self._redlock)
 
     async def aclose(self) -> None:
         """Close the client."""

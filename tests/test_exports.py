@@ -20,6 +20,7 @@ import asyncredlock.testing
 PUBLIC = {
     asyncredlock: [
         "AsyncRedlock",
+        "DurationStatistics",
         "Lease",
         "LeaseStatistics",
         "Lock",
@@ -36,6 +37,7 @@ PUBLIC = {
         "RWLockStatistics",
         "RedlockError",
         "RedlockStatistics",
+        "ResourceStatistics",
         "StaleTokenError",
         "acl_rules",
     ],

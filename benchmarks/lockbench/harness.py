@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import multiprocessing
@@ -50,6 +51,7 @@ __all__ = [
     "publish_section",
     "pyplot",
     "read_report",
+    "redlock_counters",
     "servers_behind_proxies",
     "spread",
     "summarize",
@@ -342,6 +344,13 @@ def environment() -> Environment:
         "server": _server_version(binary),
         "server_binary": binary,
     }
+
+
+def redlock_counters(redlock: asyncredlock.AsyncRedlock) -> dict[str, int]:
+    """``redlock.statistics()``'s counters and gauges by name (its wait and hold
+    summaries left out: the benchmarks add counters up across clients)."""
+    stats = dataclasses.asdict(redlock.statistics())
+    return {name: value for name, value in stats.items() if isinstance(value, int)}
 
 
 def machine_line(env: Environment) -> str:

@@ -32,11 +32,14 @@ from ._stats import LeaseStatistics as LeaseStatistics
 from ._stats import LockStatistics as LockStatistics
 from ._stats import RedlockStatistics as RedlockStatistics
 from ._stats import RWLockStatistics as RWLockStatistics
+from ._timings import DurationStatistics as DurationStatistics
+from ._timings import ResourceStatistics as ResourceStatistics
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncRedlock",
+    "DurationStatistics",
     "Lease",
     "LeaseStatistics",
     "Lock",
@@ -53,6 +56,7 @@ __all__ = [
     "RWLockStatistics",
     "RedlockError",
     "RedlockStatistics",
+    "ResourceStatistics",
     "StaleTokenError",
     "acl_rules",
 ]

@@ -38,6 +38,7 @@ from ._scripts import (
     RELEASE_READ,
 )
 from ._stats import Counters
+from ._timings import Timings
 from ._wakeup import Waker
 
 _OTHER_LOOP = (
@@ -75,7 +76,7 @@ class Core:
         # the last release built by _delete: its keys, value, marker TTL, shared,
         # waiter, then the script, its keys and its arguments
         self._last_delete: tuple[Any, ...] = (None,) * 8
-        self.counters = Counters()
+        self.counters, self.timings = Counters(), Timings()  # totals; wait and hold times
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closing = self.closed = False  # closing: aclose() began; no new acquire()
         self.loop: asyncio.AbstractEventLoop | None = None  # the one of the first use

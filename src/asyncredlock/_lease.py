@@ -19,7 +19,7 @@ from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
 from ._stats import LeaseRecord, LeaseStatistics, Taken
 
-__all__ = ["Lease", "end_leases", "lose_leases"]
+__all__ = ["Lease"]
 
 _GONE = "a majority of masters no longer hold it"
 
@@ -278,7 +278,7 @@ class Lease:
                 log_lost(self, decision.outcomes, "gone from a majority when released")
             return decision
         finally:
-            self._ending.announce(self, lost=self._state is _State.LOST)
+            self._announce_end()
             self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
 
     def _send_release(self) -> Round:
@@ -385,11 +385,18 @@ class Lease:
             self._send_release()
         self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
 
+    def _announce_end(self) -> None:
+        """The end is known (released or lost): tell `Ending`, count its hold time."""
+        lost, ended_at = self._state is _State.LOST, self._record.ended_at
+        self._ending.announce(self, lost=lost)
+        held = (ended_at or self._core.clock()) - self._record.taken_at
+        self._core.timings.ended(self.resource, held, lost=lost)
+
     def _finish(self, state: _State, *, announce: bool = True) -> None:
         self._state = state
         self._record.ended_at = self._core.clock()
         if announce:
-            self._ending.announce(self, lost=self._state is _State.LOST)
+            self._announce_end()
         self._core.held.discard(self)
         timer, self._timer = self._timer, None
         if timer is not None:
@@ -434,16 +441,3 @@ class Lease:
         outcomes = self._loss.outcomes if self._loss else ()
         message = f"the lease on {self.resource!r} was lost while its block ran"
         return LockLostError(message, resource=self.resource, outcomes=outcomes)
-
-
-def lose_leases(core: Core, key: str, decision: Decision) -> None:
-    """End lost this client's leases on ``key`` (forced free): their blocks are cancelled."""
-    for lease in [each for each in core.held if key in each.keys]:
-        lease._lose(decision, "forced free (force_release)")
-
-
-def end_leases(core: Core) -> None:
-    """The client closes: each lease it holds is lost (its holder still counted on
-    it: blocks cancelled, loss callbacks run); the releases go out at once."""
-    for lease in list(core.held):
-        lease._lose(None, "its AsyncRedlock was closed")

@@ -161,6 +161,7 @@ class Lock:
             lease = await self._acquire(started)
         except LockTimeoutError:
             counters.timeouts += 1
+            core.timings.timed_out(self.name)
             raise
         except QuorumUnavailableError:
             counters.unavailable += 1
@@ -168,7 +169,9 @@ class Lock:
         finally:
             counters.waiting -= 1
         counters.acquisitions += 1
-        counters.waited += core.clock() - started
+        waited = core.clock() - started
+        counters.waited += waited
+        core.timings.waited(self.name, waited)
         return lease
 
     def statistics(self) -> LockStatistics:

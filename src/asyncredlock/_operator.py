@@ -8,11 +8,11 @@ from ._core import Core
 from ._errors import QuorumUnavailableError
 from ._inspect import LockState, node_state
 from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
-from ._lease import lose_leases
 from ._protocol import classify_deleted
+from ._quorum import Decision
 from ._scripts import DELETE, INSPECT
 
-__all__ = ["force_free", "read_state"]
+__all__ = ["end_leases", "force_free", "lose_leases", "read_state"]
 
 
 async def read_state(core: Core, name: str) -> LockState:
@@ -48,3 +48,16 @@ async def force_free(core: Core, name: str) -> int:
     lose_leases(core, key, decision)
     await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - loop.time()))
     return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
+
+
+def lose_leases(core: Core, key: str, decision: Decision) -> None:
+    """End lost this client's leases on ``key`` (forced free): their blocks are cancelled."""
+    for lease in [each for each in core.held if key in each.keys]:
+        lease._lose(decision, "forced free (force_release)")
+
+
+def end_leases(core: Core) -> None:
+    """The client closes: each lease it holds is lost (its holder still counted on
+    it: blocks cancelled, loss callbacks run); the releases go out at once."""
+    for lease in list(core.held):
+        lease._lose(None, "its AsyncRedlock was closed")

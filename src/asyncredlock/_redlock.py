@@ -28,13 +28,14 @@ from ._connect import make_nodes
 from ._core import Core
 from ._inspect import LockState
 from ._keys import lock_key
-from ._lease import Lease, end_leases
+from ._lease import Lease
 from ._lock import Lock
-from ._operator import force_free, read_state
+from ._operator import end_leases, force_free, read_state
 from ._rwlock import RWLock
 from ._singleton import check_job, run_singleton
 from ._stats import RedlockStatistics
 from ._template import NameTemplate, serialize
+from ._timings import ResourceStatistics
 
 __all__ = ["AsyncRedlock"]
 
@@ -377,8 +378,17 @@ class AsyncRedlock:
         return await force_free(self._core, check_name(name))
 
     def statistics(self) -> RedlockStatistics:
-        """A snapshot of this ``AsyncRedlock``'s counters and gauges."""
-        return RedlockStatistics(**self._core.counters.totals(), **self._core.describe())
+        """A snapshot of this ``AsyncRedlock``'s counters and gauges, with its wait
+        and hold times."""
+        core = self._core
+        wait, hold = core.timings.wait.summary(), core.timings.hold.summary()
+        return RedlockStatistics(**core.counters.totals(), **core.describe(), wait=wait, hold=hold)
+
+    def resource_statistics(self) -> dict[str, ResourceStatistics]:
+        """Per resource: acquisitions, timeouts, losses, wait and hold times, for the
+        1,024 resources used most recently (least recent first; memory stays
+        bounded). A lock on several resources counts under their joined names."""
+        return self._core.timings.resources()
 
     async def settle(self) -> None:
         """Wait until no call to any master is still out.

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from ._timings import DurationStatistics
+
 __all__ = [
     "Counters",
     "LeaseRecord",
@@ -71,6 +73,8 @@ class RedlockStatistics:
             one per release), instead of waiting out their retry delay.
         commits: Second rounds sent to commit a fencing token (skipped when a
             quorum of masters counted the same token in the first).
+        wait: From each successful ``acquire()`` call to its lease.
+        hold: From each lease to its end (release, loss or hand-off).
     """
 
     attempts: int
@@ -89,6 +93,8 @@ class RedlockStatistics:
     notifications: int
     wakeups: int
     commits: int
+    wait: DurationStatistics
+    hold: DurationStatistics
 
 
 @dataclass(slots=True)

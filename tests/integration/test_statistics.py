@@ -136,3 +136,40 @@ class TestLockStatistics:
             async with redlock.lock("doc"):
                 pass
             assert rw.statistics().write.acquisitions == 1
+
+
+class TestWaitAndHoldTimes:
+    """``statistics().wait`` / ``.hold`` and ``resource_statistics()``."""
+
+    async def test_every_acquisition_and_every_lease_is_timed(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            for _ in range(3):
+                async with redlock.lock("timed"):
+                    pass
+            held = await redlock.lock("other").acquire()
+            stats = redlock.statistics()
+            assert (stats.wait.count, stats.hold.count) == (4, 3)  # "other" still held
+            assert 0 < stats.wait.p50 <= stats.wait.p99 <= stats.wait.max
+            assert stats.wait.mean == pytest.approx(stats.wait.total / 4)
+            await held.release()
+            assert redlock.statistics().hold.count == 4
+            per = redlock.resource_statistics()
+            assert list(per) == ["timed", "other"]
+            assert (per["timed"].acquisitions, per["timed"].hold.count) == (3, 3)
+            assert (per["other"].acquisitions, per["other"].hold.count) == (1, 1)
+
+    async def test_timeouts_and_losses_count_per_resource(self, servers: ServerGroup) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls) as redlock,
+        ):
+            async with holder.lock("busy"):
+                with pytest.raises(LockTimeoutError):
+                    await redlock.lock("busy", timeout=0).acquire()
+            lease = await redlock.lock("gone").acquire()
+            await redlock.force_release("gone")
+            assert lease.lost
+            per = redlock.resource_statistics()
+            assert (per["busy"].timeouts, per["busy"].acquisitions) == (1, 0)
+            assert (per["gone"].lost, per["gone"].hold.count) == (1, 1)
+            assert redlock.statistics().lost == 1

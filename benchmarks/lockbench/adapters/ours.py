@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from asyncredlock import AsyncRedlock
 
+from ..harness import redlock_counters
 from ..settings import TTL, WAIT
 from .base import Handle, Mode, defaults
 
@@ -44,7 +44,7 @@ class AsyncredlockSession:
 
     def statistics(self) -> dict[str, Any]:
         """``AsyncRedlock.statistics()``: its counters so far (hand-offs among them)."""
-        return dataclasses.asdict(self._redlock.statistics())
+        return redlock_counters(self._redlock)
 
     async def aclose(self) -> None:
         await self._redlock.aclose()
