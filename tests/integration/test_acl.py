@@ -191,3 +191,23 @@ async def test_a_missing_permission_ends_the_acquisition_at_once(
     refused = [o for o in caught.value.outcomes if named in o.detail]
     assert len(refused) >= 2
     assert not any(o.ok for o in refused)
+
+
+async def test_a_refused_clock_leaves_no_fence_counter_behind(make_servers: MakeServers) -> None:
+    """Without ``+time`` a fresh resource's counter cannot start from the clock: none
+    may stay, or tokens would count up from the block once TIME is granted, below
+    the clock-seeded tokens of any master that never lost its counter."""
+    group = make_servers(3)
+    rules = [rule for rule in acl_rules("orders:*") if rule != "+time"]
+    urls = await add_user(group, "clockless", rules)
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls, timeout=NEVER) as redlock:
+            with pytest.raises(QuorumUnavailableError):
+                await redlock.lock("orders:fresh").acquire()
+        assert await exists_anywhere(group, "{orders:fresh}:fence") == 0
+        await add_user(group, "clockless", acl_rules("orders:*"))  # TIME granted now
+        async with AsyncRedlock(urls) as redlock:
+            lease = await redlock.lock("orders:fresh").acquire()
+            await lease.release()
+    assert lease.token is not None
+    assert lease.token > 10**15  # from the clock in microseconds, not from the block

@@ -10,7 +10,13 @@
 local function fence_count(fence, block)
   local count = redis.call('INCRBY', fence, block)
   if count == tonumber(block) then
-    local time = redis.call('TIME')
+    local time = redis.pcall('TIME')
+    if time.err then
+      -- TIME refused (an ACL): a counter that did not start from the clock must not
+      -- stay, or later tokens would count up from the block, below earlier ones.
+      redis.call('DEL', fence)
+      error(time)  -- the refusal, as the script's error reply (the DEL stays)
+    end
     count = redis.call('INCRBY', fence, time[1] .. string.format('%06d', tonumber(time[2])))
   end
   return count
