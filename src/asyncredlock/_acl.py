@@ -15,7 +15,8 @@ __all__ = ["acl_refusal", "acl_rules"]
 
 #: How a master says a command, key or channel is not the user's to use: ``NOPERM``
 #: for a command sent, ``ACL failure in script`` for one a script calls.
-_REFUSALS = ("NOPERM", "ACL failure in script")
+# (redis-py strips NOPERM from a refusal during its handshake: NoPermissionError)
+_REFUSALS = ("NOPERM", "ACL failure in script", "NoPermissionError")
 
 #: Commands sent on asyncredlock's own connections (the scripts, preloaded and run by
 #: SHA1, or sent whole when a master lost its script cache; the wake-up

@@ -49,19 +49,22 @@ def check_seconds(
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    too_long = f"{name} must be at most {MAX_SECONDS:g} seconds (about 31 years), got {value!r}"
     try:
         seconds = float(value)
     except OverflowError:  # an int too large for a float
-        raise ValueError(too_long) from None
+        raise ValueError(_too_long(name, value)) from None
     if math.isnan(seconds) or (math.isinf(seconds) and not (allow_inf and seconds > 0)):
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
     if MAX_SECONDS < seconds < math.inf:
-        raise ValueError(too_long)
+        raise ValueError(_too_long(name, value))
     return seconds
+
+
+def _too_long(name: str, value: object) -> str:
+    return f"{name} must be at most {MAX_SECONDS:g} seconds (about 31 years), got {value!r}"
 
 
 def check_text(what: str, text: str) -> str:

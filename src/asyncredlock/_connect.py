@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Sequence
 from typing import Any, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -119,10 +120,14 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
 
 def _valkey_kind(master: object) -> str | None:
     """``"client"`` or ``"cluster"`` for a ``valkey.asyncio`` client (the Valkey
-    project's fork of redis-py, with the same connection internals); else None."""
-    if not type(master).__module__.startswith("valkey.asyncio."):
+    project's fork of redis-py, with the same connection internals); else None.
+    Checked only if valkey is imported already (a client of it implies it is)."""
+    valkey = sys.modules.get("valkey.asyncio")
+    if valkey is None:
         return None
-    return "cluster" if hasattr(master, "nodes_manager") else "client"
+    if isinstance(master, valkey.ValkeyCluster):
+        return "cluster"
+    return "client" if isinstance(master, valkey.Valkey) else None
 
 
 #: What asyncredlock's own connections need, whatever the client they copy:

@@ -63,6 +63,7 @@ class Lease:
     # Until set otherwise, per lease:
     _state = _State.HELD
     _loss: Decision | None = None
+    _failing = False  # the last extension round failed
     # automatic extension: a timer until one is due, a task only while it runs
     _timer: asyncio.TimerHandle | None = None
     _extender: asyncio.Task[None] | None = None
@@ -179,6 +180,7 @@ class Lease:
                 keeps its previous validity and may be extended again.
         """
         new_ttl = self.ttl if ttl is None else check_seconds("ttl", ttl)
+        self._core.check_loop()
         self._check_held("extend")
         decision = await self._extend_round(new_ttl)
         if decision is None:
@@ -212,6 +214,7 @@ class Lease:
             QuorumUnavailableError: Too many masters failed to answer; their keys
                 expire with the TTL.
         """
+        self._core.check_loop()  # before anything changes: the lease stays held
         self._check_held("release")
         if self._hand_off():
             return
@@ -252,13 +255,14 @@ class Lease:
         decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
         expires_at = core.expiry(start, ttl)
         if self._state is _State.HELD and decision.holds(expires_at, core.clock):
-            self._expires_at = expires_at
+            self._expires_at, self._failing = expires_at, False
             core.counters.extensions += 1
             self._record.extensions += 1
             return None
         core.counters.failed_extensions += 1
         self._record.failed_extensions += 1
-        log_extension_failed(self, decision.outcomes, decision.unavailable)
+        log_extension_failed(self, decision.outcomes, decision.unavailable, self._failing)
+        self._failing = True  # until an extension succeeds: later failures log at DEBUG
         return decision
 
     async def _release_round(self) -> Decision:

@@ -149,7 +149,8 @@ class Lock:
             LockTimeoutError: Other holders kept the lock for the whole timeout.
             QuorumUnavailableError: So many masters failed or stayed silent in the
                 last attempt that no quorum was possible (an outage).
-            RuntimeError: The ``AsyncRedlock`` is closed.
+            RuntimeError: The ``AsyncRedlock`` is closed, or was first used on
+                another event loop.
         """
         core, counters = self._core, self._counters
         if core.closing:

@@ -326,7 +326,8 @@ class AsyncRedlock:
 
         Raises:
             TypeError: ``name`` is not a str, or a setting has the wrong type.
-            ValueError: ``name`` is empty, or ``patience`` is negative or NaN.
+            ValueError: ``name`` is empty or not UTF-8-encodable, or ``patience``
+                is negative, NaN or over 1e9.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         self._check_open()
@@ -346,7 +347,7 @@ class AsyncRedlock:
 
         Raises:
             TypeError: ``name`` is not a str.
-            ValueError: ``name`` is empty.
+            ValueError: ``name`` is empty or does not encode as UTF-8.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         return await read_state(self._core, check_name(name))
@@ -370,7 +371,7 @@ class AsyncRedlock:
 
         Raises:
             TypeError: ``name`` is not a str.
-            ValueError: ``name`` is empty.
+            ValueError: ``name`` is empty or does not encode as UTF-8.
             QuorumUnavailableError: So many masters failed or did not answer that
                 the lock may still be held.
             RuntimeError: This ``AsyncRedlock`` is closed.
@@ -378,8 +379,7 @@ class AsyncRedlock:
         return await force_free(self._core, check_name(name))
 
     def statistics(self) -> RedlockStatistics:
-        """A snapshot of this ``AsyncRedlock``'s counters and gauges, with its wait
-        and hold times."""
+        """A snapshot of this ``AsyncRedlock``'s counters, gauges, wait and hold times."""
         core = self._core
         wait, hold = core.timings.wait.summary(), core.timings.hold.summary()
         return RedlockStatistics(**core.counters.totals(), **core.describe(), wait=wait, hold=hold)
@@ -393,11 +393,10 @@ class AsyncRedlock:
     async def settle(self) -> None:
         """Wait until no call to any master is still out.
 
-        Rounds return at quorum; the other masters' replies, and the cleanup that
-        follows a failed or cancelled attempt, finish in the background. Await
-        this to know they are done (tests, graceful shutdown). Lease extenders
-        keep running.
-        """
+        Rounds return at quorum; the other masters' replies, and the cleanup after a
+        failed or cancelled attempt, finish in the background: await this to know
+        they are done (tests, graceful shutdown). Lease extenders keep running."""
+        self._core.check_loop()
         await self._core.settle()
 
     async def aclose(self) -> None:
@@ -439,6 +438,7 @@ class AsyncRedlock:
 
     async def __aenter__(self) -> Self:
         self._check_open()
+        self._core.check_loop()
         return self
 
     async def __aexit__(

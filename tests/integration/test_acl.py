@@ -211,3 +211,20 @@ async def test_a_refused_clock_leaves_no_fence_counter_behind(make_servers: Make
             await lease.release()
     assert lease.token is not None
     assert lease.token > 10**15  # from the clock in microseconds, not from the block
+
+
+async def test_a_permission_refused_in_the_handshake_ends_the_acquisition_at_once(
+    make_servers: MakeServers,
+) -> None:
+    """A URL naming database 1 needs +select, which the rules leave out: redis-py's
+    handshake is refused (NoPermissionError), and the acquisition says so at once."""
+    group = make_servers(3)
+    urls = [f"{url}/1" for url in await add_user(group, "nodb", acl_rules("orders:*"))]
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls, timeout=NEVER) as redlock:
+            with pytest.raises(QuorumUnavailableError) as caught:
+                await redlock.lock("orders:db1").acquire()
+            attempts = redlock.statistics().attempts
+    assert attempts == 1
+    assert "refused by the masters' ACL" in str(caught.value)
+    assert "select" in str(caught.value)

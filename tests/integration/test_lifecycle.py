@@ -237,6 +237,14 @@ class TestEventLoops:
             for action in (cycle, close):
                 with pytest.raises(RuntimeError, match="first used on another event loop"):
                     asyncio.run(action())
+            lease = first.run_until_complete(redlock.lock("held").acquire())
+            with pytest.raises(RuntimeError, match="first used on another event loop"):
+                asyncio.run(lease.release())
+            assert lease.held  # refused before anything changed
+            for other in (redlock.settle, lease.extend):
+                with pytest.raises(RuntimeError, match="first used on another event loop"):
+                    asyncio.run(other())
+            first.run_until_complete(lease.release())
             first.run_until_complete(close())  # on its own loop it closes as usual
         finally:
             first.close()

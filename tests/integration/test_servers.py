@@ -68,6 +68,10 @@ class TestServerProcess:
             with redis.Redis.from_url(server.url) as authed:
                 assert authed.get("k") is None
 
+    def test_an_empty_password_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="password must not be empty"):
+            ServerProcess(password="")
+
     @pytest.mark.anyio
     async def test_a_lock_on_password_protected_masters(self) -> None:
         servers = [ServerProcess(password="pw") for _ in range(3)]

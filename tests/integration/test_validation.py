@@ -140,6 +140,10 @@ class TestMasters:
             for client in mine:
                 await client.aclose()
 
+    def test_a_valkey_object_that_is_no_client_is_refused(self) -> None:
+        with pytest.raises(TypeError, match=r"valkey\.asyncio Valkey/ValkeyCluster"):
+            AsyncRedlock([valkey.asyncio.ConnectionPool()])  # type: ignore[list-item]
+
     def test_a_sync_valkey_client_is_refused(self, servers: ServerGroup) -> None:
         with pytest.raises(TypeError, match=r"valkey\.asyncio Valkey/ValkeyCluster"):
             AsyncRedlock([valkey.Valkey.from_url(servers.urls[0])])  # type: ignore[list-item]

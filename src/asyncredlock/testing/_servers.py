@@ -82,6 +82,8 @@ class ServerProcess:
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
+        if password == "":
+            raise ValueError("password must not be empty (None: no password)")
         self._binary = binary or find_server_binary()
         self._auto_port = port == 0
         self._port = port or pick_port()
