@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ._keys import aux_key
+from ._keys import aux_key, glob_escape
 from ._wakeup import INBOX_PREFIX
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
         raise ValueError("keys must be a non-empty glob pattern")
     if any(char.isspace() for char in prefix + keys):
         raise ValueError(f"keys and prefix must hold no whitespace: {prefix + keys!r}")
-    pattern = _escape(prefix) + keys
+    pattern = glob_escape(prefix) + keys
     rules = [f"+{command}" for command in (*_DIRECT, *_IN_SCRIPTS)]
     if pattern == "*":  # any name: one pattern covers every key and channel shape
         rules += ["~*", f"&*:{_RELEASED}"]
@@ -97,7 +97,7 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
             shapes = [shape for shape in shapes if shape != pattern + ":*"]
         rules += _unique(f"~{shape}" for shape in shapes)
         rules += _unique(f"&{base}{_RELEASED}" for base in bases)
-    rules.append(f"&{_escape(INBOX_PREFIX)}*")
+    rules.append(f"&{glob_escape(INBOX_PREFIX)}*")
     return rules
 
 
@@ -107,17 +107,12 @@ def _aux_bases(prefix: str, keys: str) -> list[str]:
     ``P``, ``{P}:`` (a name without hash tag) and, when a name could hold a brace,
     ``P:`` (a name with a hash tag) and ``{*}:P:`` (a ``}`` but no tag)."""
     if not any(char in _GLOB for char in keys):
-        return [_escape(aux_key(prefix + keys, ""))]
-    pattern = _escape(prefix) + keys
+        return [glob_escape(aux_key(prefix + keys, ""))]
+    pattern = glob_escape(prefix) + keys
     bases = ["{" + pattern + "}:"]
     if any(char in pattern for char in "*?[{}"):
         bases += [pattern + ":", "{*}:" + pattern + ":"]
     return bases
-
-
-def _escape(text: str) -> str:
-    """``text`` as a glob pattern that matches only itself."""
-    return "".join("\\" + char if char in _GLOB else char for char in text)
 
 
 def _unique(items: Iterable[str]) -> list[str]:

@@ -13,6 +13,7 @@ __all__ = [
     "Resources",
     "aux_key",
     "channel",
+    "glob_escape",
     "has_hash_tag",
     "holder_value",
     "identity_of",
@@ -163,3 +164,9 @@ def identity_of(value: str) -> str | None:
 
 
 _LOWER_HEX = frozenset(string.hexdigits.lower())
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a Redis glob pattern (``KEYS``, ``SCAN MATCH``, ACL ``~``/``&``)
+    that matches only itself."""
+    return "".join("\\" + char if char in "*?[]\\" else char for char in text)

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import NoReturn, TypeAlias
 
+from .._config import check_name
 from .._inspect import LockState
 from .._redlock import AsyncRedlock
 
@@ -140,14 +141,11 @@ def master_options() -> Parser:
 
 
 def lock_name(text: str) -> str:
-    """An argparse ``type`` for a resource name: not empty, encodable."""
-    if not text:
-        raise argparse.ArgumentTypeError("the lock name must not be empty")
+    """An argparse ``type`` for a resource name: the library's own check."""
     try:
-        text.encode()
-    except UnicodeEncodeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid UTF-8") from exc
-    return text
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def count(*, minimum: int) -> Callable[[str], int]:

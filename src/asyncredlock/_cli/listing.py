@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from .._inspect import LockState
-from .._keys import aux_key, has_hash_tag, identity_of, key_slot
+from .._keys import aux_key, glob_escape, has_hash_tag, identity_of, key_slot
 from .._redlock import AsyncRedlock
 from .common import (
     EXIT_OK,
@@ -163,7 +163,7 @@ async def _scan_keys(client: Redis, args: argparse.Namespace) -> tuple[set[str],
     """The lock keys listed among a master's keys, and whether the walk was cut short."""
     # Every key of a lock (its own, its readers') holds prefix + name: a server-side
     # filter that keeps them all.
-    match = f"*{_glob_escape(args.prefix)}*" if args.prefix else None
+    match = f"*{glob_escape(args.prefix)}*" if args.prefix else None
     step = min(SCAN_COUNT, args.max_keys)
     found: set[str] = set()
     cursor, read = 0, 0
@@ -175,11 +175,6 @@ async def _scan_keys(client: Redis, args: argparse.Namespace) -> tuple[set[str],
             return found, False
         if read >= args.max_keys:
             return found, True
-
-
-def _glob_escape(text: str) -> str:
-    """``text`` as a literal in a Redis glob pattern."""
-    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)
 
 
 def listed_key(raw: bytes | str, prefix: str, pattern: str) -> str | None:
