@@ -163,6 +163,20 @@ async def test_a_release_refused_its_announcement_still_counts(make_servers: Mak
     assert {(entry[b"reason"], entry[b"context"]) for entry in refused} == {(b"channel", b"lua")}
 
 
+async def refused_at_once(urls: list[str], name: str, named: str) -> QuorumUnavailableError:
+    """Acquire ``name`` with an hour-long timeout: it must fail after one attempt with
+    the ACL refusal, quoting ``named``; the error."""
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls, timeout=NEVER) as redlock:
+            with pytest.raises(QuorumUnavailableError) as caught:
+                await redlock.lock(name).acquire()
+            attempts = redlock.statistics().attempts
+    assert attempts == 1
+    assert "refused by the masters' ACL" in str(caught.value)
+    assert named in str(caught.value)
+    return caught.value
+
+
 @pytest.mark.parametrize(
     ("missing", "named"),
     [
@@ -180,15 +194,8 @@ async def test_a_missing_permission_ends_the_acquisition_at_once(
     rules = [rule for rule in acl_rules("orders:*") if rule != missing]
     assert len(rules) == len(acl_rules("orders:*")) - 1
     urls = await add_user(group, "partial", rules)
-    with anyio.fail_after(HANG_GUARD):
-        async with AsyncRedlock(urls, timeout=NEVER) as redlock:
-            with pytest.raises(QuorumUnavailableError) as caught:
-                await redlock.lock("orders:refused").acquire()
-            attempts = redlock.statistics().attempts
-    assert attempts == 1
-    assert "refused by the masters' ACL" in str(caught.value)
-    assert named in str(caught.value)
-    refused = [o for o in caught.value.outcomes if named in o.detail]
+    error = await refused_at_once(urls, "orders:refused", named)
+    refused = [o for o in error.outcomes if named in o.detail]
     assert len(refused) >= 2
     assert not any(o.ok for o in refused)
 
@@ -220,11 +227,4 @@ async def test_a_permission_refused_in_the_handshake_ends_the_acquisition_at_onc
     handshake is refused (NoPermissionError), and the acquisition says so at once."""
     group = make_servers(3)
     urls = [f"{url}/1" for url in await add_user(group, "nodb", acl_rules("orders:*"))]
-    with anyio.fail_after(HANG_GUARD):
-        async with AsyncRedlock(urls, timeout=NEVER) as redlock:
-            with pytest.raises(QuorumUnavailableError) as caught:
-                await redlock.lock("orders:db1").acquire()
-            attempts = redlock.statistics().attempts
-    assert attempts == 1
-    assert "refused by the masters' ACL" in str(caught.value)
-    assert "select" in str(caught.value)
+    await refused_at_once(urls, "orders:db1", "select")
