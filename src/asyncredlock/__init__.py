@@ -34,8 +34,7 @@ from ._stats import RedlockStatistics as RedlockStatistics
 from ._stats import RWLockStatistics as RWLockStatistics
 from ._timings import DurationStatistics as DurationStatistics
 from ._timings import ResourceStatistics as ResourceStatistics
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 __all__ = [
     "AsyncRedlock",

@@ -8,6 +8,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -29,7 +30,11 @@ from ._protocol import (
 )
 from ._quorum import Decision, Round
 from ._stats import LockCounters, Taken
+from ._telemetry import note_attempts
 from ._wakeup import Ticket, waiter_id
+
+if TYPE_CHECKING:
+    from ._telemetry import Span
 
 __all__ = ["Acquisition", "make_lease"]
 
@@ -92,6 +97,7 @@ class Acquisition:
         "counters",
         "deadline",
         "entry",
+        "granted",
         "handed_by",
         "inbox_only",
         "key",
@@ -126,13 +132,16 @@ class Acquisition:
         self.acquired = False
         self.handed_by: frozenset[int] = frozenset()  # the masters that handed it the lease
         self.attempts = 0  # rounds sent to the masters
+        self.granted: int | None = None  # masters that granted the latest round
 
-    async def run(self) -> Lease:
-        """Attempt until one takes the lock or the deadline passes."""
+    async def run(self, span: Span | None = None) -> Lease:
+        """Attempt until one takes the lock or the deadline passes (adding the
+        attempts to ``span``, the ``acquire()`` call's)."""
         try:
             lease = await self._attempts()
         finally:
             self._leave()
+            note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1 or self.handed_by:  # it waited (retried, or was handed it)
             log_acquired(lease, self.attempts, self.core.clock() - self.started)
         return lease
@@ -299,7 +308,7 @@ class Acquisition:
         # the key lives a hand-over TTL: extended to the lease's own TTL once a third
         # of that is used (a short hold never needs to)
         extend_at = now + (expires_at - now) / 3
-        self.acquired, self.handed_by = True, frozenset(live)
+        self.acquired, self.handed_by, self.granted = True, frozenset(live), len(live)
         # its release takes the entry out where it is left
         taken = Taken("hand-over", self.attempts, self.started, entry.waiter)
         value = entry.handover
@@ -377,12 +386,14 @@ class Acquisition:
         time, the decision is that of the commit round, when one is needed."""
         core, spec = self.core, self.spec
         decision = await core.decide(rnd, classify_acquire)
+        self.granted = decision.yes
         if not (spec.fencing and decision.holds(expires_at, core.clock)):
             return decision, None
         tokens, committed = fence_tokens(rnd.tasks, core.quorum)
         if not committed:
             second = core.commit_round(spec.target.keys, value, tokens, rnd.tasks)
             decision = await core.decide(second, classify_commit)
+            self.granted = decision.yes
         return decision, tokens
 
     def _failure(self, failed: _Failed) -> RedlockError:

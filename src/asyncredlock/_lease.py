@@ -6,6 +6,7 @@ import asyncio
 import enum
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -18,6 +19,10 @@ from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
 from ._stats import LeaseRecord, LeaseStatistics, Taken
+from ._telemetry import EXTEND, RELEASE, traced
+
+if TYPE_CHECKING:
+    from ._telemetry import Span
 
 __all__ = ["Lease"]
 
@@ -69,6 +74,7 @@ class Lease:
     _extender: asyncio.Task[None] | None = None
     # how many times the lease was passed on since its acquisition (see `_hand_off`)
     _handoffs = 0
+    _holder: Span | None = None  # the span current where it was acquired (see telemetry)
 
     def __init__(
         self,
@@ -84,13 +90,12 @@ class Lease:
     ) -> None:
         self._core = core
         self._record = LeaseRecord(taken, core.clock())  # for statistics()
-        self._ending: Ending[Lease] = Ending()  # the block, wait_lost(), loss callbacks
         # the id it was queued as, if handed over: its entry leaves every queue on release
         self._waiter = taken.waiter
-        target = spec.target
+        self._ending: Ending[Lease] = Ending()  # the block, wait_lost(), loss callbacks
+        self._target = target = spec.target
         self.shared = spec.shared
         self._handoff = not spec.queued  # whether it may be passed on (not a rw writer's)
-        self._target = target
         self.resource = target.label
         self.resources = target.names
         self.key = target.keys[0]
@@ -251,8 +256,9 @@ class Lease:
         args = (self.value, ms(ttl))
         rnd = core.extend_round(self.keys, self._acquired, args, shared=self.shared)
         # Waiting past the validity is pointless: by then the lease is lost anyway.
-        wait = max(core.settings.node_timeout, self._expires_at - core.clock())
-        decision = await core.decide(rnd, classify_flag, wait=min(wait, core.timing.max_wait))
+        left = max(core.settings.node_timeout, self._expires_at - core.clock())
+        wait = min(left, core.timing.max_wait)
+        decision = await traced(EXTEND, self, core.decide(rnd, classify_flag, wait=wait))
         expires_at = core.expiry(start, ttl)
         if self._state is _State.HELD and decision.holds(expires_at, core.clock):
             self._expires_at, self._failing = expires_at, False
@@ -273,9 +279,9 @@ class Lease:
         core = self._core
         self._finish(_State.RELEASED, announce=False)
         try:
-            rnd = self._send_release()
+            deciding = core.decide(self._send_release(), classify_flag, wait=core.timing.max_wait)
             core.counters.releases += 1
-            decision = await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
+            decision = await traced(RELEASE, self, deciding)
             if not decision.reached and not decision.unavailable:
                 core.counters.lost += 1
                 self._state, self._loss = _State.LOST, decision
@@ -295,18 +301,15 @@ class Lease:
 
     def _hand_off(self) -> bool:
         """Pass this lease to the next task of this ``AsyncRedlock`` waiting for its
-        key, instead of releasing it; whether it was passed on.
+        key, with no call to the masters (the key keeps its value and TTL; the
+        next lease keeps this one's validity); whether it was passed on.
 
-        The masters are not called: the key keeps its value and TTL, and the next
-        holder's lease keeps this one's validity and extends itself from there.
         Its token is the next of this acquisition's block (the masters counted
-        `TOKEN_BLOCK` up for it; the next acquisition from the masters gets at
-        least ``token + TOKEN_BLOCK``), so it is larger than this holder's and
-        smaller than any later holder's. The lease is passed on only if neither
-        it nor the waiter is a read-write lock's writer, the waiter extends its
-        leases, half its TTL of validity is left, the block has a token left (at
-        most ``TOKEN_BLOCK - 1`` hand-offs in a row, fenced or not, after which
-        the lock goes back to the masters), and a fenced waiter gets a token.
+        `TOKEN_BLOCK` up; their next acquisition gets at least ``token +
+        TOKEN_BLOCK``). Only if neither side is a read-write lock's writer, the
+        waiter extends its leases, half its TTL of validity is left, the block
+        has a token left (``TOKEN_BLOCK - 1`` hand-offs in a row at most), and a
+        fenced waiter gets a token.
         """
         if self._state is not _State.HELD or self.validity <= 0:
             return False

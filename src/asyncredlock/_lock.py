@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ._attempt import Acquisition
 from ._config import LockOptions, LockSpec, Role
@@ -16,6 +16,10 @@ from ._gate import LocalTimeoutError, Waiter
 from ._keys import Resources, key_slot, lock_key
 from ._lease import Lease
 from ._stats import LockCounters, LockStatistics
+from ._telemetry import ACQUIRE, caller_span, end_span, record_acquire, start_span
+
+if TYPE_CHECKING:
+    from ._telemetry import Span
 
 __all__ = ["Lock"]
 
@@ -158,14 +162,11 @@ class Lock:
         core.check_loop()
         started = core.clock()
         counters.waiting += 1
+        span = start_span(ACQUIRE, self.name)
         try:
-            lease = await self._acquire(started)
-        except LockTimeoutError:
-            counters.timeouts += 1
-            core.timings.timed_out(self.name)
-            raise
-        except QuorumUnavailableError:
-            counters.unavailable += 1
+            lease = await self._acquire(started, span)
+        except BaseException as exc:
+            self._failed(exc, started, span)
             raise
         finally:
             counters.waiting -= 1
@@ -173,20 +174,39 @@ class Lock:
         waited = core.clock() - started
         counters.waited += waited
         core.timings.waited(self.name, waited)
+        record_acquire(waited, "acquired")
+        if span is not None:  # traced: a loss is an event on the caller's span
+            lease._holder = caller_span()
+            end_span(span, "acquired", token=lease.token, source=lease._record.taken.source)
         return lease
+
+    def _failed(self, exc: BaseException, started: float, span: Span | None) -> None:
+        """Count an ``acquire()`` that raised ``exc``, and end its span."""
+        core, counters = self._core, self._counters
+        if isinstance(exc, LockTimeoutError):
+            counters.timeouts += 1
+            core.timings.timed_out(self.name)
+            outcome = "timeout"
+        elif isinstance(exc, QuorumUnavailableError):
+            counters.unavailable += 1
+            outcome = "unavailable"
+        else:
+            outcome = "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
+        record_acquire(core.clock() - started, outcome)
+        end_span(span, outcome, error=None if outcome == "cancelled" else exc)
 
     def statistics(self) -> LockStatistics:
         """The ``acquire()`` calls of this ``Lock`` so far (see `LockStatistics`)."""
         return self._counters.snapshot()
 
-    async def _acquire(self, started: float) -> Lease:
+    async def _acquire(self, started: float, span: Span | None) -> Lease:
         core = self._core
         # its place in the masters' queue, should it wait there (this client's clock)
         arrival = time.time_ns() // 1000
         if self.fair or self.shared:
             # Each task asks the masters itself: fair waiters queue there, and
             # readers do not exclude one another.
-            return await Acquisition(core, self._spec, started, arrival, self._counters).run()
+            return await Acquisition(core, self._spec, started, arrival, self._counters).run(span)
         gates = core.gates
         if gates.busy(self._slot):
             handed = await self._queue(started)
@@ -196,7 +216,7 @@ class Lock:
             gates.claim(self._slot)
         lease: Lease | None = None
         try:
-            lease = await Acquisition(core, self._spec, started, arrival, self._counters).run()
+            lease = await Acquisition(core, self._spec, started, arrival, self._counters).run(span)
             gates.hold(self._slot, lease)  # from now on the lease holds the slot
             return lease
         finally:

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ._errors import NodeOutcome
 from ._keys import identity_of
+from ._telemetry import record_lost
+
+if TYPE_CHECKING:
+    from ._telemetry import Span
 
 __all__ = [
     "Held",
@@ -31,6 +35,7 @@ class Held(Protocol):
     resource: str
     value: str
     token: int | None
+    _holder: Span | None  # the span current where it was acquired
 
 
 def _facts(lease: Held, outcomes: Sequence[NodeOutcome], reason: str) -> dict[str, object]:
@@ -73,7 +78,8 @@ def log_extension_failed(
 
 
 def log_lost(lease: Held, outcomes: Sequence[NodeOutcome], reason: str) -> None:
-    """A lease ended lost (WARNING): why, and what the masters said last."""
+    """A lease ended lost (WARNING): why, and what the masters said last; also
+    counted, and an event on its holder's span, in OpenTelemetry."""
     logger.warning(
         "lease on %r lost: %s [%s]",
         lease.resource,
@@ -81,6 +87,7 @@ def log_lost(lease: Held, outcomes: Sequence[NodeOutcome], reason: str) -> None:
         _failed(outcomes),
         extra=_facts(lease, outcomes, reason),
     )
+    record_lost(lease._holder, lease.resource, lease.token, reason)
 
 
 def log_release_short(lease: Held, outcomes: Sequence[NodeOutcome]) -> None:

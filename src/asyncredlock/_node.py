@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._scripts import SCRIPTS, Script, evalsha
+from ._telemetry import master_error
 from ._transport import ClosedError, Link, Opener, Reply, pack
 
 __all__ = ["Node", "Reply"]
@@ -89,7 +90,7 @@ class Node:
         if self.link is not None:
             command, packed = _LAST.pack(script, keys, args)
             return self.link.call(command, script.source, packed=packed)
-        task = asyncio.get_running_loop().create_task(_through(self.client, script, keys, args))
+        task = asyncio.get_running_loop().create_task(_through(self, script, keys, args))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -158,13 +159,14 @@ class _LastPacked:
 _LAST = _LastPacked()
 
 
-async def _through(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:
-    """Run ``script`` through a redis-py client by its SHA1, sending its source
-    once if not cached there."""
+async def _through(node: Node, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:
+    """Run ``script`` through the master's redis-py client by its SHA1, sending
+    its source once if not cached there."""
     try:
-        value = await evalsha(client, script, keys, args)
+        value = await evalsha(node.client, script, keys, args)
     except asyncio.CancelledError:  # only Node.aclose() cancels these
         return Reply(error=ClosedError("this AsyncRedlock was closed while the call was out"))
     except Exception as exc:
+        master_error(node.name, exc)
         return Reply(error=exc)
     return Reply(value)

@@ -8,6 +8,8 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from ._telemetry import record_hold
+
 __all__ = ["RESOURCES_KEPT", "DurationStatistics", "ResourceStatistics", "Timings"]
 
 #: How many resources `Timings` keeps (the least recently used go first).
@@ -125,6 +127,7 @@ class Timings:
     def ended(self, resource: str, held: float, *, lost: bool) -> None:
         """A lease on ``resource`` ended after ``held`` seconds, ``lost`` or not."""
         self.hold.add(held)
+        record_hold(held, lost)
         entry = self._resource(resource)
         entry.hold.add(held)
         entry.lost += lost

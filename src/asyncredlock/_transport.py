@@ -40,6 +40,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._log import log_master_readmitted, log_master_silent
+from ._telemetry import master_error, master_silent
 
 __all__ = ["ClosedError", "Link", "Opener", "Reply", "Stream", "pack"]
 
@@ -278,6 +279,8 @@ class Link:
     def resolve(self, future: asyncio.Future[Reply], reply: Reply) -> None:
         """Deliver a reply (or a failure) to one caller."""
         self.outstanding -= 1
+        if reply.error is not None and not isinstance(reply.error, ClosedError):
+            master_error(self.name, reply.error)
         hooked = self._hooks.pop(future, None)
         if not future.done():  # a caller never cancels it; closing may have failed it
             future.set_result(reply)
@@ -345,6 +348,7 @@ class Link:
             if not self.silent:
                 self.silent = True
                 log_master_silent(self.name, quiet)
+                master_silent(self.name)
                 for watcher in list(self.watchers):
                     watcher()
             self._arm(min(self.node_timeout, self._quiet_since + self.socket_timeout - now))

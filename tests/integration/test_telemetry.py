@@ -1,0 +1,321 @@
+"""OpenTelemetry: the spans and metric points of lock cycles, read back from the SDK's
+in-memory exporters, and the library working with the API alone or without it.
+
+The SDK's providers are process-wide and set once: this module installs them for the
+session the first time it needs them, and its exporter keeps spans only while a test
+reads them (later tests make spans that go nowhere)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import StatusCode
+
+from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
+from asyncredlock.testing import ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+
+class _Spans(SpanExporter):
+    """Keeps the spans ended while a test reads them; sets ``awaited`` once
+    ``until`` of them are named ``name``."""
+
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] | None = None
+        self.awaited: tuple[str, int, anyio.Event] | None = None
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self.spans is not None:
+            self.spans.extend(spans)
+            if self.awaited is not None:
+                name, until, event = self.awaited
+                if len(self.named(name)) >= until:
+                    event.set()
+        return SpanExportResult.SUCCESS
+
+    def named(self, name: str) -> list[ReadableSpan]:
+        assert self.spans is not None
+        return [span for span in self.spans if span.name == name]
+
+
+class Telemetry:
+    """What the SDK received: spans, and metric points as deltas since the test began."""
+
+    def __init__(self, spans: _Spans, reader: InMemoryMetricReader) -> None:
+        self.exporter = spans
+        self.reader = reader
+        self.before = self._points()
+
+    def _points(self) -> dict[tuple[str, frozenset[tuple[str, Any]]], float]:
+        found: dict[tuple[str, frozenset[tuple[str, Any]]], float] = {}
+        data = self.reader.get_metrics_data()
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                if scope.scope.name != "asyncredlock":
+                    continue
+                for metric in scope.metrics:
+                    for point in metric.data.data_points:
+                        value = getattr(point, "count", None)  # histograms: how many
+                        value = getattr(point, "value", value)  # counters: the sum
+                        attributes = frozenset((point.attributes or {}).items())
+                        found[(metric.name, attributes)] = value
+        return found
+
+    def points(self, name: str) -> dict[frozenset[tuple[str, Any]], float]:
+        """Each attribute set's growth of metric ``name`` since the test began."""
+        now = self._points()
+        return {
+            attributes: value - self.before.get((metric, attributes), 0)
+            for (metric, attributes), value in now.items()
+            if metric == name and value != self.before.get((metric, attributes), 0)
+        }
+
+    def spans(self, name: str) -> list[ReadableSpan]:
+        return self.exporter.named(name)
+
+    async def wait_spans(self, name: str, count: int) -> None:
+        """Until ``count`` spans named ``name`` have ended (a span ends, and is
+        exported, on the event loop's thread: `SimpleSpanProcessor`)."""
+        event = anyio.Event()
+        self.exporter.awaited = (name, count, event)
+        if len(self.spans(name)) < count:
+            await event.wait()
+        self.exporter.awaited = None
+
+
+class _Heard(logging.Handler):
+    """Sets ``event`` when a record whose message starts with ``prefix`` is logged."""
+
+    def __init__(self, prefix: str, event: anyio.Event) -> None:
+        super().__init__()
+        self.prefix, self.event = prefix, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.event.set()
+
+
+_SDK: tuple[_Spans, InMemoryMetricReader] | None = None
+
+
+@pytest.fixture
+def otel() -> Iterator[Telemetry]:
+    global _SDK
+    if _SDK is None:
+        exporter, reader = _Spans(), InMemoryMetricReader()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        _SDK = exporter, reader
+    exporter, reader = _SDK
+    exporter.spans = []
+    try:
+        yield Telemetry(exporter, reader)
+    finally:
+        exporter.spans = None
+
+
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def outcome(value: str) -> frozenset[tuple[str, Any]]:
+    return frozenset({("asyncredlock.outcome", value)})
+
+
+class TestSpans:
+    async def test_a_fenced_cycle_gives_acquire_extend_release_under_the_caller(
+        self, servers: ServerGroup, otel: Telemetry
+    ) -> None:
+        tracer = trace.get_tracer("test")
+        async with AsyncRedlock(servers.urls) as redlock:
+            with tracer.start_as_current_span("request") as request:
+                lease = await redlock.lock("otel:cycle", fencing=True).acquire()
+                await lease.extend()
+                await lease.release()
+        (acquire,) = otel.spans("asyncredlock.acquire")
+        (extend,) = otel.spans("asyncredlock.extend")
+        (release,) = otel.spans("asyncredlock.release")
+        quorum = len(servers.urls) // 2 + 1
+        # the masters that had granted when the quorum decided the round
+        for span in (acquire, extend, release):
+            assert quorum <= attrs(span)["asyncredlock.masters.granted"] <= len(servers.urls)
+        assert attrs(acquire) | {"asyncredlock.masters.granted": 0} == {
+            "asyncredlock.resource": "otel:cycle",
+            "asyncredlock.attempts": 1,
+            "asyncredlock.masters.granted": 0,
+            "asyncredlock.outcome": "acquired",
+            "asyncredlock.source": "attempt",
+            "asyncredlock.fencing_token": lease.token,
+        }
+        for span in (extend, release):
+            assert attrs(span) | {"asyncredlock.masters.granted": 0} == {
+                "asyncredlock.resource": "otel:cycle",
+                "asyncredlock.outcome": "ok",
+                "asyncredlock.masters.granted": 0,
+                "asyncredlock.fencing_token": lease.token,
+            }
+        request_id = request.get_span_context().span_id
+        for span in (acquire, extend, release):
+            assert span.parent is not None
+            assert span.parent.span_id == request_id
+            assert span.kind is trace.SpanKind.INTERNAL
+            assert span.status.status_code is StatusCode.UNSET
+        assert otel.points("asyncredlock.acquire.duration") == {outcome("acquired"): 1}
+        assert otel.points("asyncredlock.hold.duration") == {outcome("released"): 1}
+
+    async def test_automatic_extensions_are_children_of_the_acquirers_span(
+        self, servers: ServerGroup, otel: Telemetry
+    ) -> None:
+        tracer = trace.get_tracer("test")
+        async with AsyncRedlock(servers.urls) as redlock:
+            with tracer.start_as_current_span("job") as job:
+                lease = await redlock.lock("otel:auto", ttl=0.3).acquire()
+            with anyio.fail_after(HANG_GUARD):
+                await otel.wait_spans("asyncredlock.extend", 2)
+            await lease.release()
+        extensions = otel.spans("asyncredlock.extend")
+        assert len(extensions) >= 2
+        job_id = job.get_span_context().span_id
+        assert all(s.parent is not None and s.parent.span_id == job_id for s in extensions)
+        assert {attrs(s)["asyncredlock.outcome"] for s in extensions} == {"ok"}
+
+    async def test_a_timeout_is_an_error_span_with_its_attempts(
+        self, servers: ServerGroup, otel: Telemetry
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as holder, AsyncRedlock(servers.urls) as other:
+            lease = await holder.lock("otel:busy").acquire()
+            with pytest.raises(LockTimeoutError):
+                await other.lock("otel:busy", timeout=0).acquire()
+            await lease.release()
+        failed = [s for s in otel.spans("asyncredlock.acquire") if s.status.is_ok is False]
+        (span,) = failed
+        assert span.status.status_code is StatusCode.ERROR
+        assert attrs(span)["asyncredlock.outcome"] == "timeout"
+        assert attrs(span)["error.type"] == "LockTimeoutError"
+        assert attrs(span)["asyncredlock.attempts"] == 1
+        assert attrs(span)["asyncredlock.masters.granted"] == 0
+        assert otel.points("asyncredlock.acquire.duration") == {
+            outcome("acquired"): 1,
+            outcome("timeout"): 1,
+        }
+
+    async def test_a_cancelled_acquire_ends_its_span_without_error(
+        self, servers: ServerGroup, otel: Telemetry
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as holder, AsyncRedlock(servers.urls) as other:
+            lease = await holder.lock("otel:cancel").acquire()
+            with anyio.move_on_after(0.2):  # cancels the wait; the outcome is counted
+                await other.lock("otel:cancel", timeout=60).acquire()
+            await lease.release()
+        (cancelled,) = [
+            s
+            for s in otel.spans("asyncredlock.acquire")
+            if attrs(s)["asyncredlock.outcome"] == "cancelled"
+        ]
+        assert cancelled.status.status_code is StatusCode.UNSET
+        assert cancelled.end_time is not None
+        assert otel.points("asyncredlock.acquire.duration")[outcome("cancelled")] == 1
+
+
+class TestLoss:
+    async def test_a_lost_lease_is_an_event_on_the_holders_span_and_counted(
+        self, servers: ServerGroup, masters: Masters, otel: Telemetry
+    ) -> None:
+        tracer = trace.get_tracer("test")
+        async with AsyncRedlock(servers.urls) as redlock:
+            with tracer.start_as_current_span("holder"):
+                lease = await redlock.lock("otel:lost", fencing=True).acquire()
+                for client in masters.clients:
+                    await client.delete(lease.key)
+                with pytest.raises(LockNotOwnedError):
+                    await lease.extend()
+        (holder,) = otel.spans("holder")
+        (event,) = [e for e in holder.events if e.name == "asyncredlock.lease.lost"]
+        assert dict(event.attributes or {}) == {
+            "asyncredlock.resource": "otel:lost",
+            "asyncredlock.reason": "a majority of masters no longer hold it",
+            "asyncredlock.fencing_token": lease.token,
+        }
+        (extend,) = otel.spans("asyncredlock.extend")
+        assert attrs(extend)["asyncredlock.outcome"] == "not-held"
+        assert attrs(extend)["asyncredlock.masters.granted"] == 0
+        assert otel.points("asyncredlock.lease.lost") == {frozenset(): 1}
+        assert otel.points("asyncredlock.hold.duration") == {outcome("lost"): 1}
+
+
+class TestMasters:
+    async def test_a_silent_master_and_a_failing_one_are_counted_by_name(
+        self, make_servers: MakeServers, otel: Telemetry
+    ) -> None:
+        group = make_servers(3)
+        silent = anyio.Event()
+        handler = _Heard(f"master {group.urls[1]} silent", silent)
+        logging.getLogger("asyncredlock").addHandler(handler)
+        async with AsyncRedlock(group.urls, node_timeout=0.05) as redlock:
+            await (await redlock.lock("otel:warm").acquire()).release()
+            group[1].pause()
+            try:
+                with anyio.fail_after(HANG_GUARD):
+                    lease = await redlock.lock("otel:paused").acquire()  # 2 of 3
+                    await silent.wait()  # the call to the paused master stays out
+                    await lease.release()
+            finally:
+                group[1].resume()
+                logging.getLogger("asyncredlock").removeHandler(handler)
+            group[2].stop()
+            with anyio.fail_after(HANG_GUARD):
+                lease = await redlock.lock("otel:stopped").acquire()
+                await lease.release()
+        master = "asyncredlock.master"
+        timeouts = otel.points("asyncredlock.master.timeouts")
+        assert timeouts == {frozenset({(master, group.urls[1])}): 1}
+        errors = otel.points("asyncredlock.master.errors")
+        assert {dict(attributes)[master] for attributes in errors} == {group.urls[2]}
+        assert {dict(attributes)["error.type"] for attributes in errors} == {"ConnectionError"}
+
+
+@pytest.mark.parametrize("api", ["absent", "no-sdk"])
+def test_works_with_the_api_alone_and_without_it(servers: ServerGroup, api: str) -> None:
+    """In a fresh interpreter: without the package ``opentelemetry`` importable, and
+    with the API but no SDK, a lock cycle runs and no span records."""
+    script = f"""
+import sys
+if {api == "absent"!r}:
+    sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+import asyncio
+from asyncredlock import AsyncRedlock
+from asyncredlock import _telemetry
+
+async def main():
+    async with AsyncRedlock({servers.urls!r}) as redlock:
+        async with redlock.lock("otel:plain", fencing=True) as lease:
+            assert _telemetry.start_span("x", "y") is None
+            await lease.extend()
+        print(_telemetry.ENABLED, lease.token > 0, redlock.statistics().releases)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(api == "no-sdk"), "True", "1"]
