@@ -54,6 +54,7 @@ PUBLIC = {
         "ClientState",
         "FaultProxy",
         "HeldCalls",
+        "SentinelProcess",
         "ServerBinaryNotFoundError",
         "ServerGroup",
         "ServerProcess",

@@ -133,3 +133,12 @@ def acl_refusal(decision: Decision) -> str | None:
     if len(refused) <= decision.masters - decision.quorum:
         return None
     return refused[0]
+
+
+def why_unavailable(decision: Decision) -> str:
+    """Why a round could not reach a quorum, for an error: the ACL refusal that
+    made it impossible, or too many failures and silences."""
+    refusal = acl_refusal(decision)
+    if refusal is None:
+        return "too many masters failed or did not answer"
+    return f"refused by the masters' ACL (see asyncredlock.acl_rules()): {refusal}"

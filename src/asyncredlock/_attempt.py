@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._acl import acl_refusal
+from ._acl import acl_refusal, why_unavailable
 from ._config import LockSpec
 from ._core import Core
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
@@ -402,14 +402,8 @@ class Acquisition:
         name = spec.target.label
         if decision.unavailable:
             counters.unavailable += 1
-            refusal = acl_refusal(decision)
-            why = (
-                "too many masters failed or did not answer"
-                if refusal is None
-                else f"refused by the masters' ACL (see asyncredlock.acl_rules()): {refusal}"
-            )
             return QuorumUnavailableError(
-                f"could not lock {name!r}: {why}",
+                f"could not lock {name!r}: {why_unavailable(decision)}",
                 resource=name,
                 outcomes=decision.outcomes,
             )

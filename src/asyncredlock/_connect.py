@@ -16,6 +16,8 @@ from redis.backoff import NoBackoff
 
 from ._config import Settings
 from ._node import Node
+from ._sentinel import SCHEME as SENTINEL
+from ._sentinel import OwnedClient, parse_sentinel_url
 from ._transport import Stream
 
 __all__ = ["RedisPyOpener", "make_node", "make_nodes"]
@@ -150,9 +152,18 @@ def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
 
 
 def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
+    if url.startswith(f"{SENTINEL}://"):
+        return _node_from_sentinel(url, settings)
+    if "," in url.partition("?")[0]:
+        raise ValueError(
+            f"master URL {url!r} has a comma: one host per URL (only {SENTINEL}:// URLs"
+            " list several, their sentinels), and each URL starts with its scheme"
+        )
     parts = urlsplit(url)
     if parts.scheme not in _SCHEMES:
-        raise ValueError(f"master URL {url!r} must start with redis://, rediss:// or unix://")
+        raise ValueError(
+            f"master URL {url!r} must start with redis://, rediss://, unix:// or {SENTINEL}://"
+        )
     try:
         port = parts.port
     except ValueError as exc:
@@ -179,6 +190,17 @@ def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
     host = (parts.hostname or "").lower()
     identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
     return _linked(name, opener, settings), identity
+
+
+def _node_from_sentinel(url: str, settings: Settings) -> tuple[Node, object]:
+    """A master found through its sentinels, again on every new connection."""
+    master = parse_sentinel_url(url)
+    client = master.client(settings.socket_timeout)
+    pool = client.connection_pool
+    opener = RedisPyOpener(pool.connection_class, {**pool.connection_kwargs, **_OWN_CONNECTION})
+    node = _linked(master.name, opener, settings)
+    node.client, node.owned = OwnedClient(client), True
+    return node, master.identity
 
 
 def _is_db(path: str) -> bool:

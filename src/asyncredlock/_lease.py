@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ._acl import why_unavailable
 from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._ending import Ending
@@ -192,17 +193,11 @@ class Lease:
             self.ttl = new_ttl
             return
         if decision.unavailable:
-            raise QuorumUnavailableError(
-                f"could not extend {self.resource!r}: too many masters did not answer",
-                resource=self.resource,
-                outcomes=decision.outcomes,
-            )
+            why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
+            raise self._error(QuorumUnavailableError, why, decision)
         self._lose(decision, _GONE)
-        raise LockNotOwnedError(
-            f"{self.resource!r} is no longer held by this lease",
-            resource=self.resource,
-            outcomes=decision.outcomes,
-        )
+        why = f"{self.resource!r} is no longer held by this lease"
+        raise self._error(LockNotOwnedError, why, decision)
 
     async def release(self) -> None:
         """Release the lock on every master (compare-and-delete by this lease's value).
@@ -227,16 +222,16 @@ class Lease:
         if decision.reached:
             return
         if not self.lost:
-            raise QuorumUnavailableError(
-                f"released {self.resource!r} on too few masters; the rest expire with the TTL",
-                resource=self.resource,
-                outcomes=decision.outcomes,
+            why = f"released {self.resource!r} on too few masters ({why_unavailable(decision)})"
+            raise self._error(
+                QuorumUnavailableError, f"{why}; the rest expire with the TTL", decision
             )
-        raise LockNotOwnedError(
-            f"{self.resource!r} was no longer held by this lease when released",
-            resource=self.resource,
-            outcomes=decision.outcomes,
-        )
+        why = f"{self.resource!r} was no longer held by this lease when released"
+        raise self._error(LockNotOwnedError, why, decision)
+
+    def _error(self, kind: type[RedlockError], message: str, decision: Decision) -> RedlockError:
+        """An error about this lease, with the masters' answers in ``decision``."""
+        return kind(message, resource=self.resource, outcomes=decision.outcomes)
 
     def _check_held(self, what: str) -> None:
         if self._state is _State.HELD:

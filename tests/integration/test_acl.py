@@ -228,3 +228,26 @@ async def test_a_permission_refused_in_the_handshake_ends_the_acquisition_at_onc
     group = make_servers(3)
     urls = [f"{url}/1" for url in await add_user(group, "nodb", acl_rules("orders:*"))]
     await refused_at_once(urls, "orders:db1", "select")
+
+
+async def test_an_extension_and_a_release_refused_by_the_acl_say_so(
+    make_servers: MakeServers,
+) -> None:
+    """The permission taken away while a lease is held: `extend()` and `release()`
+    raise `QuorumUnavailableError` naming the ACL refusal, not an outage."""
+    group = make_servers(3)
+    urls = await add_user(group, "revoked", acl_rules("orders:*"))
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls) as redlock:
+            lease = await redlock.lock("orders:revoked", auto_extend=False).acquire()
+            await add_user(group, "revoked", [r for r in acl_rules("orders:*") if r != "+evalsha"])
+            with pytest.raises(QuorumUnavailableError) as extended:
+                await lease.extend()
+            with pytest.raises(QuorumUnavailableError) as released:
+                await lease.release()
+    for caught in (extended, released):
+        assert "refused by the masters' ACL" in str(caught.value)
+        assert "'evalsha' command" in str(caught.value)
+    assert str(extended.value).startswith("could not extend 'orders:revoked'")
+    assert str(released.value).startswith("released 'orders:revoked' on too few masters")
+    assert await exists_anywhere(group, "orders:revoked") == 3  # left to expire

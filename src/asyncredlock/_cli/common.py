@@ -169,7 +169,10 @@ def positive_seconds(text: str) -> float:
 
 
 def _split_urls(text: str) -> list[str]:
-    return [url for url in re.split(r"[,\s]+", text) if url]
+    """URLs separated by whitespace, or by commas before a scheme (a Sentinel URL
+    lists its sentinels with commas: ``redis-sentinel://h1:26379,h2:26379/svc``)."""
+    parts = re.split(r"\s+|,+(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)", text)
+    return [url.strip(",") for url in parts if url.strip(",")]
 
 
 def master_urls(args: argparse.Namespace) -> list[str]:

@@ -2,6 +2,8 @@
 
 - `ServerProcess` / `ServerGroup`: real ``valkey-server`` (or ``redis-server``)
   processes on 127.0.0.1 that can be stopped, killed, paused and restarted.
+- `SentinelProcess`: a Sentinel (the same binary, ``--sentinel``) monitoring
+  servers, for masters named by ``redis-sentinel://`` URLs.
 - `client_state`: what an ``AsyncRedlock`` keeps in this process (leases held, tasks
   queued, wake-ups, connections), for tests that check nothing was left behind.
 - `Waits`: wait until ``acquire()`` calls are parked (queued behind another task, or
@@ -11,7 +13,8 @@
   they are sent), for tests that need them at a point of their choosing.
 - `FaultProxy`: a TCP proxy in front of one server that adds delay, blackholes,
   resets or refuses connections at run time.
-- The pytest plugin (`asyncredlock.testing.pytest_plugin`, loaded automatically) provides
+- The pytest plugin (`asyncredlock.testing.pytest_plugin`, opt-in: ``-p
+  asyncredlock.testing.pytest_plugin`` or ``pytest_plugins`` in a conftest) provides
   the ``servers``, ``make_servers``, ``redlock_server_group`` and ``docker_available``
   fixtures.
 """
@@ -22,6 +25,7 @@ from ._faults import hold_calls as hold_calls
 from ._faults import whole_retry_delay as whole_retry_delay
 from ._group import ServerGroup as ServerGroup
 from ._proxy import FaultProxy as FaultProxy
+from ._sentinel import SentinelProcess as SentinelProcess
 from ._servers import ServerProcess as ServerProcess
 from ._state import ClientState as ClientState
 from ._state import client_state as client_state
@@ -34,6 +38,7 @@ __all__ = [
     "ClientState",
     "FaultProxy",
     "HeldCalls",
+    "SentinelProcess",
     "ServerBinaryNotFoundError",
     "ServerGroup",
     "ServerProcess",

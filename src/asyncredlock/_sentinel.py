@@ -1,0 +1,153 @@
+"""Masters named by a Sentinel URL: ``redis-sentinel://host:port,host:port/service``.
+
+The master is found through the sentinels (redis-py's ``Sentinel``) each time a
+connection is opened, so after a failover the next connection goes to the promoted
+replica.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from redis.asyncio import Redis
+from redis.asyncio.sentinel import Sentinel
+
+__all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "parse_sentinel_url"]
+
+SCHEME = "redis-sentinel"
+DEFAULT_PORT = 26379
+#: The query parameters a Sentinel URL may carry (the sentinels' own credentials).
+_QUERY = ("sentinel_username", "sentinel_password")
+
+
+class SentinelMaster:
+    """What a Sentinel URL names: the sentinels, the service, and the master's
+    credentials and database.
+
+    Attributes:
+        sentinels: ``(host, port)`` of each sentinel, in the URL's order.
+        service: The name the sentinels monitor the master under.
+        db: The database number on the master.
+        username: The master's ACL user, if any.
+        password: The master's password, if any.
+        sentinel_kwargs: Credentials for the sentinels themselves.
+    """
+
+    def __init__(
+        self,
+        sentinels: list[tuple[str, int]],
+        service: str,
+        *,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        sentinel_kwargs: dict[str, str] | None = None,
+    ) -> None:
+        self.sentinels = sentinels
+        self.service = service
+        self.db = db
+        self.username = username
+        self.password = password
+        self.sentinel_kwargs = sentinel_kwargs or {}
+
+    @property
+    def name(self) -> str:
+        """The display name: the first sentinel and the service, no password."""
+        host, port = self.sentinels[0]
+        host = f"[{host}]" if ":" in host else host
+        return f"{SCHEME}://{host}:{port}/{self.service}"
+
+    @property
+    def identity(self) -> object:
+        """Equal for two URLs naming the same master (same service, same sentinels)."""
+        return (SCHEME, self.service, frozenset(self.sentinels))
+
+    def client(self, timeout: float) -> Redis:
+        """A client of the master through the sentinels (opening nothing yet);
+        ``timeout`` bounds each connection attempt and reply, sentinels included."""
+        timeouts: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            self.sentinels, sentinel_kwargs={**timeouts, **self.sentinel_kwargs}, **timeouts
+        )
+        client: Redis = sentinel.master_for(
+            self.service, db=self.db, username=self.username, password=self.password
+        )
+        return client
+
+
+class OwnedClient:
+    """A client made by `SentinelMaster.client`, kept by its node (the connection
+    settings copied from it refer to its pool weakly) and closed with the
+    sentinels' clients when the node closes."""
+
+    def __init__(self, client: Redis) -> None:
+        self.client = client
+
+    async def aclose(self) -> None:
+        manager: Any = getattr(self.client.connection_pool, "sentinel_manager", None)
+        await self.client.aclose()
+        for sentinel in getattr(manager, "sentinels", ()):
+            with contextlib.suppress(Exception):
+                await sentinel.aclose()
+
+
+def parse_sentinel_url(url: str) -> SentinelMaster:
+    """Read ``redis-sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]``
+    (``?sentinel_username=...&sentinel_password=...`` for the sentinels' own ACL).
+
+    Raises:
+        ValueError: The URL is not of that form.
+    """
+    rest = url[len(SCHEME) + 3 :]
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    credentials, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = credentials.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    sentinels = [_address(url, part) for part in hosts.split(",")]
+    service, _, db_text = path.partition("/")
+    if not service:
+        raise ValueError(f"master URL {url!r} names no service (…/SERVICE after the sentinels)")
+    if db_text and not db_text.isdigit():
+        raise ValueError(f"master URL {url!r}: after the service, only a database number")
+    return SentinelMaster(
+        sentinels,
+        unquote(service),
+        db=int(db_text or 0),
+        username=username,
+        password=password,
+        sentinel_kwargs=_sentinel_credentials(url, query),
+    )
+
+
+def _address(url: str, part: str) -> tuple[str, int]:
+    """``host``, ``host:port`` or ``[v6 address]:port``."""
+    port_text: str | None
+    if part.startswith("["):
+        host, bracket, rest = part[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else None
+        if not bracket or (rest and port_text is None):
+            raise ValueError(f"master URL {url!r} has a malformed sentinel address {part!r}")
+    else:
+        host, colon, after = part.partition(":")
+        port_text = after if colon else None
+    if not host:
+        raise ValueError(f"master URL {url!r} names a sentinel without a host")
+    if port_text is None:
+        return host.lower(), DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"master URL {url!r} has an invalid sentinel port {port_text!r}")
+    return host.lower(), int(port_text)
+
+
+def _sentinel_credentials(url: str, query: str) -> dict[str, str]:
+    found = parse_qs(query, keep_blank_values=True, strict_parsing=False)
+    unknown = sorted(set(found) - set(_QUERY))
+    if unknown:
+        raise ValueError(f"master URL {url!r}: unknown parameter {unknown[0]!r}")
+    return {name[len("sentinel_") :]: values[-1] for name, values in found.items()}

@@ -1,0 +1,88 @@
+"""A real Sentinel process (``valkey-server --sentinel``) watching test servers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ._servers import ServerProcess
+from ._support import HOST, resp_call
+
+__all__ = ["SentinelProcess"]
+
+
+class SentinelProcess(ServerProcess):
+    """One Sentinel on 127.0.0.1, from the same binary as the servers, monitoring
+    each of ``monitor``'s servers under its service name.
+
+    Its configuration file (which Sentinel rewrites as it learns) is in `workdir`,
+    so a restart remembers the masters and any failover.
+
+    Args:
+        monitor: Service name to the server it starts monitoring as master.
+        quorum: Sentinels that must agree a master is down (1: this one alone).
+        down_after: Seconds of silence after which it counts a master down.
+        binary, port, workdir: As for `ServerProcess`.
+
+    Raises:
+        ValueError: ``monitor`` is empty, or ``down_after`` is not above 0.
+    """
+
+    def __init__(
+        self,
+        monitor: Mapping[str, ServerProcess],
+        *,
+        quorum: int = 1,
+        down_after: float = 1.0,
+        binary: str | None = None,
+        port: int = 0,
+        workdir: str | Path | None = None,
+    ) -> None:
+        if not monitor:
+            raise ValueError("monitor names no server to watch")
+        if not down_after > 0:
+            raise ValueError(f"down_after must be above 0 s, got {down_after}")
+        super().__init__(binary=binary, port=port, workdir=workdir)
+        self._monitor = dict(monitor)
+        self._quorum = quorum
+        self._down_after_ms = max(1, round(down_after * 1000))
+
+    def __repr__(self) -> str:
+        return f"<SentinelProcess {HOST}:{self.port} services={sorted(self._monitor)}>"
+
+    def master_url(self, service: str) -> str:
+        """``redis-sentinel://127.0.0.1:PORT/SERVICE``: the master of ``service``,
+        found through this sentinel (for `AsyncRedlock`)."""
+        return f"redis-sentinel://{HOST}:{self.port}/{service}"
+
+    def master_address(self, service: str, timeout: float = 1.0) -> tuple[str, int] | None:
+        """Where this sentinel says the master of ``service`` is now."""
+        reply = resp_call(
+            self.port, "SENTINEL", "get-master-addr-by-name", service, timeout=timeout
+        )
+        if not isinstance(reply, list) or len(reply) != 2:
+            return None
+        host, port = reply
+        return bytes(host).decode(), int(port)
+
+    def _command(self) -> list[str]:
+        config = self.workdir / "sentinel.conf"
+        if not config.exists():  # later starts keep what Sentinel wrote there
+            config.write_text(self._config(), encoding="utf-8")
+        args = [self._binary, str(config), "--sentinel", "--port", str(self.port)]
+        args += ["--bind", HOST, "--dir", str(self.workdir), "--daemonize", "no"]
+        return [*args, "--protected-mode", "no", "--logfile", str(self.log_path)]
+
+    def _config(self) -> str:
+        lines: list[str] = []
+        for service, server in self._monitor.items():
+            lines += _monitor_lines(service, server, self._quorum, self._down_after_ms)
+        return "\n".join(lines) + "\n"
+
+
+def _monitor_lines(service: str, server: ServerProcess, quorum: int, down_ms: int) -> Sequence[str]:
+    return (
+        f"sentinel monitor {service} {HOST} {server.port} {quorum}",
+        f"sentinel down-after-milliseconds {service} {down_ms}",
+        f"sentinel failover-timeout {service} {max(1000, 3 * down_ms)}",
+    )

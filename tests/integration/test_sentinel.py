@@ -1,0 +1,180 @@
+"""Masters named by Sentinel URLs (``redis-sentinel://host:port,.../service``), against
+real Sentinel processes (``valkey-server --sentinel`` from the same binary): the URL
+checked at construction, a lock cycle, wake-ups and inspection through sentinels, the
+CLI, nothing left open, and the next connection after a failover going to the new
+master."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, Lease
+from asyncredlock.__main__ import main
+from asyncredlock.testing import SentinelProcess, ServerGroup, ServerProcess, Waits
+from asyncredlock.testing._support import resp_call
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+SERVICES = ("s0", "s1", "s2")
+
+
+@pytest.fixture
+def sentinel(make_servers: MakeServers) -> Iterator[tuple[SentinelProcess, ServerGroup]]:
+    """Three servers, each the master of one service of one Sentinel."""
+    group = make_servers(3)
+    process = SentinelProcess(dict(zip(SERVICES, group, strict=True)))
+    with process:
+        yield process, group
+
+
+def clients_on(port: int) -> int:
+    """Connections open on the server or sentinel at ``port``, not counting the
+    one that asks."""
+    text = resp_call(port, "INFO", "clients", timeout=2.0)
+    assert isinstance(text, bytes)
+    fields = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
+    return int(fields["connected_clients"]) - 1
+
+
+class TestURL:
+    @pytest.mark.parametrize(
+        ("url", "message"),
+        [
+            ("redis-sentinel://h1:26379", "names no service"),
+            ("redis-sentinel://h1:26379/", "names no service"),
+            ("redis-sentinel://h1:26379/svc/x", "only a database number"),
+            ("redis-sentinel://h1:0/svc", "invalid sentinel port"),
+            ("redis-sentinel://h1:99999/svc", "invalid sentinel port"),
+            ("redis-sentinel://h1:26379,:1/svc", "without a host"),
+            ("redis-sentinel://[::1/svc", "malformed sentinel address"),
+            ("redis-sentinel://h1/svc?password=x", "unknown parameter 'password'"),
+            ("redis://h1:6379,h2:6379", "has a comma: one host per URL"),
+        ],
+    )
+    def test_a_malformed_url_is_refused_at_construction(self, url: str, message: str) -> None:
+        with pytest.raises(ValueError, match=message):
+            AsyncRedlock([url])
+
+    def test_display_names_the_first_sentinel_and_the_service_without_password(self) -> None:
+        redlock = AsyncRedlock(
+            [
+                "redis-sentinel://:s3cret@H1:26380,h2/orders/2?sentinel_password=x",
+                "redis-sentinel://[::1]:26381/payments",
+                "redis-sentinel://h3/users",
+            ]
+        )
+        assert [node.name for node in redlock._core.nodes] == [
+            "redis-sentinel://h1:26380/orders",
+            "redis-sentinel://[::1]:26381/payments",
+            "redis-sentinel://h3:26379/users",
+        ]
+
+    def test_the_same_master_twice_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="given twice"):
+            AsyncRedlock(["redis-sentinel://h1,h2/svc", "redis-sentinel://h2:26379,h1/svc"])
+
+
+class TestThroughSentinels:
+    async def test_lock_wake_up_and_inspect(
+        self, sentinel: tuple[SentinelProcess, ServerGroup]
+    ) -> None:
+        process, _ = sentinel
+        urls = [process.master_url(service) for service in SERVICES]
+        async with AsyncRedlock(urls) as holder, AsyncRedlock(urls) as waiter:
+            lease = await holder.lock("sentinel:one", fencing=True).acquire()
+            assert lease.token is not None
+            state = await holder.inspect("sentinel:one")
+            assert state.holder == lease.value
+            assert [node.node for node in state.nodes] == [
+                f"redis-sentinel://127.0.0.1:{process.port}/{s}" for s in SERVICES
+            ]
+            got: list[Lease] = []
+            with anyio.fail_after(HANG_GUARD), Waits(waiter) as waits:
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        got.append(await waiter.lock("sentinel:one", timeout=20).acquire())
+
+                    tg.start_soon(take)
+                    await waits.reach(1)  # refused once: it waits for the release
+                    await lease.release()
+            assert got[0].token is not None
+            assert got[0].token > lease.token
+            await got[0].release()
+            assert waiter.statistics().wakeups == 1  # woken by the release, not a retry
+
+    async def test_closing_leaves_no_connection_on_servers_or_sentinel(
+        self, sentinel: tuple[SentinelProcess, ServerGroup]
+    ) -> None:
+        process, group = sentinel
+        # the sentinel's own links to the masters it monitors count too: measured first
+        before = [clients_on(server.port) for server in group]
+        sentinel_before = clients_on(process.port)
+        redlock = AsyncRedlock([process.master_url(service) for service in SERVICES])
+        async with redlock, redlock.lock("sentinel:closed"):
+            assert clients_on(process.port) > sentinel_before
+        assert clients_on(process.port) == sentinel_before
+        assert [clients_on(server.port) for server in group] == before
+
+    async def test_the_cli_takes_sentinel_urls_from_the_environment(
+        self,
+        sentinel: tuple[SentinelProcess, ServerGroup],
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        process, _ = sentinel
+        urls = [process.master_url(service) for service in SERVICES]
+        # commas inside a Sentinel URL (its sentinels) and between URLs alike
+        spaced = ",".join(url.replace("//", f"//127.0.0.1:{process.port},", 1) for url in urls)
+        monkeypatch.setenv("REDLOCK_MASTERS", spaced)
+        async with AsyncRedlock(urls) as redlock:
+            lease = await redlock.lock("sentinel:cli").acquire()
+            held = await anyio.to_thread.run_sync(main, ["inspect", "sentinel:cli"])
+            await lease.release()
+        free = await anyio.to_thread.run_sync(main, ["inspect", "sentinel:cli"])
+        assert (held, free) == (0, 1)
+        assert lease.value in capsys.readouterr().out
+
+
+class TestFailover:
+    async def test_new_connections_go_to_the_promoted_replica(
+        self, make_servers: MakeServers
+    ) -> None:
+        primary = make_servers(1)[0]
+        replica = ServerProcess(extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
+        with replica, SentinelProcess({"svc": primary}, down_after=0.5) as process:
+            events = Redis(port=process.port).pubsub()
+            await events.subscribe("+switch-master")
+            async with AsyncRedlock([process.master_url("svc")]) as redlock:
+                lease = await redlock.lock("sentinel:before").acquire()
+                await lease.release()
+                primary.stop()  # the sentinel promotes the replica
+                with anyio.fail_after(HANG_GUARD):
+                    switched = await _next_message(events)
+                assert switched.split()[-2:] == [b"127.0.0.1", str(replica.port).encode()]
+                assert process.master_address("svc") == ("127.0.0.1", replica.port)
+                lease = await redlock.lock("sentinel:after").acquire()
+                direct = Redis(port=replica.port)
+                try:  # the lock was taken on the promoted replica
+                    assert await direct.get(lease.key) == lease.value.encode()
+                finally:
+                    await direct.aclose()
+                await lease.release()
+            await events.aclose()
+
+
+async def _next_message(pubsub: Any) -> bytes:
+    """The next message published on the channels ``pubsub`` subscribed to."""
+    async for message in pubsub.listen():
+        if message["type"] == "message":
+            data: bytes = message["data"]
+            return data
+    raise AssertionError("the subscription ended")
