@@ -1,4 +1,4 @@
-"""Developer sessions: nox -s tests | lint | typecheck | docs | bench | compat."""
+"""Developer sessions: nox -s tests | lint | typecheck | docs | chaos | bench | compat."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def docs(session: nox.Session) -> None:
     """Build the documentation site; warnings are errors."""
     session.install("-e", ".[docs]")
     session.run("mkdocs", "build", "--strict")
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """The fault-injection suite; writes its results table to docs/guarantees-results.md."""
+    session.install("-e", ".[test]")
+    results = "docs/guarantees-results.md"
+    session.run("pytest", "tests/chaos", *session.posargs, env={"CHAOS_REPORT": results})
 
 
 @nox.session

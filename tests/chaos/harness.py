@@ -1,0 +1,189 @@
+"""The fault-injection harness: client processes, their history, and the checker.
+
+Each `Worker` is a separate OS process (``worker.py``) that can be paused; the test
+injects faults at the points where a worker reports it is ready (``paused``), then
+lets it go. Every event carries ``time.monotonic()``, one clock for every process on
+the machine, so the history of all workers can be merged and checked:
+
+- **overlaps**: two holders whose critical sections (from the acquisition to the
+  last access to the resource) overlapped while both leases were *valid* (up to the
+  validity the library reported): the guarantee Redlock makes; and two holders whose
+  critical sections overlapped at all, as each *believed* it held the lock;
+- **lost updates**: increments the resource acknowledged, minus what the counter holds;
+- **late writes**: writes the resource accepted after the writer's validity ended;
+- **token order**: tokens of the accepted writes, in time order, never going back.
+
+Every process is bounded: a worker that does not report within `EVENT_GUARD` seconds
+fails the test, and `Worker.close()` kills what remains.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+
+WORKER = Path(__file__).with_name("worker.py")
+EVENT_GUARD = 30.0  # seconds a worker may take to report; only stops a hung run
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line a worker reported."""
+
+    worker: int
+    kind: str
+    t: float
+    fields: dict[str, Any]
+
+
+class Worker:
+    """One client process; `events` is its history so far."""
+
+    def __init__(self, index: int, process: Process) -> None:
+        self.index = index
+        self.process = process
+        self.events: list[Event] = []
+        self._lines = TextReceiveStream(process.stdout) if process.stdout else None
+        self._buffer = ""
+
+    @classmethod
+    async def start(cls, index: int, masters: list[str], resource: str, name: str) -> Worker:
+        command = [sys.executable, str(WORKER), ",".join(masters), resource, name]
+        process = await anyio.open_process(command, stderr=subprocess.PIPE)
+        worker = cls(index, process)
+        await worker.expect("ready")
+        return worker
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send((line + "\n").encode())
+
+    async def cycle(self, *, fencing: bool, ttl: float, wait: float, pause: bool) -> None:
+        """Start one lock cycle, whose ``acquire()`` waits up to ``wait`` seconds (it
+        reports as it goes: see `expect`)."""
+        spec = {"fencing": fencing, "ttl": ttl, "timeout": wait, "pause": pause}
+        await self.send(json.dumps({"cmd": "cycle", **spec}))
+
+    async def expect(self, kind: str) -> Event:
+        """Read events until one of ``kind``; fails on ``failed`` or a hang."""
+        with anyio.fail_after(EVENT_GUARD):
+            while True:
+                event = await self._next()
+                if event.kind == kind:
+                    return event
+                if event.kind == "failed" and kind not in ("done", "failed"):
+                    raise AssertionError(f"worker {self.index}: {event.fields}")
+
+    async def _next(self) -> Event:
+        assert self._lines is not None
+        while "\n" not in self._buffer:
+            try:
+                self._buffer += await self._lines.receive()
+            except anyio.EndOfStream:
+                error = f"worker {self.index} exited: {await self._stderr()}"
+                raise AssertionError(error) from None
+        line, self._buffer = self._buffer.split("\n", 1)
+        data = json.loads(line)
+        event = Event(self.index, data.pop("ev"), data.pop("t"), data)
+        self.events.append(event)
+        return event
+
+    async def _stderr(self) -> str:
+        if self.process.stderr is None:
+            return ""
+        with anyio.move_on_after(1):
+            return (await self.process.stderr.receive()).decode(errors="replace")[-2000:]
+        return ""
+
+    async def close(self) -> None:
+        """Ask it to exit; kill it if it does not within a few seconds."""
+        if self.process.returncode is None:
+            with anyio.move_on_after(5):
+                await self.send(json.dumps({"cmd": "exit"}))
+                await self.process.wait()
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+        await self.process.aclose()
+
+
+@dataclass
+class Outcome:
+    """What the checker found in one scenario's history."""
+
+    overlaps: int = 0  # pairs of holders whose validity intervals overlap
+    believed: int = 0  # pairs of holders who believed they held the lock at once
+    lost_updates: int = 0
+    late_writes: int = 0
+    token_regressions: int = 0
+    rejected_writes: int = 0  # stale writes the resource's fence refused
+    acknowledged: int = 0
+    final: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def violated(self) -> bool:
+        """Whether mutual exclusion was observed broken (validity overlapped)."""
+        return self.overlaps > 0
+
+
+def holds(events: list[Event]) -> list[tuple[int, float, float, float]]:
+    """Per acquisition: (worker, acquired at, the end of its critical section while
+    valid, the end of its critical section). The critical section runs from the
+    acquisition to the holder's last access to the resource (its write, or its read
+    when it did not write); its release comes after and is not part of it."""
+    found = []
+    start: dict[int, Event] = {}
+    last: dict[int, float] = {}
+    for event in sorted(events, key=lambda e: e.t):
+        if event.kind == "acquired":
+            start[event.worker], last[event.worker] = event, event.t
+        elif event.kind in ("read", "wrote") and event.worker in start:
+            last[event.worker] = event.t
+        elif event.kind == "released" and event.worker in start:
+            began, end = start.pop(event.worker), last.pop(event.worker)
+            found.append((event.worker, began.t, min(began.fields["until"], end), end))
+    return found
+
+
+def _validity(events: list[Event]) -> dict[tuple[int, float], float]:
+    """Per acquisition (worker, acquired at): the end of its validity."""
+    return {(e.worker, e.t): e.fields["until"] for e in events if e.kind == "acquired"}
+
+
+def check(events: list[Event], final: int) -> Outcome:
+    """The checker: see the module's docstring."""
+    outcome = Outcome(final=final)
+    intervals = holds(events)
+    for i, (w1, start1, valid1, believed1) in enumerate(intervals):
+        for w2, start2, valid2, believed2 in intervals[i + 1 :]:
+            if w1 == w2:
+                continue
+            outcome.overlaps += start1 < valid2 and start2 < valid1
+            outcome.believed += start1 < believed2 and start2 < believed1
+    writes = sorted((e for e in events if e.kind == "wrote"), key=lambda e: e.t)
+    accepted = [e for e in writes if e.fields["ok"]]
+    outcome.acknowledged = len(accepted)
+    outcome.rejected_writes = len(writes) - len(accepted)
+    outcome.lost_updates = max(0, outcome.acknowledged - final)
+    until = _validity(events)
+    for write in accepted:
+        starts = [s for (w, s) in until if w == write.worker and s <= write.t]
+        if starts and write.t > until[(write.worker, max(starts))]:
+            outcome.late_writes += 1
+    tokens = [e.fields["token"] for e in accepted if e.fields.get("token") is not None]
+    outcome.token_regressions = sum(1 for a, b in itertools.pairwise(tokens) if b < a)
+    return outcome

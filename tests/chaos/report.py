@@ -1,0 +1,87 @@
+"""The results table of the fault-injection suite, written by the suite itself.
+
+Each scenario `record`s what it expected and what the checker observed; at the end of
+the session, if the environment variable ``CHAOS_REPORT`` names a file, the table is
+written there (``nox -s chaos`` sets it to ``docs/guarantees-results.md``). Rerunning
+the suite regenerates it; nothing in it is written by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .harness import Outcome
+
+REPORT_ENV = "CHAOS_REPORT"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a scenario expects: mutual exclusion broken (validity overlapping),
+    updates lost, stale writes refused by the fence."""
+
+    violation: bool
+    lost_updates: bool
+    rejected: bool
+
+
+RESULTS: list[tuple[str, str, Expected, Outcome]] = []
+
+
+def record(scenario: str, mode: str, expected: Expected, outcome: Outcome) -> None:
+    RESULTS.append((scenario, mode, expected, outcome))
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def table() -> str:
+    lines = [
+        "| scenario | client | expected: exclusion broken / updates lost / stale write refused "
+        "| observed: validity overlaps / believed overlaps / lost updates / late writes "
+        "/ refused / acknowledged, final | as expected |",
+        "|---|---|---|---|---|",
+    ]
+    for scenario, mode, expected, o in sorted(RESULTS, key=lambda r: (r[0], r[1] != "plain")):
+        wanted = " / ".join(
+            _yes(v) for v in (expected.violation, expected.lost_updates, expected.rejected)
+        )
+        seen = (
+            f"{o.overlaps} / {o.believed} / {o.lost_updates} / {o.late_writes} / "
+            f"{o.rejected_writes} / {o.acknowledged}, {o.final}"
+        )
+        matches = (
+            o.violated == expected.violation
+            and (o.lost_updates > 0) == expected.lost_updates
+            and (o.rejected_writes > 0) == expected.rejected
+        )
+        lines.append(f"| {scenario} | {mode} | {wanted} | {seen} | {_yes(matches)} |")
+    return "\n".join(lines)
+
+
+def write(path: Path) -> None:
+    when = datetime.now(UTC).isoformat(timespec="seconds")
+    text = (
+        "# Guarantees: results of the fault-injection suite\n\n"
+        "Produced by `tests/chaos` (`nox -s chaos`), not written by hand: each scenario"
+        " runs client processes against five real masters, injects its fault at a"
+        " point the clients report, and checks the merged history (see"
+        " [Guarantees](guarantees.md)). *Plain*: `fencing=False`, the counter written"
+        " with a plain `SET`; *fenced*: the counter behind a fence that checks the"
+        " token on the read and the write.\n\n"
+        f"Run {when}, Python {platform.python_version()}, {platform.platform()}.\n\n"
+        + table()
+        + "\n"
+    )
+    path.write_text(text, encoding="utf-8")
+
+
+def write_if_asked() -> None:
+    target = os.environ.get(REPORT_ENV)
+    if target and RESULTS:
+        write(Path(target))

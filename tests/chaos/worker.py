@@ -1,0 +1,116 @@
+"""One chaos client: a separate OS process that takes a lock and increments a counter
+on a separate resource server, reporting every step on stdout as a JSON line.
+
+Started by `harness.Worker` as ``python tests/chaos/worker.py MASTERS RESOURCE NAME``.
+Commands come on stdin, one JSON object per line:
+
+- ``{"cmd": "cycle", "fencing": bool, "ttl": s, "timeout": s, "pause": bool}``: acquire
+  the lock on ``NAME``; read the counter; with ``pause``, report ``paused`` and block the
+  whole process (its event loop included, as a long GC pause or a stalled VM would)
+  until the line ``go`` arrives; write the counter plus one; release.
+- ``{"cmd": "exit"}``.
+
+Events: ``acquired`` (``token``; ``until``: the end of the validity the library
+reported), ``read`` (``value``), ``paused``, ``wrote`` (``ok``: whether the resource
+took it), ``released`` (``lost``: whether the release found the lease gone), ``failed``
+(``error``: an acquisition that failed). Times are ``time.monotonic()``, which every
+process on the machine shares. Plain (unfenced) clients write with a plain ``SET``;
+fenced ones through the resource's fence, which checks the token on the read as well
+as on the write, so a stale holder cannot write a value read before a newer holder's
+(see ``FENCED_READ``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, LockNotOwnedError, RedlockError
+
+COUNTER = "chaos:counter"
+FENCE = "chaos:counter:fence"
+
+#: Read the counter for a holder with token ARGV[1]: refused (-1) if a newer token
+#: has touched it; otherwise the fence moves up to the token.
+FENCED_READ = """
+local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local token = tonumber(ARGV[1])
+if token < fence then return {-1, fence} end
+redis.call('SET', KEYS[2], ARGV[1])
+return {tonumber(redis.call('GET', KEYS[1]) or '0'), token}
+"""
+
+#: Write the counter (ARGV[2]) for token ARGV[1], refused (0) if a newer token has
+#: touched it.
+FENCED_WRITE = """
+local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if tonumber(ARGV[1]) < fence then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"ev": event, "t": time.monotonic(), **fields}), flush=True)
+
+
+async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[str, Any]) -> None:
+    fencing = bool(spec["fencing"])
+    lock = redlock.lock(
+        name, ttl=spec["ttl"], timeout=spec["timeout"], fencing=fencing, auto_extend=False
+    )
+    try:
+        lease = await lock.acquire()
+    except RedlockError as exc:
+        emit("failed", error=type(exc).__name__)
+        return
+    emit("acquired", token=lease.token, until=time.monotonic() + lease.validity)
+    if fencing:
+        value, _ = await resource.eval(FENCED_READ, 2, COUNTER, FENCE, lease.token)
+    else:
+        value = int(await resource.get(COUNTER) or 0)
+    emit("read", value=int(value), ok=int(value) >= 0)
+    if int(value) >= 0:
+        if spec.get("pause"):
+            emit("paused")
+            sys.stdin.readline()  # blocks the process, event loop and all, until "go"
+        if fencing:
+            ok = await resource.eval(FENCED_WRITE, 2, COUNTER, FENCE, lease.token, int(value) + 1)
+        else:
+            ok = await resource.set(COUNTER, int(value) + 1)
+        emit("wrote", ok=bool(ok), value=int(value) + 1, token=lease.token)
+    try:
+        await lease.release()
+    except LockNotOwnedError:
+        emit("released", lost=True)
+    except RedlockError as exc:
+        emit("released", lost=False, error=type(exc).__name__)
+    else:
+        emit("released", lost=False)
+
+
+async def main(masters: list[str], resource_url: str, name: str) -> None:
+    resource = Redis.from_url(resource_url)
+    async with AsyncRedlock(masters, node_timeout=0.05) as redlock:
+        emit("ready")
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                break
+            command = json.loads(line)
+            if command["cmd"] == "exit":
+                break
+            await cycle(redlock, resource, name, command)
+            emit("done")
+    await resource.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1].split(","), sys.argv[2], sys.argv[3]))
