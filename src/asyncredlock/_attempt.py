@@ -34,7 +34,7 @@ from ._telemetry import note_attempts
 from ._wakeup import Ticket, waiter_id
 
 if TYPE_CHECKING:
-    from ._telemetry import Span
+    from opentelemetry.trace import Span
 
 __all__ = ["Acquisition", "make_lease"]
 

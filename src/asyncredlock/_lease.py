@@ -23,7 +23,7 @@ from ._stats import LeaseRecord, LeaseStatistics, Taken
 from ._telemetry import EXTEND, RELEASE, traced
 
 if TYPE_CHECKING:
-    from ._telemetry import Span
+    from opentelemetry.trace import Span
 
 __all__ = ["Lease"]
 
@@ -253,9 +253,13 @@ class Lease:
         # Waiting past the validity is pointless: by then the lease is lost anyway.
         left = max(core.settings.node_timeout, self._expires_at - core.clock())
         wait = min(left, core.timing.max_wait)
-        decision = await traced(EXTEND, self, core.decide(rnd, classify_flag, wait=wait))
         expires_at = core.expiry(start, ttl)
-        if self._state is _State.HELD and decision.holds(expires_at, core.clock):
+
+        def accepted(decision: Decision) -> bool:
+            return self._state is _State.HELD and decision.holds(expires_at, core.clock)
+
+        decision = await traced(EXTEND, self, core.decide(rnd, classify_flag, wait=wait), accepted)
+        if accepted(decision):
             self._expires_at, self._failing = expires_at, False
             core.counters.extensions += 1
             self._record.extensions += 1

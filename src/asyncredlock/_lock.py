@@ -19,7 +19,7 @@ from ._stats import LockCounters, LockStatistics
 from ._telemetry import ACQUIRE, caller_span, end_span, record_acquire, start_span
 
 if TYPE_CHECKING:
-    from ._telemetry import Span
+    from opentelemetry.trace import Span
 
 __all__ = ["Lock"]
 
@@ -175,9 +175,8 @@ class Lock:
         counters.waited += waited
         core.timings.waited(self.name, waited)
         record_acquire(waited, "acquired")
-        if span is not None:  # traced: a loss is an event on the caller's span
-            lease._holder = caller_span()
-            end_span(span, "acquired", token=lease.token, source=lease._record.taken.source)
+        lease._holder = caller_span()  # a loss is an event on the caller's span, if traced
+        end_span(span, "acquired", token=lease.token, source=lease._record.taken.source)
         return lease
 
     def _failed(self, exc: BaseException, started: float, span: Span | None) -> None:

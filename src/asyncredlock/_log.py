@@ -14,7 +14,7 @@ from ._keys import identity_of
 from ._telemetry import record_lost
 
 if TYPE_CHECKING:
-    from ._telemetry import Span
+    from opentelemetry.trace import Span
 
 __all__ = [
     "Held",

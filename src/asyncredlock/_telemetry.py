@@ -2,21 +2,23 @@
 extra): the application's SDK, if it configures one, decides where they go.
 
 Without the API installed every hook here returns at once; with the API but no
-SDK, its no-op tracer and meter make each well under a microsecond (measured by
-``benchmarks/otel_overhead.py``). Spans are made only where the API says they
+SDK, its no-op tracer and meter take the calls (``benchmarks/otel_overhead.py``
+measures the whole cost on the throughput workload). Spans are made only where the API says they
 record, so attributes cost nothing otherwise. Metric attributes stay of bounded
 cardinality (outcome, master): resources name spans, never metric series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ._version import __version__
 
 try:
     from opentelemetry import metrics, trace
+    from opentelemetry.context import Context
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError:  # the otel extra is not installed: every hook is a no-op
     ENABLED = False
@@ -24,15 +26,14 @@ else:
     ENABLED = True
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import Counter, Histogram
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
+    from opentelemetry.trace import Span, Tracer, TracerProvider
 
 __all__ = [
     "ACQUIRE",
     "ENABLED",
     "EXTEND",
     "RELEASE",
-    "Span",
     "caller_span",
     "end_span",
     "master_error",
@@ -48,6 +49,7 @@ __all__ = [
 NAME = "asyncredlock"
 ACQUIRE, EXTEND, RELEASE = "asyncredlock.acquire", "asyncredlock.extend", "asyncredlock.release"
 RESOURCE = "asyncredlock.resource"
+ATTEMPTS = "asyncredlock.attempts"
 OUTCOME = "asyncredlock.outcome"
 MASTER = "asyncredlock.master"
 #: Histogram buckets in seconds: loopback rounds take under a millisecond, waits
@@ -70,22 +72,23 @@ BUCKETS: tuple[float, ...] = (
 BUCKETS += (10.0, 30.0, 60.0)
 
 
-def _instruments() -> tuple[Tracer, Histogram, Histogram, Counter, Counter, Counter]:
-    tracer = trace.get_tracer(NAME, __version__)
-    meter = metrics.get_meter(NAME, __version__)
+def _instruments(
+    tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None
+) -> tuple[Tracer, Histogram, Histogram, Counter, Counter, Counter]:
+    """The tracer and the instruments, from the global providers unless given."""
+    tracer = trace.get_tracer(NAME, __version__, tracer_provider)
+    meter = metrics.get_meter(NAME, __version__, meter_provider=meter_provider)
     return (
         tracer,
-        meter.create_histogram(
+        _histogram(
+            meter,
             "asyncredlock.acquire.duration",
-            unit="s",
-            description="From each acquire() call to its lease or its error, by outcome.",
-            explicit_bucket_boundaries_advisory=BUCKETS,
+            "From each acquire() call to its lease or its error, by outcome.",
         ),
-        meter.create_histogram(
+        _histogram(
+            meter,
             "asyncredlock.hold.duration",
-            unit="s",
-            description="From each lease to its end (release, loss or hand-off), by outcome.",
-            explicit_bucket_boundaries_advisory=BUCKETS,
+            "From each lease to its end (release, loss or hand-off), by outcome.",
         ),
         meter.create_counter(
             "asyncredlock.lease.lost", unit="{lease}", description="Leases lost while held."
@@ -101,6 +104,17 @@ def _instruments() -> tuple[Tracer, Histogram, Histogram, Counter, Counter, Coun
             description="Times a master turned silent: calls out and no reply for node_timeout.",
         ),
     )
+
+
+def _histogram(meter: Meter, name: str, description: str) -> Histogram:
+    """A histogram in seconds with `BUCKETS` advised (an API older than 1.30, pulled
+    in by another package, takes no advice: its SDK's default buckets then apply)."""
+    try:
+        return meter.create_histogram(
+            name, unit="s", description=description, explicit_bucket_boundaries_advisory=BUCKETS
+        )
+    except TypeError:
+        return meter.create_histogram(name, unit="s", description=description)
 
 
 if ENABLED:
@@ -125,16 +139,29 @@ def caller_span() -> Span | None:
     return span if span.is_recording() else None
 
 
-def start_span(name: str, resource: str, parent: Span | None = None) -> Span | None:
-    """A span ``name`` on ``resource``, child of ``parent`` (or of the current
-    span); ``None`` when it would not record."""
+def start_span(name: str, resource: str) -> Span | None:
+    """An acquire span on ``resource``, child of the current span; ``None`` when it
+    would not record. Its attempts are 0 until `note_attempts` says otherwise (a
+    lease passed on in process, or a wait in the process's own queue, sends none)."""
     if not ENABLED:
         return None
-    context = None if parent is None else trace.set_span_in_context(parent)
+    span = _TRACER.start_span(name, None, SpanKind.INTERNAL)
+    if not span.is_recording():
+        return None
+    span.set_attributes({RESOURCE: resource, ATTEMPTS: 0})
+    return span
+
+
+def _lease_span(name: str, lease: Traced) -> Span | None:
+    """A span of a lease's round: a child of its holder's span, else a root (never of
+    whatever is current: an automatic extension runs in a background task, and a
+    lease passed on in process was made in the previous holder's)."""
+    holder = lease._holder
+    context = Context() if holder is None else trace.set_span_in_context(holder, Context())
     span = _TRACER.start_span(name, context, SpanKind.INTERNAL)
     if not span.is_recording():
         return None
-    span.set_attribute(RESOURCE, resource)
+    span.set_attribute(RESOURCE, lease.resource)
     return span
 
 
@@ -143,7 +170,7 @@ def note_attempts(span: Span | None, attempts: int, granted: int | None) -> None
     its last one."""
     if span is None:
         return
-    span.set_attribute("asyncredlock.attempts", attempts)
+    span.set_attribute(ATTEMPTS, attempts)
     if granted is not None:
         span.set_attribute("asyncredlock.masters.granted", granted)
 
@@ -196,24 +223,47 @@ class Traced(Protocol):
     _holder: Span | None
 
 
-def traced(name: str, lease: Traced, deciding: Awaitable[D]) -> Awaitable[D]:
-    """``deciding`` (a lease's round) in a span ``name``, if one records: its
-    outcome (``ok``: a quorum took it, ``unavailable``: failures alone prevented
-    that, ``not-held``: a majority no longer held the lease), masters granted and
-    token. Otherwise ``deciding`` itself, with no coroutine around it."""
-    span = start_span(name, lease.resource, lease._holder)
-    return deciding if span is None else _traced(span, lease, deciding)
+def traced(
+    name: str, lease: Traced, deciding: Awaitable[D], accepted: Callable[[D], bool] | None = None
+) -> Awaitable[D]:
+    """``deciding`` (a lease's round) in a span ``name``, if one records, with its
+    outcome: ``ok`` (``accepted`` by the lease, by default a quorum took it),
+    ``unavailable`` (failures alone prevented a quorum), ``not-held`` (a majority no
+    longer held the lease), ``expired`` (a quorum took it, but the lease did not: its
+    validity ran out, or it ended meanwhile), ``cancelled`` or ``error``; masters
+    granted and token. Otherwise ``deciding`` itself, with no coroutine around it."""
+    span = _lease_span(name, lease) if ENABLED else None
+    return deciding if span is None else _traced(span, lease, deciding, accepted)
 
 
-async def _traced(span: Span, lease: Traced, deciding: Awaitable[D]) -> D:
+async def _traced(
+    span: Span, lease: Traced, deciding: Awaitable[D], accepted: Callable[[D], bool] | None
+) -> D:
     try:
         decision = await deciding
-    except BaseException:
+    except asyncio.CancelledError:
         end_span(span, "cancelled", token=lease.token)
         raise
-    outcome = "ok" if decision.reached else "unavailable" if decision.unavailable else "not-held"
-    end_span(span, outcome, granted=decision.yes, token=lease.token)
+    except BaseException as exc:
+        end_span(span, "error", token=lease.token, error=exc)
+        raise
+    outcome = _outcome_of(decision, accepted)
+    failed = None if outcome == "ok" else RoundFailedError(outcome)
+    end_span(span, outcome, granted=decision.yes, token=lease.token, error=failed)
     return decision
+
+
+def _outcome_of(decision: D, accepted: Callable[[D], bool] | None) -> str:
+    if accepted(decision) if accepted is not None else decision.reached:
+        return "ok"
+    if decision.unavailable:
+        return "unavailable"
+    return "expired" if decision.reached else "not-held"
+
+
+class RoundFailedError(Exception):
+    """Stands for a lease's round that did not take effect, on its span (its status
+    says ERROR, ``error.type`` is this class, the description the outcome)."""
 
 
 def record_acquire(seconds: float, outcome: str) -> None:
@@ -228,14 +278,30 @@ def record_hold(seconds: float, lost: bool) -> None:
         _HOLD.record(seconds, _outcome("lost" if lost else "released"))
 
 
+#: Each reason a lease is lost for (as the log words it), by its short cause.
+CAUSES = {
+    "not extended before its validity ran out": "expired",
+    "a majority of masters no longer hold it": "gone",
+    "gone from a majority when released": "gone",
+    "forced free (force_release)": "forced",
+    "its AsyncRedlock was closed": "closed",
+}
+_CAUSES = {reason: {"asyncredlock.cause": cause} for reason, cause in CAUSES.items()}
+
+
+def _cause(reason: str) -> dict[str, str]:
+    return _CAUSES.get(reason, {"asyncredlock.cause": "other"})
+
+
 def record_lost(holder: Span | None, resource: str, token: int | None, reason: str) -> None:
-    """Count a lost lease; add the event to its holder's span (the one current
-    when it was acquired), if that still records."""
+    """Count a lost lease by cause; add the event to its holder's span (the one
+    current when it was acquired), if that still records."""
     if not ENABLED:
         return
-    _LOST.add(1)
+    _LOST.add(1, _cause(reason))
     if holder is not None and holder.is_recording():
         attributes: dict[str, str | int] = {RESOURCE: resource, "asyncredlock.reason": reason}
+        attributes.update(_cause(reason))
         if token is not None:
             attributes["asyncredlock.fencing_token"] = token
         holder.add_event("asyncredlock.lease.lost", attributes)

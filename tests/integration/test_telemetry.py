@@ -1,9 +1,10 @@
 """OpenTelemetry: the spans and metric points of lock cycles, read back from the SDK's
-in-memory exporters, and the library working with the API alone or without it.
+in-memory exporters, and the library working with the API alone, with an older API, or
+without it.
 
-The SDK's providers are process-wide and set once: this module installs them for the
-session the first time it needs them, and its exporter keeps spans only while a test
-reads them (later tests make spans that go nowhere)."""
+Each test gets SDK providers of its own, installed in asyncredlock's telemetry module
+for the test only (the process-wide providers are never set: other tests run as
+without an SDK)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ from typing import Any
 
 import anyio
 import pytest
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
-from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
-from asyncredlock.testing import ServerGroup
+from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError, _telemetry
+from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
@@ -34,58 +35,51 @@ HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 
 
 class _Spans(SpanExporter):
-    """Keeps the spans ended while a test reads them; sets ``awaited`` once
-    ``until`` of them are named ``name``."""
+    """Keeps the spans ended; sets ``awaited`` once ``until`` of them are named
+    ``name``."""
 
     def __init__(self) -> None:
-        self.spans: list[ReadableSpan] | None = None
+        self.spans: list[ReadableSpan] = []
         self.awaited: tuple[str, int, anyio.Event] | None = None
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self.spans is not None:
-            self.spans.extend(spans)
-            if self.awaited is not None:
-                name, until, event = self.awaited
-                if len(self.named(name)) >= until:
-                    event.set()
+        self.spans.extend(spans)
+        if self.awaited is not None:
+            name, until, event = self.awaited
+            if len(self.named(name)) >= until:
+                event.set()
         return SpanExportResult.SUCCESS
 
     def named(self, name: str) -> list[ReadableSpan]:
-        assert self.spans is not None
         return [span for span in self.spans if span.name == name]
 
 
 class Telemetry:
-    """What the SDK received: spans, and metric points as deltas since the test began."""
+    """The test's SDK: its tracer (for the test's own spans), what was exported,
+    and the metric points so far."""
 
-    def __init__(self, spans: _Spans, reader: InMemoryMetricReader) -> None:
-        self.exporter = spans
-        self.reader = reader
-        self.before = self._points()
+    def __init__(self) -> None:
+        self.exporter = _Spans()
+        self.reader = InMemoryMetricReader()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.tracer = self.tracer_provider.get_tracer("test")
 
-    def _points(self) -> dict[tuple[str, frozenset[tuple[str, Any]]], float]:
-        found: dict[tuple[str, frozenset[tuple[str, Any]]], float] = {}
+    def points(self, name: str) -> dict[frozenset[tuple[str, Any]], float]:
+        """Each attribute set's value of metric ``name`` (histograms: how many)."""
+        found: dict[frozenset[tuple[str, Any]], float] = {}
         data = self.reader.get_metrics_data()
         for resource in data.resource_metrics if data else ():
             for scope in resource.scope_metrics:
-                if scope.scope.name != "asyncredlock":
-                    continue
                 for metric in scope.metrics:
+                    if scope.scope.name != "asyncredlock" or metric.name != name:
+                        continue
                     for point in metric.data.data_points:
-                        value = getattr(point, "count", None)  # histograms: how many
-                        value = getattr(point, "value", value)  # counters: the sum
-                        attributes = frozenset((point.attributes or {}).items())
-                        found[(metric.name, attributes)] = value
-        return found
-
-    def points(self, name: str) -> dict[frozenset[tuple[str, Any]], float]:
-        """Each attribute set's growth of metric ``name`` since the test began."""
-        now = self._points()
-        return {
-            attributes: value - self.before.get((metric, attributes), 0)
-            for (metric, attributes), value in now.items()
-            if metric == name and value != self.before.get((metric, attributes), 0)
-        }
+                        value = getattr(point, "count", None)
+                        value = getattr(point, "value", value)
+                        found[frozenset((point.attributes or {}).items())] = value
+        return {attributes: value for attributes, value in found.items() if value}
 
     def spans(self, name: str) -> list[ReadableSpan]:
         return self.exporter.named(name)
@@ -95,9 +89,11 @@ class Telemetry:
         exported, on the event loop's thread: `SimpleSpanProcessor`)."""
         event = anyio.Event()
         self.exporter.awaited = (name, count, event)
-        if len(self.spans(name)) < count:
-            await event.wait()
-        self.exporter.awaited = None
+        try:
+            if len(self.spans(name)) < count:
+                await event.wait()
+        finally:
+            self.exporter.awaited = None
 
 
 class _Heard(logging.Handler):
@@ -112,25 +108,19 @@ class _Heard(logging.Handler):
             self.event.set()
 
 
-_SDK: tuple[_Spans, InMemoryMetricReader] | None = None
+_INSTRUMENTS = ("_TRACER", "_ACQUIRE", "_HOLD", "_LOST", "_ERRORS", "_SILENT")
 
 
 @pytest.fixture
-def otel() -> Iterator[Telemetry]:
-    global _SDK
-    if _SDK is None:
-        exporter, reader = _Spans(), InMemoryMetricReader()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        trace.set_tracer_provider(provider)
-        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-        _SDK = exporter, reader
-    exporter, reader = _SDK
-    exporter.spans = []
-    try:
-        yield Telemetry(exporter, reader)
-    finally:
-        exporter.spans = None
+def otel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Telemetry]:
+    """SDK providers of the test's own, in asyncredlock's telemetry for the test."""
+    sdk = Telemetry()
+    made = _telemetry._instruments(sdk.tracer_provider, sdk.meter_provider)
+    for name, instrument in zip(_INSTRUMENTS, made, strict=True):
+        monkeypatch.setattr(_telemetry, name, instrument)
+    yield sdk
+    sdk.tracer_provider.shutdown()
+    sdk.meter_provider.shutdown()
 
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:
@@ -141,11 +131,15 @@ def outcome(value: str) -> frozenset[tuple[str, Any]]:
     return frozenset({("asyncredlock.outcome", value)})
 
 
+def cause(value: str) -> frozenset[tuple[str, Any]]:
+    return frozenset({("asyncredlock.cause", value)})
+
+
 class TestSpans:
     async def test_a_fenced_cycle_gives_acquire_extend_release_under_the_caller(
         self, servers: ServerGroup, otel: Telemetry
     ) -> None:
-        tracer = trace.get_tracer("test")
+        tracer = otel.tracer
         async with AsyncRedlock(servers.urls) as redlock:
             with tracer.start_as_current_span("request") as request:
                 lease = await redlock.lock("otel:cycle", fencing=True).acquire()
@@ -185,7 +179,7 @@ class TestSpans:
     async def test_automatic_extensions_are_children_of_the_acquirers_span(
         self, servers: ServerGroup, otel: Telemetry
     ) -> None:
-        tracer = trace.get_tracer("test")
+        tracer = otel.tracer
         async with AsyncRedlock(servers.urls) as redlock:
             with tracer.start_as_current_span("job") as job:
                 lease = await redlock.lock("otel:auto", ttl=0.3).acquire()
@@ -240,7 +234,7 @@ class TestLoss:
     async def test_a_lost_lease_is_an_event_on_the_holders_span_and_counted(
         self, servers: ServerGroup, masters: Masters, otel: Telemetry
     ) -> None:
-        tracer = trace.get_tracer("test")
+        tracer = otel.tracer
         async with AsyncRedlock(servers.urls) as redlock:
             with tracer.start_as_current_span("holder"):
                 lease = await redlock.lock("otel:lost", fencing=True).acquire()
@@ -253,13 +247,63 @@ class TestLoss:
         assert dict(event.attributes or {}) == {
             "asyncredlock.resource": "otel:lost",
             "asyncredlock.reason": "a majority of masters no longer hold it",
+            "asyncredlock.cause": "gone",
             "asyncredlock.fencing_token": lease.token,
         }
         (extend,) = otel.spans("asyncredlock.extend")
         assert attrs(extend)["asyncredlock.outcome"] == "not-held"
         assert attrs(extend)["asyncredlock.masters.granted"] == 0
-        assert otel.points("asyncredlock.lease.lost") == {frozenset(): 1}
+        assert extend.status.status_code is StatusCode.ERROR
+        assert attrs(extend)["error.type"] == "RoundFailedError"
+        assert otel.points("asyncredlock.lease.lost") == {cause("gone"): 1}
         assert otel.points("asyncredlock.hold.duration") == {outcome("lost"): 1}
+
+    async def test_closing_with_a_lease_held_counts_it_lost_as_closed(
+        self, servers: ServerGroup, otel: Telemetry
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            await redlock.lock("otel:closed").acquire()
+        assert otel.points("asyncredlock.lease.lost") == {cause("closed"): 1}
+
+
+class TestHandOff:
+    async def test_a_lease_passed_on_in_process_is_traced_under_its_new_holder(
+        self, servers: ServerGroup, otel: Telemetry
+    ) -> None:
+        """B waits behind A in the same client; A's release passes the lease on with
+        no call to the masters: B's acquire span says so (0 attempts), and the
+        extension of B's lease is B's, not A's."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            lock = redlock.lock("otel:handoff", ttl=0.3)
+            with otel.tracer.start_as_current_span("a"):
+                first = await lock.acquire()
+            got: list[Lease] = []
+            with anyio.fail_after(HANG_GUARD), Waits(redlock) as waits:
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        with otel.tracer.start_as_current_span("b"):
+                            got.append(await lock.acquire())
+
+                    tg.start_soon(take)
+                    await waits.reach(queued=1)  # B waits behind A in this client
+                    with otel.tracer.start_as_current_span("a-release"):
+                        await first.release()
+                await otel.wait_spans("asyncredlock.extend", 1)  # B's lease's own
+            await got[0].release()
+        handed = [
+            s
+            for s in otel.spans("asyncredlock.acquire")
+            if attrs(s)["asyncredlock.source"] == "hand-off"
+        ]
+        (handed_span,) = handed
+        assert attrs(handed_span)["asyncredlock.attempts"] == 0
+        (b,) = otel.spans("b")
+        (a_release,) = otel.spans("a-release")
+        for extension in otel.spans("asyncredlock.extend"):
+            assert extension.parent is not None
+            assert extension.parent.span_id == b.context.span_id
+            assert extension.parent.span_id != a_release.context.span_id
 
 
 class TestMasters:
@@ -291,6 +335,47 @@ class TestMasters:
         errors = otel.points("asyncredlock.master.errors")
         assert {dict(attributes)[master] for attributes in errors} == {group.urls[2]}
         assert {dict(attributes)["error.type"] for attributes in errors} == {"ConnectionError"}
+
+
+def test_a_round_a_quorum_took_too_late_is_expired() -> None:
+    """The extension outcome when a quorum extended it but the lease did not take it
+    (its validity ran out, or it ended meanwhile)."""
+
+    class Decision:
+        yes, reached, unavailable = 3, True, False
+
+    assert _telemetry._outcome_of(Decision(), lambda d: False) == "expired"
+    assert _telemetry._outcome_of(Decision(), None) == "ok"
+
+
+def test_an_api_older_than_1_30_still_imports_and_records(servers: ServerGroup) -> None:
+    """An older API (pulled in by another package) has no bucket advice: the
+    histograms are made without it; the library imports and runs."""
+    script = f"""
+from opentelemetry.metrics._internal import _ProxyMeter
+
+made = _ProxyMeter.create_histogram
+
+def old(self, name, unit="", description=""):  # the signature before 1.30
+    return made(self, name, unit, description)
+
+_ProxyMeter.create_histogram = old
+import asyncio
+from asyncredlock import AsyncRedlock, _telemetry
+
+async def main():
+    async with AsyncRedlock({servers.urls!r}) as redlock:
+        async with redlock.lock("otel:old-api"):
+            pass
+    print(_telemetry.ENABLED)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
 
 
 @pytest.mark.parametrize("api", ["absent", "no-sdk"])
