@@ -248,12 +248,11 @@ class AsyncRedlock:
         calls with different names run concurrently. The call waits for the
         lock as ``lock(...).acquire()`` does, and the lease is held, extended
         and released as in ``async with lock(...)``: a lost lease cancels the
-        call and raises `LockLostError`.
+        call and raises `LockLostError`. The other arguments are as for `lock`.
 
         Args:
             name: The name template: ``"jobs:{job_id}"``, ``"user:{user.id}"``;
                 a name without fields is one lock for every call.
-            ttl, timeout, auto_extend, fencing, fair: As for `lock`.
 
         Raises:
             TypeError: The template is not a str, a setting has the wrong type
@@ -286,13 +285,12 @@ class AsyncRedlock:
         extending itself. If the lease is lost (or this ``AsyncRedlock`` closes),
         the job is cancelled; after a loss this call waits for the lock again and
         starts the job anew when it holds it. Cancelling this call cancels the
-        job and releases the lock.
+        job and releases the lock. ``ttl`` and ``fencing`` are as for `lock`.
 
         Args:
             name: The resource name of the lock.
             job: An async function taking the lease (``lease.token`` fences what
                 it writes); it may run forever or return.
-            ttl, fencing: As for `lock`.
 
         Returns:
             What ``job`` returned, the one time it ran to the end.
