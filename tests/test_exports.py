@@ -52,6 +52,8 @@ PUBLIC = {
     ],
     asyncredlock.testing: [
         "ClientState",
+        "FakeClock",
+        "FakeClockUnavailableError",
         "FaultProxy",
         "HeldCalls",
         "SentinelProcess",

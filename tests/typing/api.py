@@ -38,7 +38,13 @@ from asyncredlock.fencing import (
     StaleTokenError,
     check_token,
 )
-from asyncredlock.testing import FaultProxy, ServerGroup, ServerProcess, find_server_binary
+from asyncredlock.testing import (
+    FakeClock,
+    FaultProxy,
+    ServerGroup,
+    ServerProcess,
+    find_server_binary,
+)
 
 
 async def scoped_use() -> None:
@@ -164,6 +170,13 @@ def testing_support() -> None:
         assert_type(group[0].port, int)
     proxy = FaultProxy("127.0.0.1", group[0].port)
     assert_type(proxy.url, str)
+    with ServerGroup(3, fake_clock=True) as skewed:
+        clock = skewed[0].clock
+        assert_type(clock, FakeClock)
+        clock.jump(30)
+        clock.set_offset(-20.5)
+        assert_type(clock.offset, float)
+        clock.jump("30")  # type: ignore[arg-type]
     assert_type(asyncredlock.__version__, str)
 
 

@@ -13,12 +13,18 @@
   they are sent), for tests that need them at a point of their choosing.
 - `FaultProxy`: a TCP proxy in front of one server that adds delay, blackholes,
   resets or refuses connections at run time.
+- `FakeClock`: one server's wall clock (``ServerProcess(fake_clock=True).clock``),
+  jumped forward or back at run time through libfaketime, as a master whose clock
+  steps; `FakeClockUnavailableError` when that cannot be done (not Linux, no
+  libfaketime).
 - The pytest plugin (`asyncredlock.testing.pytest_plugin`, opt-in: ``-p
   asyncredlock.testing.pytest_plugin`` or ``pytest_plugins`` in a conftest) provides
   the ``servers``, ``make_servers``, ``redlock_server_group`` and ``docker_available``
   fixtures.
 """
 
+from ._clock import FakeClock as FakeClock
+from ._clock import FakeClockUnavailableError as FakeClockUnavailableError
 from ._faults import HeldCalls as HeldCalls
 from ._faults import deafened as deafened
 from ._faults import hold_calls as hold_calls
@@ -36,6 +42,8 @@ from ._waits import Waits as Waits
 
 __all__ = [
     "ClientState",
+    "FakeClock",
+    "FakeClockUnavailableError",
     "FaultProxy",
     "HeldCalls",
     "SentinelProcess",

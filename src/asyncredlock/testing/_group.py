@@ -27,10 +27,13 @@ class ServerGroup:
         workdir: Parent directory; server ``i`` uses ``workdir/node-i``. Private
             temporary directories when None.
         extra_args: Passed to each `ServerProcess`.
+        fake_clock: Give each server its own `FakeClock` (``group[i].clock``), all at
+            offset 0: move one master's clock and the others keep the host's.
 
     Raises:
         ValueError: `n` is less than 1.
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
+        FakeClockUnavailableError: `fake_clock` is set and libfaketime is unavailable.
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class ServerGroup:
         appendonly: bool = False,
         workdir: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        fake_clock: bool = False,
     ) -> None:
         if n < 1:
             raise ValueError(f"a server group needs at least one server, got n={n}")
@@ -51,6 +55,7 @@ class ServerGroup:
                 appendonly=appendonly,
                 workdir=None if workdir is None else Path(workdir) / f"node-{i}",
                 extra_args=extra_args,
+                fake_clock=fake_clock,
             )
             for i in range(n)
         ]

@@ -22,7 +22,9 @@ class SentinelProcess(ServerProcess):
         monitor: Service name to the server it starts monitoring as master.
         quorum: Sentinels that must agree a master is down (1: this one alone).
         down_after: Seconds of silence after which it counts a master down.
-        binary, port, workdir: As for `ServerProcess`.
+        binary: As for `ServerProcess`.
+        port: As for `ServerProcess`.
+        workdir: As for `ServerProcess`.
 
     Raises:
         ValueError: ``monitor`` is empty, or ``down_after`` is not above 0.

@@ -10,6 +10,7 @@ registry that an `atexit` handler kills, so an interrupted run leaves no server 
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
+from ._clock import CLOCK_NAME, FakeClock, FakeClockUnavailableError, faketime_library
 from ._support import (
     ADDRESS_IN_USE,
     HOST,
@@ -64,9 +66,13 @@ class ServerProcess:
             "local")``.
         password: Require it (``--requirepass``): `url` carries it, and the
             process's own checks (readiness, `flushall`) authenticate with it.
+        fake_clock: Run the server on a `FakeClock` (`clock`), whose wall clock a
+            test can move at run time. Linux only; needs ``libfaketime``.
 
     Raises:
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
+        FakeClockUnavailableError: `fake_clock` is set and the platform is not Linux
+            or no ``libfaketime.so.1`` is found.
         ValueError: `port` is out of range.
     """
 
@@ -79,12 +85,14 @@ class ServerProcess:
         workdir: str | Path | None = None,
         extra_args: Sequence[str] = (),
         password: str | None = None,
+        fake_clock: bool = False,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
         if password == "":
             raise ValueError("password must not be empty (None: no password)")
         self._binary = binary or find_server_binary()
+        library = faketime_library() if fake_clock else None  # before making a workdir
         self._auto_port = port == 0
         self._port = port or pick_port()
         self._appendonly = appendonly
@@ -95,6 +103,9 @@ class ServerProcess:
         self._workdir.mkdir(parents=True, exist_ok=True)
         if self._own_workdir:
             registry.tempdirs.add(self._workdir)
+        self._clock = (
+            None if library is None else FakeClock(self.workdir / CLOCK_NAME, library=library)
+        )
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
         self._paused = False
@@ -151,6 +162,17 @@ class ServerProcess:
     def log_path(self) -> Path:
         """The server's log file (appended to across restarts)."""
         return self._workdir / LOG_NAME
+
+    @property
+    def clock(self) -> FakeClock:
+        """The server's wall clock, to move at run time.
+
+        Raises:
+            RuntimeError: The server was made without ``fake_clock=True``.
+        """
+        if self._clock is None:
+            raise RuntimeError(f"{self!r} has no fake clock (make it with fake_clock=True)")
+        return self._clock
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the process and wait until it answers on its port.
@@ -317,6 +339,7 @@ class ServerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=self._workdir,
+                    env=None if self._clock is None else self._clock.environ(os.environ),
                     start_new_session=True,
                 )
             except OSError as exc:
@@ -338,11 +361,23 @@ class ServerProcess:
                 raise self._start_error(f"exited with status {proc.returncode}")
             answering = answering_pid(self._port, timeout=0.1, password=self._password)
             if answering is not None and in_group(answering, proc.pid):
+                self._check_clock(proc.pid)
                 self._started_once = True
                 return
             time.sleep(POLL_INTERVAL)
         self.kill()
         raise self._start_error(f"did not answer within {timeout} s")
+
+    def _check_clock(self, pid: int) -> None:
+        """A preload that fails only gets a warning from the loader: check it took."""
+        if self._clock is None or self._clock.loaded_by(pid):
+            return
+        text = self._log_tail().decode(errors="replace")
+        self.kill()
+        raise FakeClockUnavailableError(
+            f"server {self._binary} on port {self._port} did not load "
+            f"{self._clock.library} (LD_PRELOAD); log tail:\n{text}"
+        )
 
     def _start_error(self, what: str) -> ServerStartError:
         tail = self._log_tail()

@@ -56,6 +56,7 @@ class MakeServers(Protocol):
         appendonly: bool = False,
         workdir: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        fake_clock: bool = False,
         start: bool = True,
     ) -> ServerGroup:
         """Make a `ServerGroup` of `n` servers, started unless ``start=False``.
@@ -66,10 +67,13 @@ class MakeServers(Protocol):
             appendonly: Persist writes to an AOF (``appendfsync always``).
             workdir: Parent directory for the servers' data; private when None.
             extra_args: More server command-line arguments.
+            fake_clock: Give each server a `FakeClock` (``group[i].clock``).
             start: Start the servers before returning.
 
         Raises:
             ServerStartError: A server did not come up.
+            FakeClockUnavailableError: `fake_clock` is set and libfaketime is
+                unavailable.
         """
         ...
 
@@ -120,10 +124,16 @@ def make_servers() -> Iterator[MakeServers]:
         appendonly: bool = False,
         workdir: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        fake_clock: bool = False,
         start: bool = True,
     ) -> ServerGroup:
         group = ServerGroup(
-            n, binary=binary, appendonly=appendonly, workdir=workdir, extra_args=extra_args
+            n,
+            binary=binary,
+            appendonly=appendonly,
+            workdir=workdir,
+            extra_args=extra_args,
+            fake_clock=fake_clock,
         )
         made.append(group)
         if start:
