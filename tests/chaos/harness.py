@@ -11,7 +11,10 @@ the machine, so the history of all workers can be merged and checked:
   critical sections overlapped at all, as each *believed* it held the lock;
 - **lost updates**: increments the resource acknowledged, minus what the counter holds;
 - **late writes**: writes the resource accepted after the writer's validity ended;
-- **token order**: tokens of the accepted writes, in time order, never going back.
+- **token order**: tokens of the accepted writes, in time order, never going back;
+- **orphan keys**: keys the clients left on the masters with no expiry;
+- **detection**: for a lease reported lost, how long after its holder could know
+  (it resumed from a pause, or its validity ended) the report came.
 
 Every process is bounded: a worker that does not report within `EVENT_GUARD` seconds
 fails the test, and `Worker.close()` kills what remains.
@@ -71,11 +74,14 @@ class Worker:
         assert self.process.stdin is not None
         await self.process.stdin.send((line + "\n").encode())
 
-    async def cycle(self, *, fencing: bool, ttl: float, wait: float, pause: bool) -> None:
+    async def cycle(
+        self, *, fencing: bool, ttl: float, wait: float, pause: bool, hold: bool = False
+    ) -> None:
         """Start one lock cycle, whose ``acquire()`` waits up to ``wait`` seconds (it
-        reports as it goes: see `expect`)."""
+        reports as it goes: see `expect`); with ``hold``, inside ``async with``, the
+        lease extending itself."""
         spec = {"fencing": fencing, "ttl": ttl, "timeout": wait, "pause": pause}
-        await self.send(json.dumps({"cmd": "cycle", **spec}))
+        await self.send(json.dumps({"cmd": "hold" if hold else "cycle", **spec}))
 
     async def expect(self, kind: str) -> Event:
         """Read events until one of ``kind``; fails on ``failed`` or a hang."""
@@ -132,7 +138,8 @@ class Outcome:
     rejected_writes: int = 0  # stale writes the resource's fence refused
     acknowledged: int = 0
     final: int = 0
-    notes: list[str] = field(default_factory=list)
+    orphans: int = 0  # keys left on the masters with no expiry (fence counters aside)
+    detection: list[float] = field(default_factory=list)  # seconds to report a loss
 
     @property
     def violated(self) -> bool:
@@ -153,7 +160,7 @@ def holds(events: list[Event]) -> list[tuple[int, float, float, float]]:
             start[event.worker], last[event.worker] = event, event.t
         elif event.kind in ("read", "wrote") and event.worker in start:
             last[event.worker] = event.t
-        elif event.kind == "released" and event.worker in start:
+        elif event.kind in ("released", "lost") and event.worker in start:
             began, end = start.pop(event.worker), last.pop(event.worker)
             found.append((event.worker, began.t, min(began.fields["until"], end), end))
     return found
@@ -164,9 +171,24 @@ def _validity(events: list[Event]) -> dict[tuple[int, float], float]:
     return {(e.worker, e.t): e.fields["until"] for e in events if e.kind == "acquired"}
 
 
-def check(events: list[Event], final: int) -> Outcome:
+def detections(events: list[Event]) -> list[float]:
+    """Per lease reported lost: seconds from when it could know (its holder resumed
+    from a pause, or else its validity ended) to the report."""
+    found = []
+    since: dict[int, float] = {}
+    for event in sorted(events, key=lambda e: e.t):
+        if event.kind == "acquired":
+            since[event.worker] = event.fields["until"]
+        elif event.kind == "resumed":
+            since[event.worker] = max(since.get(event.worker, 0.0), event.t)
+        elif event.kind == "lost" and event.worker in since:
+            found.append(round(max(0.0, event.t - since.pop(event.worker)), 3))
+    return found
+
+
+def check(events: list[Event], final: int, orphans: int = 0) -> Outcome:
     """The checker: see the module's docstring."""
-    outcome = Outcome(final=final)
+    outcome = Outcome(final=final, orphans=orphans, detection=detections(events))
     intervals = holds(events)
     for i, (w1, start1, valid1, believed1) in enumerate(intervals):
         for w2, start2, valid2, believed2 in intervals[i + 1 :]:

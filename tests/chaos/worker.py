@@ -8,6 +8,14 @@ Commands come on stdin, one JSON object per line:
   the lock on ``NAME``; read the counter; with ``pause``, report ``paused`` and block the
   whole process (its event loop included, as a long GC pause or a stalled VM would)
   until the line ``go`` arrives; write the counter plus one; release.
+- ``{"cmd": "hold", "fencing": bool, "ttl": s, "timeout": s, "pause": bool}``: the
+  same inside ``async with`` (the lease extends itself); after reading (and the pause,
+  if any: ``resumed``), the job goes on for five TTLs before it writes, so that a lost
+  lease cancels it first: ``lost`` is reported when it does.
+- ``{"cmd": "churn", "fencing": bool, "ttl": s, "cycles": n, "seed": n}``: ``n``
+  cycles, two thirds of them cancelled (``asyncio.timeout``) after a random 0 to 5 ms,
+  wherever they are (acquiring, at the resource, releasing) unless done by then;
+  ``cancelled`` is reported.
 - ``{"cmd": "exit"}``.
 
 Events: ``acquired`` (``token``; ``until``: the end of the validity the library
@@ -24,13 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import time
 from typing import Any
 
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock, LockNotOwnedError, RedlockError
+from asyncredlock import AsyncRedlock, LockLostError, LockNotOwnedError, RedlockError
 
 COUNTER = "chaos:counter"
 FENCE = "chaos:counter:fence"
@@ -71,20 +80,12 @@ async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
         emit("failed", error=type(exc).__name__)
         return
     emit("acquired", token=lease.token, until=time.monotonic() + lease.validity)
-    if fencing:
-        value, _ = await resource.eval(FENCED_READ, 2, COUNTER, FENCE, lease.token)
-    else:
-        value = int(await resource.get(COUNTER) or 0)
-    emit("read", value=int(value), ok=int(value) >= 0)
-    if int(value) >= 0:
+    value = await read(resource, fencing, lease.token)
+    if value >= 0:
         if spec.get("pause"):
             emit("paused")
             sys.stdin.readline()  # blocks the process, event loop and all, until "go"
-        if fencing:
-            ok = await resource.eval(FENCED_WRITE, 2, COUNTER, FENCE, lease.token, int(value) + 1)
-        else:
-            ok = await resource.set(COUNTER, int(value) + 1)
-        emit("wrote", ok=bool(ok), value=int(value) + 1, token=lease.token)
+        await write(resource, fencing, lease.token, value + 1)
     try:
         await lease.release()
     except LockNotOwnedError:
@@ -93,6 +94,60 @@ async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
         emit("released", lost=False, error=type(exc).__name__)
     else:
         emit("released", lost=False)
+
+
+async def hold(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[str, Any]) -> None:
+    fencing, ttl = bool(spec["fencing"]), float(spec["ttl"])
+    try:
+        async with redlock.lock(name, ttl=ttl, timeout=spec["timeout"], fencing=fencing) as lease:
+            emit("acquired", token=lease.token, until=time.monotonic() + lease.validity)
+            value = await read(resource, fencing, lease.token)
+            if value < 0:
+                return
+            if spec.get("pause"):
+                emit("paused")
+                sys.stdin.readline()  # blocks the process, event loop and all, until "go"
+                emit("resumed")
+            await asyncio.sleep(5 * ttl)  # the rest of the job: cancelled if the lease is lost
+            await write(resource, fencing, lease.token, value + 1)
+    except LockLostError:
+        emit("lost")
+    except RedlockError as exc:
+        emit("failed", error=type(exc).__name__)
+        return
+    emit("released", lost=False)
+
+
+async def churn(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[str, Any]) -> None:
+    rng = random.Random(spec["seed"])
+    for _ in range(int(spec["cycles"])):
+        # a third run to the end; the others are cut short within 5 ms (a cycle takes
+        # a few), wherever they are by then
+        delay = None if rng.random() < 1 / 3 else rng.uniform(0.0, 0.005)
+        try:
+            async with asyncio.timeout(delay):
+                await cycle(redlock, resource, name, {**spec, "timeout": 1.0})
+        except TimeoutError:
+            emit("cancelled")
+
+
+async def read(resource: Redis, fencing: bool, token: int | None) -> int:
+    """The counter (reported); -1 if the fence refused ``token``."""
+    if fencing:
+        value, _ = await resource.eval(FENCED_READ, 2, COUNTER, FENCE, token)
+    else:
+        value = await resource.get(COUNTER) or 0
+    emit("read", value=int(value), ok=int(value) >= 0)
+    return int(value)
+
+
+async def write(resource: Redis, fencing: bool, token: int | None, value: int) -> None:
+    """Write the counter (reported, with whether the resource took it)."""
+    if fencing:
+        ok = await resource.eval(FENCED_WRITE, 2, COUNTER, FENCE, token, value)
+    else:
+        ok = await resource.set(COUNTER, value)
+    emit("wrote", ok=bool(ok), value=value, token=token)
 
 
 async def main(masters: list[str], resource_url: str, name: str) -> None:
@@ -107,7 +162,8 @@ async def main(masters: list[str], resource_url: str, name: str) -> None:
             command = json.loads(line)
             if command["cmd"] == "exit":
                 break
-            await cycle(redlock, resource, name, command)
+            run = {"hold": hold, "churn": churn, "cycle": cycle}[command["cmd"]]
+            await run(redlock, resource, name, command)
             emit("done")
     await resource.aclose()
 
