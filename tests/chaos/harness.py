@@ -26,6 +26,7 @@ import itertools
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,17 @@ class Worker:
         self._buffer = ""
 
     @classmethod
-    async def start(cls, index: int, masters: list[str], resource: str, name: str) -> Worker:
+    async def start(
+        cls,
+        index: int,
+        masters: list[str],
+        resource: str,
+        name: str,
+        env: Mapping[str, str] | None = None,
+    ) -> Worker:
+        """Start worker ``index`` (in ``env``, e.g. on a `FakeClock`)."""
         command = [sys.executable, str(WORKER), ",".join(masters), resource, name]
-        process = await anyio.open_process(command, stderr=subprocess.PIPE)
+        process = await anyio.open_process(command, stderr=subprocess.PIPE, env=env)
         worker = cls(index, process)
         await worker.expect("ready")
         return worker

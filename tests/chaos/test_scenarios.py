@@ -10,14 +10,17 @@ nothing. Every outcome is recorded for the results table (``report.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
+import anyio
 import pytest
 from redis.asyncio import Redis
 
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import FakeClock, FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .harness import Outcome, Worker, check
@@ -66,15 +69,23 @@ class Run:
 
 @asynccontextmanager
 async def run(
-    make_servers: MakeServers, workers: int, *, appendonly: bool = False, fake_clock: bool = False
+    make_servers: MakeServers,
+    workers: int,
+    *,
+    appendonly: bool = False,
+    fake_clock: bool = False,
+    clocks: Sequence[FakeClock] = (),
 ) -> AsyncIterator[Run]:
+    """Five masters, a resource server, and ``workers`` client processes (worker ``i``
+    on ``clocks[i]``, if given: its wall clock, not its monotonic one)."""
     masters = make_servers(5, appendonly=appendonly, fake_clock=fake_clock)
     resource_url = make_servers(1).urls[0]
     resource = Redis.from_url(resource_url)
     started: list[Worker] = []
     try:
         for i in range(workers):
-            started.append(await Worker.start(i, masters.urls, resource_url, NAME))
+            env = clocks[i].environ(os.environ) if i < len(clocks) else None
+            started.append(await Worker.start(i, masters.urls, resource_url, NAME, env))
         yield Run(masters, resource, resource_url, started)
     finally:
         for worker in started:
@@ -341,4 +352,109 @@ async def test_master_crash_restart_delayed_past_the_ttl(
         expected,
         outcome,
     )
+    expect(outcome, expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_client_wall_clocks_jump(
+    make_servers: MakeServers, tmp_path: Path, mode: str
+) -> None:
+    """Both clients' wall clocks jump a minute (A forward, B back; libfaketime, the
+    monotonic clock untouched) while A holds the lock in ``async with`` and B waits
+    for it: validity is measured on the monotonic clock, so nothing changes."""
+    fencing = mode == "fenced"
+    clocks = [FakeClock(tmp_path / "a"), FakeClock(tmp_path / "b")]
+    async with run(make_servers, 2, clocks=clocks) as r:
+        a, b = r.workers
+        assert all(clock.loaded_by(w.pid) for clock, w in zip(clocks, r.workers, strict=True))
+        await a.cycle(fencing=fencing, ttl=0.6, wait=5.0, pause=False, hold=True)
+        await a.expect("read")
+        clocks[0].jump(60.0)
+        clocks[1].jump(-60.0)
+        await b.cycle(fencing=fencing, ttl=2.0, wait=10.0, pause=False)
+        await a.expect("done")
+        await b.expect("done")
+        outcome = await r.outcome()
+    assert outcome.acknowledged == 2
+    assert outcome.detection == []  # A's lease was never lost
+    # the jumps took effect: B acquired with its wall clock a minute behind A's
+    (b_acquired,) = [e for e in b.events if e.kind == "acquired"]
+    (a_done,) = [e for e in a.events if e.kind == "done"]
+    assert a_done.fields["wall"] - b_acquired.fields["wall"] > 100
+    expected = Expected(violation=False, lost_updates=False, rejected=False)
+    record("client wall clocks jumped (+60 s, -60 s) while held", mode, expected, outcome)
+    expect(outcome, expected)
+
+
+@asynccontextmanager
+async def proxied(masters: ServerGroup) -> AsyncIterator[list[FaultProxy]]:
+    """A `FaultProxy` in front of each master, in this test's event loop."""
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+            for server in masters
+        ]
+
+
+async def _start_workers(r: Run, urls: list[str], count: int) -> None:
+    """Replace the run's workers by ``count`` that reach the masters at ``urls``."""
+    for worker in r.workers:
+        await worker.close()
+    r.workers[:] = [await Worker.start(i, urls, r.resource_url, NAME) for i in range(count)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_replies_delayed_past_the_ttl(make_servers: MakeServers, mode: str) -> None:
+    """Every master's replies take longer than A's TTL (a 0.4 s delay each way): A
+    gets no lock (its validity would be used up on arrival); once the delay is gone,
+    B takes it. Nothing is left behind by A's attempt."""
+    fencing = mode == "fenced"
+    async with run(make_servers, 0) as r, proxied(r.masters) as proxies:
+        await _start_workers(r, [proxy.url for proxy in proxies], 2)
+        a, b = r.workers
+        for proxy in proxies:
+            proxy.delay = 0.4
+        await a.cycle(fencing=fencing, ttl=0.5, wait=0.0, pause=False)
+        failed = await a.expect("failed")
+        await a.expect("done")
+        for proxy in proxies:
+            proxy.heal()
+        await b.cycle(fencing=fencing, ttl=2.0, wait=10.0, pause=False)
+        await b.expect("done")
+        outcome = await r.outcome()
+    assert failed.fields["error"] in ("LockTimeoutError", "QuorumUnavailableError")
+    assert outcome.acknowledged == 1  # B's
+    expected = Expected(violation=False, lost_updates=False, rejected=False)
+    record("replies delayed past the TTL (0.4 s each way, TTL 0.5 s)", mode, expected, outcome)
+    expect(outcome, expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_flapping_partition_of_two_masters(make_servers: MakeServers, mode: str) -> None:
+    """Two of five masters are cut off and reconnected every 30 ms (60 times) while
+    three clients take turns: the three others are always a majority; every cycle
+    completes, nothing overlaps."""
+    fencing = mode == "fenced"
+    async with run(make_servers, 0) as r, proxied(r.masters) as proxies:
+        await _start_workers(r, [proxy.url for proxy in proxies], 3)
+        async with anyio.create_task_group() as tg:
+
+            async def flap() -> None:
+                for i in range(60):
+                    for proxy in proxies[3:]:
+                        proxy.blackhole = i % 2 == 0
+                    await anyio.sleep(0.03)  # the fault's own rhythm, nothing awaited
+                for proxy in proxies[3:]:
+                    proxy.heal()
+
+            tg.start_soon(flap)
+            for _ in range(3):
+                for worker in r.workers:
+                    await worker.cycle(fencing=fencing, ttl=2.0, wait=10.0, pause=False)
+                for worker in r.workers:
+                    await worker.expect("done")
+        outcome = await r.outcome()
+    assert outcome.acknowledged == 9
+    expected = Expected(violation=False, lost_updates=False, rejected=False)
+    record("2 of 5 masters partitioned, flapping every 30 ms", mode, expected, outcome)
     expect(outcome, expected)
