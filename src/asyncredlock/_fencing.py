@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis, RedisCluster
 
 from ._errors import StaleTokenError
-from ._scripts import FENCED_WRITE, evalsha
+from ._scripts import FENCED_READ, FENCED_WRITE, evalsha
 
 __all__ = [
     "FenceGuard",
@@ -149,10 +149,12 @@ class FencedValue:
 class FencedStore:
     """A fenced key/value store in Redis: each write is refused if its token is stale.
 
-    Each record is a hash at ``prefix + key`` with the fields ``value`` and ``fence``.
-    A write or delete compares its token with ``fence`` and applies, in one Lua
-    script, only if the token is at least as new. Tokens are compared exactly (as
-    decimal strings), up to ``2**63 - 1``.
+    Each record is a hash at ``prefix + key`` with the fields ``value``, ``fence``
+    (the newest token that wrote, deleted or read it fenced) and ``writer`` (the
+    token that wrote the value). A write, delete or fenced read compares its token
+    with ``fence`` and applies, in one Lua script, only if the token is at least as
+    new. Tokens are compared exactly (as decimal strings), up to ``2**63 - 1``. For
+    a read-modify-write, read with the token (`read`) as well as write with it.
 
     A delete removes the value and keeps the fence (a tombstone), so a stale writer
     cannot write after it. Tombstones are never removed by the store.
@@ -201,26 +203,45 @@ class FencedStore:
             raise TypeError(f"value must be bytes, str, int or float, not {type(value).__name__}")
         await self._fenced(key, name, token, value)
 
-    async def read(self, key: str) -> FencedValue | None:
+    async def read(self, key: str, token: int | None = None) -> FencedValue | None:
         """The value at ``key`` and the token that wrote it.
+
+        With ``token`` (``lease.token``), a fenced read, for a read-modify-write:
+        refused if a newer token has written, deleted or read the record this way;
+        otherwise ``token`` becomes the record's fence, so that from then on an
+        older holder cannot write it. Without it, an older holder that read before
+        this one could still write between this read and this holder's write, and
+        one update would be lost.
 
         Args:
             key: The record's key (without the prefix).
+            token: The reader's fencing token, for a fenced read.
 
         Returns:
             None if there is no value (never written, or deleted).
 
         Raises:
-            TypeError: ``key`` is not a ``str``.
-            ValueError: ``key`` is empty.
+            StaleTokenError: A fenced read whose ``token`` is older than the
+                record's fence; nothing was read or changed.
+            TypeError: ``key`` is not a ``str``, or ``token`` not an ``int``.
+            ValueError: ``key`` is empty, or ``token`` is negative or over
+                ``2**63 - 1``.
         """
-        value, fence = await self._client.hmget(self._key(key), ["value", "fence"])
+        name = self._key(key)
+        if token is not None:
+            return await self._fenced_read(key, name, check_int64(token))
+        value, writer, fence = await self._client.hmget(name, ["value", "writer", "fence"])
         # A hash without a fence was not written here; writes to it are not refused.
         if value is None or fence is None:
             return None
-        # A client made with decode_responses=True answers str.
-        data = value.encode() if isinstance(value, str) else value
-        return FencedValue(data, int(fence))
+        return _found(value, writer or fence)
+
+    async def _fenced_read(self, key: str, name: str, token: int) -> FencedValue | None:
+        reply = await evalsha(self._client, FENCED_READ, [name], [str(token)])
+        if int(reply[0]) != 1:
+            raise stale(key, token, int(reply[1]))
+        value, writer = reply[1], reply[2]
+        return None if value is None or writer is None else _found(value, writer)
 
     async def delete(self, key: str, token: int) -> None:
         """Delete the value at ``key``, keeping its fence, unless ``token`` is stale.
@@ -252,6 +273,12 @@ class FencedStore:
         reply = await evalsha(self._client, FENCED_WRITE, [name], [str(token), *value])
         if int(reply[0]) != 1:
             raise stale(key, token, int(reply[1]))
+
+
+def _found(value: bytes | str, writer: bytes | str | int) -> FencedValue:
+    # A client made with decode_responses=True answers str.
+    data = value.encode() if isinstance(value, str) else value
+    return FencedValue(data, int(writer))
 
 
 def check_str(value: object, what: str) -> str:

@@ -18,6 +18,7 @@ __all__ = [
     "DEQUEUE",
     "EXTEND",
     "EXTEND_READ",
+    "FENCED_READ",
     "FENCED_WRITE",
     "INSPECT",
     "RELEASE",
@@ -61,6 +62,7 @@ EXTEND_READ = _load("extend_read", needs=("clock",))
 INSPECT = _load("inspect", needs=("clock",))
 DELETE = _load("delete", needs=("clock", "queue"))
 FENCED_WRITE = _load("fenced_write", needs=("decimal",))
+FENCED_READ = _load("fenced_read", needs=("decimal",))
 
 #: The scripts run on the masters, loaded on every new connection before any call.
 SCRIPTS: tuple[Script, ...] = (ACQUIRE, ACQUIRE_RW, DEQUEUE, COMMIT, RELEASE, RELEASE_READ)

@@ -83,8 +83,8 @@ def write(path: Path) -> None:
         " runs client processes against five real masters, injects its fault at a"
         " point the clients report, and checks the merged history (see"
         " [Guarantees](guarantees.md)). *Plain*: `fencing=False`, the counter written"
-        " with a plain `SET`; *fenced*: the counter behind a fence that checks the"
-        " token on the read and the write.\n\n"
+        " with a plain `SET`; *fenced*: the counter in the library's `FencedStore`,"
+        " read with the token (`read(key, token)`) and written with it.\n\n"
         f"Run {when}, Python {platform.python_version()}, {platform.platform()}.\n\n"
         + table()
         + "\n"

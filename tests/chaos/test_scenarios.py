@@ -20,12 +20,13 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
+from asyncredlock.fencing import FencedStore
 from asyncredlock.testing import FakeClock, FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .harness import Outcome, Worker, check
 from .report import Expected, matches, record
-from .worker import COUNTER
+from .worker import COUNTER, FENCED
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +44,9 @@ class Run:
     workers: list[Worker]
 
     async def final(self) -> int:
-        return int(await self.resource.get(COUNTER) or 0)
+        """The counter: the plain clients' string, or the fenced clients' record."""
+        fenced = await FencedStore(self.resource).read(FENCED)
+        return int(await self.resource.get(COUNTER) or 0) + int(fenced.value if fenced else 0)
 
     async def outcome(self) -> Outcome:
         """The checker's verdict; call it once the workers have closed."""

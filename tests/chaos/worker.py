@@ -22,10 +22,10 @@ Events: ``acquired`` (``token``; ``until``: the end of the validity the library
 reported), ``read`` (``value``), ``paused``, ``wrote`` (``ok``: whether the resource
 took it), ``released`` (``lost``: whether the release found the lease gone), ``failed``
 (``error``: an acquisition that failed). Times are ``time.monotonic()``, which every
-process on the machine shares. Plain (unfenced) clients write with a plain ``SET``;
-fenced ones through the resource's fence, which checks the token on the read as well
-as on the write, so a stale holder cannot write a value read before a newer holder's
-(see ``FENCED_READ``).
+process on the machine shares. Plain (unfenced) clients read with ``GET`` and write with ``SET``;
+fenced ones through the library's `FencedStore`, the read fenced too
+(``read(key, token)``), so a stale holder cannot write a value read before a newer
+holder's.
 """
 
 from __future__ import annotations
@@ -40,29 +40,12 @@ from typing import Any
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockLostError, LockNotOwnedError, RedlockError
+from asyncredlock.fencing import FencedStore, StaleTokenError, check_token
 
 COUNTER = "chaos:counter"
-FENCE = "chaos:counter:fence"
 
-#: Read the counter for a holder with token ARGV[1]: refused (-1) if a newer token
-#: has touched it; otherwise the fence moves up to the token.
-FENCED_READ = """
-local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')
-local token = tonumber(ARGV[1])
-if token < fence then return {-1, fence} end
-redis.call('SET', KEYS[2], ARGV[1])
-return {tonumber(redis.call('GET', KEYS[1]) or '0'), token}
-"""
-
-#: Write the counter (ARGV[2]) for token ARGV[1], refused (0) if a newer token has
-#: touched it.
-FENCED_WRITE = """
-local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')
-if tonumber(ARGV[1]) < fence then return 0 end
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[1], ARGV[2])
-return 1
-"""
+#: The fenced clients' counter: a record of the library's `FencedStore`.
+FENCED = "chaos:fenced-counter"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -136,20 +119,29 @@ async def churn(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
 async def read(resource: Redis, fencing: bool, token: int | None) -> int:
     """The counter (reported); -1 if the fence refused ``token``."""
     if fencing:
-        value, _ = await resource.eval(FENCED_READ, 2, COUNTER, FENCE, token)
+        try:
+            found = await FencedStore(resource).read(FENCED, check_token(token))
+        except StaleTokenError:
+            value = -1
+        else:
+            value = 0 if found is None else int(found.value)
     else:
-        value = await resource.get(COUNTER) or 0
-    emit("read", value=int(value), ok=int(value) >= 0)
-    return int(value)
+        value = int(await resource.get(COUNTER) or 0)
+    emit("read", value=value, ok=value >= 0)
+    return value
 
 
 async def write(resource: Redis, fencing: bool, token: int | None, value: int) -> None:
     """Write the counter (reported, with whether the resource took it)."""
+    ok = True
     if fencing:
-        ok = await resource.eval(FENCED_WRITE, 2, COUNTER, FENCE, token, value)
+        try:
+            await FencedStore(resource).write(FENCED, value, check_token(token))
+        except StaleTokenError:
+            ok = False
     else:
-        ok = await resource.set(COUNTER, value)
-    emit("wrote", ok=bool(ok), value=value, token=token)
+        await resource.set(COUNTER, value)
+    emit("wrote", ok=ok, value=value, token=token)
 
 
 async def main(masters: list[str], resource_url: str, name: str) -> None:

@@ -27,6 +27,67 @@ def store(client: Redis) -> FencedStore:
     return FencedStore(client)
 
 
+class TestFencedReads:
+    """``read(key, token)``: refused when a newer token has touched the record; else
+    the token becomes the fence, so that an older holder can no longer write."""
+
+    async def test_the_lost_update_it_prevents(self, store: FencedStore) -> None:
+        """A (token 1) and B (token 2) both read, then A writes: without fenced reads
+        A's write would be taken and B's would overwrite the same count."""
+        await store.write("counter", 5, 1)
+        a = await store.read("counter", 1)
+        b = await store.read("counter", 2)
+        assert a == b == FencedValue(b"5", 1)  # the writer's token, not the reader's
+        with pytest.raises(StaleTokenError) as caught:
+            await store.write("counter", 6, 1)
+        assert (caught.value.token, caught.value.newest) == (1, 2)
+        await store.write("counter", 6, 2)
+        assert await store.read("counter") == FencedValue(b"6", 2)
+
+    async def test_an_older_reader_is_refused_and_changes_nothing(
+        self, store: FencedStore, client: Redis
+    ) -> None:
+        await store.write("k", "v", 9)
+        before = await client.hgetall("k")
+        with pytest.raises(StaleTokenError) as caught:
+            await store.read("k", 8)
+        assert (caught.value.token, caught.value.newest) == (8, 9)
+        assert await client.hgetall("k") == before
+
+    async def test_the_same_token_reads_and_writes_again(self, store: FencedStore) -> None:
+        await store.write("k", "a", 4)
+        assert await store.read("k", 4) == FencedValue(b"a", 4)
+        await store.write("k", "b", 4)
+        assert await store.read("k", 4) == FencedValue(b"b", 4)
+
+    async def test_a_fenced_read_of_a_missing_record_fences_it(
+        self, store: FencedStore, client: Redis
+    ) -> None:
+        assert await store.read("new", 3) is None
+        assert await client.hgetall("new") == {b"fence": b"3"}
+        with pytest.raises(StaleTokenError):
+            await store.write("new", "late", 2)
+        assert await store.read("new") is None
+
+    async def test_records_written_before_the_writer_field_read_as_before(
+        self, store: FencedStore, client: Redis
+    ) -> None:
+        await client.hset("old", mapping={"value": "v", "fence": "12"})
+        assert await store.read("old") == FencedValue(b"v", 12)
+        assert await store.read("old", 13) == FencedValue(b"v", 12)
+        assert await client.hget("old", "fence") == b"13"
+
+    @pytest.mark.parametrize(
+        ("token", "error"), [(-1, ValueError), (2**63, ValueError), ("7", TypeError)]
+    )
+    async def test_a_bad_token_is_refused_before_any_io(
+        self, store: FencedStore, client: Redis, token: object, error: type[Exception]
+    ) -> None:
+        with pytest.raises(error):
+            await store.read("k", token)  # type: ignore[arg-type]
+        assert await client.exists("k") == 0
+
+
 class TestWrites:
     """Fenced writes: values stored with their token, newer or equal tokens accepted,
     older ones refused."""
@@ -34,7 +95,11 @@ class TestWrites:
     async def test_round_trip(self, store: FencedStore, client: Redis) -> None:
         await store.write("orders:42", b"\x00paid\xff", 7)
         assert await store.read("orders:42") == FencedValue(b"\x00paid\xff", 7)
-        assert await client.hgetall("orders:42") == {b"value": b"\x00paid\xff", b"fence": b"7"}
+        assert await client.hgetall("orders:42") == {
+            b"value": b"\x00paid\xff",
+            b"fence": b"7",
+            b"writer": b"7",
+        }
 
     @pytest.mark.parametrize(
         ("value", "stored"),

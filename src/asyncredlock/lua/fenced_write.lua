@@ -1,5 +1,6 @@
 -- Fenced write or delete of one record of a FencedStore.
--- KEYS[1] the record: a hash with the fields 'value' and 'fence'
+-- KEYS[1] the record: a hash with the fields 'value', 'fence' (the newest token that
+--         wrote, deleted or read it fenced) and 'writer' (the token that wrote the value)
 -- ARGV[1] the writer's fencing token, a canonical non-negative decimal string
 -- ARGV[2] the new value; absent for a delete, which removes the value but keeps the
 --         fence (a tombstone), so that an older writer cannot write after it
@@ -12,9 +13,9 @@ if fence and not le(fence, token) then
   return {0, fence}
 end
 if #ARGV >= 2 then
-  redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fence', token)
+  redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fence', token, 'writer', token)
 else
-  redis.call('HDEL', KEYS[1], 'value')
+  redis.call('HDEL', KEYS[1], 'value', 'writer')
   redis.call('HSET', KEYS[1], 'fence', token)
 end
 return {1}
