@@ -196,6 +196,8 @@ async def fencing(lease: Lease, client: Redis) -> None:
     if found is not None:
         assert_type(found.value, bytes)
         assert_type(found.token, int)
+    assert_type(await store.read("orders:42", token), FencedValue | None)
+    await store.read("orders:42", "7")  # type: ignore[arg-type]
     await store.delete("orders:42", token)
     await store.write("orders:42", None, token)  # type: ignore[arg-type]
     FencedStore(client, "app:")  # type: ignore[call-arg]
