@@ -10,95 +10,20 @@ nothing. Every outcome is recorded for the results table (``report.py``).
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
-from redis.asyncio import Redis
 
-from asyncredlock.fencing import FencedStore
-from asyncredlock.testing import FakeClock, FaultProxy, ServerGroup
+from asyncredlock.testing import FakeClock
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .harness import Outcome, Worker, check
-from .report import Expected, matches, record
-from .worker import COUNTER, FENCED
+from .deployment import MODES, NAME, Run, expect, proxied, run, start_workers
+from .harness import Outcome
+from .report import Expected, record
 
 pytestmark = pytest.mark.anyio
-
-NAME = "chaos:lock"
-MODES = ("plain", "fenced")
-
-
-@dataclass
-class Run:
-    """One scenario's servers and clients."""
-
-    masters: ServerGroup
-    resource: Redis
-    resource_url: str
-    workers: list[Worker]
-
-    async def final(self) -> int:
-        """The counter: the plain clients' string, or the fenced clients' record."""
-        fenced = await FencedStore(self.resource).read(FENCED)
-        return int(await self.resource.get(COUNTER) or 0) + int(fenced.value if fenced else 0)
-
-    async def outcome(self) -> Outcome:
-        """The checker's verdict; call it once the workers have closed."""
-        events = [e for w in self.workers for e in w.events]
-        return check(events, await self.final(), await self.orphans())
-
-    async def orphans(self) -> int:
-        """Keys on the masters with no expiry, fence counters aside (they stay by
-        design: a resource's tokens keep increasing)."""
-        found = 0
-        for i, server in enumerate(self.masters):
-            if not server.running or server.paused:
-                continue
-            client = self.direct(i)
-            for key in await client.keys("*"):
-                found += not key.endswith(b":fence") and await client.pttl(key) == -1
-            await client.aclose()
-        return found
-
-    def direct(self, i: int) -> Redis:
-        return Redis.from_url(self.masters.urls[i])
-
-
-@asynccontextmanager
-async def run(
-    make_servers: MakeServers,
-    workers: int,
-    *,
-    appendonly: bool = False,
-    fake_clock: bool = False,
-    clocks: Sequence[FakeClock] = (),
-) -> AsyncIterator[Run]:
-    """Five masters, a resource server, and ``workers`` client processes (worker ``i``
-    on ``clocks[i]``, if given: its wall clock, not its monotonic one)."""
-    masters = make_servers(5, appendonly=appendonly, fake_clock=fake_clock)
-    resource_url = make_servers(1).urls[0]
-    resource = Redis.from_url(resource_url)
-    started: list[Worker] = []
-    try:
-        for i in range(workers):
-            env = clocks[i].environ(os.environ) if i < len(clocks) else None
-            started.append(await Worker.start(i, masters.urls, resource_url, NAME, env))
-        yield Run(masters, resource, resource_url, started)
-    finally:
-        for worker in started:
-            await worker.close()
-        await resource.aclose()
-
-
-def expect(outcome: Outcome, expected: Expected) -> None:
-    """The observed outcome matches what the scenario expects, and nothing is left."""
-    assert matches(expected, outcome), (expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -389,23 +314,6 @@ async def test_client_wall_clocks_jump(
     expect(outcome, expected)
 
 
-@asynccontextmanager
-async def proxied(masters: ServerGroup) -> AsyncIterator[list[FaultProxy]]:
-    """A `FaultProxy` in front of each master, in this test's event loop."""
-    async with AsyncExitStack() as stack:
-        yield [
-            await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
-            for server in masters
-        ]
-
-
-async def _start_workers(r: Run, urls: list[str], count: int) -> None:
-    """Replace the run's workers by ``count`` that reach the masters at ``urls``."""
-    for worker in r.workers:
-        await worker.close()
-    r.workers[:] = [await Worker.start(i, urls, r.resource_url, NAME) for i in range(count)]
-
-
 @pytest.mark.parametrize("mode", MODES)
 async def test_replies_delayed_past_the_ttl(make_servers: MakeServers, mode: str) -> None:
     """Every master's replies take longer than A's TTL (a 0.4 s delay each way): A
@@ -413,7 +321,7 @@ async def test_replies_delayed_past_the_ttl(make_servers: MakeServers, mode: str
     B takes it. Nothing is left behind by A's attempt."""
     fencing = mode == "fenced"
     async with run(make_servers, 0) as r, proxied(r.masters) as proxies:
-        await _start_workers(r, [proxy.url for proxy in proxies], 2)
+        await start_workers(r, [proxies] * 2)
         a, b = r.workers
         for proxy in proxies:
             proxy.delay = 0.4
@@ -439,7 +347,7 @@ async def test_flapping_partition_of_two_masters(make_servers: MakeServers, mode
     completes, nothing overlaps."""
     fencing = mode == "fenced"
     async with run(make_servers, 0) as r, proxied(r.masters) as proxies:
-        await _start_workers(r, [proxy.url for proxy in proxies], 3)
+        await start_workers(r, [proxies] * 3)
         async with anyio.create_task_group() as tg:
 
             async def flap() -> None:
