@@ -1,6 +1,7 @@
 """What every scenario runs on: five masters, a resource server and client processes
 (`Run`, made by `run`), optionally reached through `FaultProxy`'s (`proxied`,
-`start_workers`), and the assertion that closes each scenario (`expect`)."""
+`start_workers`), rounds of cycles (`take_turns`), and the assertion that closes each
+scenario (`expect`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -15,7 +17,7 @@ from asyncredlock.fencing import FencedStore
 from asyncredlock.testing import FakeClock, FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .harness import Outcome, Worker, check
+from .harness import Event, Outcome, Worker, check
 from .report import Expected, matches
 from .worker import COUNTER, FENCED
 
@@ -37,10 +39,13 @@ class Run:
         fenced = await FencedStore(self.resource).read(FENCED)
         return int(await self.resource.get(COUNTER) or 0) + int(fenced.value if fenced else 0)
 
+    def events(self) -> list[Event]:
+        """What every worker reported so far."""
+        return [e for w in self.workers for e in w.events]
+
     async def outcome(self) -> Outcome:
-        """The checker's verdict; call it once the workers have closed."""
-        events = [e for w in self.workers for e in w.events]
-        return check(events, await self.final(), await self.orphans())
+        """The checker's verdict; call it once the workers are done."""
+        return check(self.events(), await self.final(), await self.orphans())
 
     async def orphans(self) -> int:
         """Keys on the masters with no expiry, fence counters aside (they stay by
@@ -105,6 +110,16 @@ async def start_workers(r: Run, routes: Sequence[Sequence[FaultProxy]]) -> None:
     for i, proxies in enumerate(routes):
         urls = [proxy.url for proxy in proxies]
         r.workers.append(await Worker.start(i, urls, r.resource_url, NAME))
+
+
+async def take_turns(workers: Sequence[Worker], rounds: int, **cycle: Any) -> None:
+    """``rounds`` rounds in each of which every worker starts a cycle (`Worker.cycle`
+    with ``cycle``) at once; a round ends when every worker is done."""
+    for _ in range(rounds):
+        for worker in workers:
+            await worker.cycle(**cycle)
+        for worker in workers:
+            await worker.expect("done")
 
 
 def expect(outcome: Outcome, expected: Expected) -> None:

@@ -8,13 +8,16 @@ the machine, so the history of all workers can be merged and checked:
 - **overlaps**: two holders whose critical sections (from the acquisition to the
   last access to the resource) overlapped while both leases were *valid* (up to the
   validity the library reported): the guarantee Redlock makes; and two holders whose
-  critical sections overlapped at all, as each *believed* it held the lock;
+  critical sections overlapped at all, as each *believed* it held the lock. Readers
+  of a read-write lock may overlap each other, never a writer;
 - **lost updates**: increments the resource acknowledged, minus what the counter holds;
 - **late writes**: writes the resource accepted after the writer's validity ended;
 - **token order**: tokens of the accepted writes, in time order, never going back;
 - **orphan keys**: keys the clients left on the masters with no expiry;
 - **detection**: for a lease reported lost, how long after its holder could know
-  (it resumed from a pause, or its validity ended) the report came.
+  (it resumed from a pause, or its validity ended) the report came;
+- **hand-over** (`handover`, asked for by a scenario): how long after one holder's
+  last write the next one acquired.
 
 Every process is bounded: a worker that does not report within `EVENT_GUARD` seconds
 fails the test, and `Worker.close()` kills what remains.
@@ -24,12 +27,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from anyio.abc import Process
@@ -84,13 +89,27 @@ class Worker:
         await self.process.stdin.send((line + "\n").encode())
 
     async def cycle(
-        self, *, fencing: bool, ttl: float, wait: float, pause: bool, hold: bool = False
+        self,
+        *,
+        fencing: bool,
+        ttl: float,
+        wait: float,
+        pause: bool,
+        hold: bool = False,
+        role: str = "exclusive",
+        fair: bool = False,
+        extend: bool = False,
     ) -> None:
         """Start one lock cycle, whose ``acquire()`` waits up to ``wait`` seconds (it
         reports as it goes: see `expect`); with ``hold``, inside ``async with``, the
-        lease extending itself."""
+        lease extending itself. ``role``, ``fair`` and ``extend`` (a cycle's lease
+        extending itself) are described in ``worker.py``."""
         spec = {"fencing": fencing, "ttl": ttl, "timeout": wait, "pause": pause}
-        await self.send(json.dumps({"cmd": "hold" if hold else "cycle", **spec}))
+        if hold:
+            await self.send(json.dumps({"cmd": "hold", **spec}))
+            return
+        options = {"role": role, "fair": fair, "extend": extend}
+        await self.send(json.dumps({"cmd": "cycle", **spec, **options}))
 
     async def expect(self, kind: str) -> Event:
         """Read events until one of ``kind``; fails on ``failed`` or a hang."""
@@ -123,6 +142,12 @@ class Worker:
             return (await self.process.stderr.receive()).decode(errors="replace")[-2000:]
         return ""
 
+    async def kill(self) -> None:
+        """SIGKILL the process, wherever it is (a client that crashed)."""
+        os.kill(self.pid, signal.SIGKILL)
+        with anyio.fail_after(EVENT_GUARD):
+            await self.process.wait()
+
     async def close(self) -> None:
         """Ask it to exit; kill it if it does not within a few seconds."""
         if self.process.returncode is None:
@@ -149,6 +174,7 @@ class Outcome:
     final: int = 0
     orphans: int = 0  # keys left on the masters with no expiry (fence counters aside)
     detection: list[float] = field(default_factory=list)  # seconds to report a loss
+    handover: list[float] = field(default_factory=list)  # seconds to the next holder
 
     @property
     def violated(self) -> bool:
@@ -156,11 +182,20 @@ class Outcome:
         return self.overlaps > 0
 
 
-def holds(events: list[Event]) -> list[tuple[int, float, float, float]]:
-    """Per acquisition: (worker, acquired at, the end of its critical section while
-    valid, the end of its critical section). The critical section runs from the
-    acquisition to the holder's last access to the resource (its write, or its read
-    when it did not write); its release comes after and is not part of it."""
+class Hold(NamedTuple):
+    """One acquisition, as the checker sees it."""
+
+    worker: int
+    start: float  # acquired at
+    valid: float  # the end of its critical section while valid
+    end: float  # the end of its critical section
+    shared: bool  # a reader's (readers may overlap each other)
+
+
+def holds(events: list[Event]) -> list[Hold]:
+    """Every acquisition. The critical section runs from the acquisition to the
+    holder's last access to the resource (its write, or its read when it did not
+    write); its release comes after and is not part of it."""
     found = []
     start: dict[int, Event] = {}
     last: dict[int, float] = {}
@@ -171,8 +206,14 @@ def holds(events: list[Event]) -> list[tuple[int, float, float, float]]:
             last[event.worker] = event.t
         elif event.kind in ("released", "lost") and event.worker in start:
             began, end = start.pop(event.worker), last.pop(event.worker)
-            found.append((event.worker, began.t, min(began.fields["until"], end), end))
+            valid = min(began.fields["until"], end)
+            found.append(Hold(event.worker, began.t, valid, end, began.fields.get("shared", False)))
     return found
+
+
+def excluded(a: Hold, b: Hold) -> bool:
+    """Whether two acquisitions must not overlap: not of one worker, not both readers."""
+    return a.worker != b.worker and not (a.shared and b.shared)
 
 
 def _validity(events: list[Event]) -> dict[tuple[int, float], float]:
@@ -195,16 +236,23 @@ def detections(events: list[Event]) -> list[float]:
     return found
 
 
+def handover(events: list[Event], giver: int, taker: int) -> float:
+    """Seconds from worker ``giver``'s last write (its release began right after) to
+    worker ``taker``'s next acquisition."""
+    wrote = max((e for e in events if (e.worker, e.kind) == (giver, "wrote")), key=lambda e: e.t)
+    later = (e for e in events if (e.worker, e.kind) == (taker, "acquired") and e.t > wrote.t)
+    return round(min(later, key=lambda e: e.t).t - wrote.t, 3)
+
+
 def check(events: list[Event], final: int, orphans: int = 0) -> Outcome:
     """The checker: see the module's docstring."""
     outcome = Outcome(final=final, orphans=orphans, detection=detections(events))
     intervals = holds(events)
-    for i, (w1, start1, valid1, believed1) in enumerate(intervals):
-        for w2, start2, valid2, believed2 in intervals[i + 1 :]:
-            if w1 == w2:
-                continue
-            outcome.overlaps += start1 < valid2 and start2 < valid1
-            outcome.believed += start1 < believed2 and start2 < believed1
+    for i, a in enumerate(intervals):
+        for b in intervals[i + 1 :]:
+            if excluded(a, b):
+                outcome.overlaps += a.start < b.valid and b.start < a.valid
+                outcome.believed += a.start < b.end and b.start < a.end
     writes = sorted((e for e in events if e.kind == "wrote"), key=lambda e: e.t)
     accepted = [e for e in writes if e.fields["ok"]]
     outcome.acknowledged = len(accepted)

@@ -51,13 +51,17 @@ def matches(expected: Expected, o: Outcome) -> bool:
     )
 
 
+def _seconds(values: list[float]) -> str:
+    return ", ".join(f"{v:.3f}" for v in values) or "-"
+
+
 def table() -> str:
     lines = [
         "| scenario | client | expected: exclusion broken / updates lost / stale write refused "
         "| observed: validity overlaps / believed overlaps / lost updates / late writes "
         "/ refused / acknowledged, final | orphan keys | loss reported after (s) "
-        "| as expected |",
-        "|---|---|---|---|---|---|---|",
+        "| hand-over after (s) | as expected |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for scenario, mode, expected, o in sorted(RESULTS, key=lambda r: (r[0], r[1] != "plain")):
         wanted = " / ".join(
@@ -67,10 +71,9 @@ def table() -> str:
             f"{o.overlaps} / {o.believed} / {o.lost_updates} / {o.late_writes} / "
             f"{o.rejected_writes} / {o.acknowledged}, {o.final}"
         )
-        detected = ", ".join(f"{d:.3f}" for d in o.detection) or "-"
         lines.append(
-            f"| {scenario} | {mode} | {wanted} | {seen} | {o.orphans} | {detected} "
-            f"| {_yes(matches(expected, o))} |"
+            f"| {scenario} | {mode} | {wanted} | {seen} | {o.orphans} | {_seconds(o.detection)} "
+            f"| {_seconds(o.handover)} | {_yes(matches(expected, o))} |"
         )
     return "\n".join(lines)
 

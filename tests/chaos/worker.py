@@ -7,7 +7,11 @@ Commands come on stdin, one JSON object per line:
 - ``{"cmd": "cycle", "fencing": bool, "ttl": s, "timeout": s, "pause": bool}``: acquire
   the lock on ``NAME``; read the counter; with ``pause``, report ``paused`` and block the
   whole process (its event loop included, as a long GC pause or a stalled VM would)
-  until the line ``go`` arrives; write the counter plus one; release.
+  until the line ``go`` arrives; write the counter plus one; release. Optional keys:
+  ``role`` (``"exclusive"``, the default: ``lock(NAME)``; ``"writer"`` or ``"reader"``:
+  the sides of ``rwlock(NAME)``; a reader has no token, reads the counter without one,
+  moving no fence, and reads it again instead of writing), ``fair`` (``fair=True``),
+  ``extend`` (the lease extends itself, ``auto_extend=True``; otherwise it does not).
 - ``{"cmd": "hold", "fencing": bool, "ttl": s, "timeout": s, "pause": bool}``: the
   same inside ``async with`` (the lease extends itself); after reading (and the pause,
   if any: ``resumed``), the job goes on for five TTLs before it writes, so that a lost
@@ -18,9 +22,12 @@ Commands come on stdin, one JSON object per line:
   ``cancelled`` is reported.
 - ``{"cmd": "exit"}``.
 
-Events: ``acquired`` (``token``; ``until``: the end of the validity the library
-reported), ``read`` (``value``), ``paused``, ``wrote`` (``ok``: whether the resource
-took it), ``released`` (``lost``: whether the release found the lease gone), ``failed``
+Events: ``waiting`` (a cycle's ``acquire()`` failed its first attempt and waits: a
+fair lock's waiter is queued on the masters by then), ``acquired`` (``token``;
+``until``: the end of the validity the library reported; ``shared``: a reader's;
+``source``: how it was taken, ``lease.statistics().source``),
+``read`` (``value``), ``paused``, ``wrote`` (``ok``: whether the resource took it),
+``released`` (``lost``: whether the release found the lease gone), ``failed``
 (``error``: an acquisition that failed). Times are ``time.monotonic()``, which every
 process on the machine shares. Plain (unfenced) clients read with ``GET`` and write with ``SET``;
 fenced ones through the library's `FencedStore`, the read fenced too
@@ -39,8 +46,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock, LockLostError, LockNotOwnedError, RedlockError
+from asyncredlock import (
+    AsyncRedlock,
+    Lease,
+    Lock,
+    LockLostError,
+    LockNotOwnedError,
+    RedlockError,
+)
 from asyncredlock.fencing import FencedStore, StaleTokenError, check_token
+from asyncredlock.testing import Waits
 
 COUNTER = "chaos:counter"
 
@@ -54,23 +69,58 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps(line), flush=True)
 
 
-async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[str, Any]) -> None:
+def make_lock(redlock: AsyncRedlock, name: str, spec: dict[str, Any]) -> Lock:
+    """The lock a cycle takes: see ``role``, ``fair`` and ``extend`` above."""
+    role, fair = spec.get("role", "exclusive"), bool(spec.get("fair"))
+    options: dict[str, Any] = {
+        "ttl": spec["ttl"],
+        "timeout": spec["timeout"],
+        "auto_extend": bool(spec.get("extend")),
+    }
+    if role == "reader":
+        return redlock.rwlock(name, fair=fair).read(**options)
     fencing = bool(spec["fencing"])
-    lock = redlock.lock(
-        name, ttl=spec["ttl"], timeout=spec["timeout"], fencing=fencing, auto_extend=False
-    )
-    try:
-        lease = await lock.acquire()
-    except RedlockError as exc:
-        emit("failed", error=type(exc).__name__)
+    if role == "writer":
+        return redlock.rwlock(name, fair=fair).write(fencing=fencing, **options)
+    return redlock.lock(name, fencing=fencing, fair=fair, **options)
+
+
+async def acquire(redlock: AsyncRedlock, lock: Lock) -> Lease | None:
+    """``lock.acquire()``, reporting ``waiting`` once it waits and ``failed`` if it
+    fails (then None)."""
+    with Waits(redlock) as waits:
+        async with asyncio.TaskGroup() as tasks:
+            watcher = tasks.create_task(report_waiting(waits))
+            try:
+                return await lock.acquire()
+            except RedlockError as exc:
+                emit("failed", error=type(exc).__name__)
+                return None
+            finally:
+                watcher.cancel()
+
+
+async def report_waiting(waits: Waits) -> None:
+    await waits.reach(1)
+    emit("waiting")
+
+
+async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[str, Any]) -> None:
+    lease = await acquire(redlock, make_lock(redlock, name, spec))
+    if lease is None:
         return
-    emit("acquired", token=lease.token, until=time.monotonic() + lease.validity)
+    until, source = time.monotonic() + lease.validity, lease.statistics().source
+    emit("acquired", token=lease.token, until=until, shared=lease.shared, source=source)
+    fencing = bool(spec["fencing"])
     value = await read(resource, fencing, lease.token)
     if value >= 0:
         if spec.get("pause"):
             emit("paused")
             sys.stdin.readline()  # blocks the process, event loop and all, until "go"
-        await write(resource, fencing, lease.token, value + 1)
+        if lease.shared:
+            await read(resource, fencing, lease.token)  # its reading spans the pause
+        else:
+            await write(resource, fencing, lease.token, value + 1)
     try:
         await lease.release()
     except LockNotOwnedError:
@@ -117,10 +167,12 @@ async def churn(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
 
 
 async def read(resource: Redis, fencing: bool, token: int | None) -> int:
-    """The counter (reported); -1 if the fence refused ``token``."""
+    """The counter (reported); -1 if the fence refused ``token``. A reader has no
+    token: its read moves no fence."""
     if fencing:
+        fence = None if token is None else check_token(token)
         try:
-            found = await FencedStore(resource).read(FENCED, check_token(token))
+            found = await FencedStore(resource).read(FENCED, fence)
         except StaleTokenError:
             value = -1
         else:
