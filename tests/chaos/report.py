@@ -87,7 +87,11 @@ def write(path: Path) -> None:
         " point the clients report, and checks the merged history (see"
         " [Guarantees](guarantees.md)). *Plain*: `fencing=False`, the counter written"
         " with a plain `SET`; *fenced*: the counter in the library's `FencedStore`,"
-        " read with the token (`read(key, token)`) and written with it.\n\n"
+        " read with the token (`read(key, token)`) and written with it (readers of a"
+        " read-write lock have no token: they read without one). *Loss reported"
+        " after*: from when a lost lease's holder could know (it resumed, or its"
+        " validity ended) to the report; *hand-over after*: from a holder's last write"
+        " (its release follows) to the next holder's acquisition.\n\n"
         f"Run {when}, Python {platform.python_version()}, {platform.platform()}.\n\n"
         + table()
         + "\n"
