@@ -6,6 +6,8 @@ fair lock's queue lost by a master restart, and a queued waiter killed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from asyncredlock.testing.pytest_plugin import MakeServers
@@ -98,7 +100,14 @@ async def test_fair_turns_through_a_master_restart(make_servers: MakeServers, mo
     the known break of ``test_master_crash_restart_without_persistence``, not what
     this scenario is about. Every cycle completes, in turn."""
     fencing = mode == "fenced"
-    turn = {"fencing": fencing, "ttl": 2.0, "pause": False, "fair": True, "extend": True}
+    # the waiters' leases extend themselves: they leave hand-over terms
+    turn: dict[str, Any] = {
+        "fencing": fencing,
+        "ttl": 2.0,
+        "pause": False,
+        "fair": True,
+        "extend": True,
+    }
     async with run(make_servers, 3) as r:
         a, b, c = r.workers
         await take_turns(r.workers, 2, wait=10.0, **turn)
