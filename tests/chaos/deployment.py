@@ -11,10 +11,13 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from redis.asyncio import Redis
 
 from asyncredlock.fencing import FencedStore
 from asyncredlock.testing import FakeClock, FaultProxy, ServerGroup
+from asyncredlock.testing._support import resp_call
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .harness import Event, Outcome, Worker, check
@@ -88,6 +91,36 @@ async def run(
         for worker in started:
             await worker.close()
         await resource.aclose()
+    await _no_connection_left(masters)
+
+
+#: How many times (every 50 ms) the servers are asked whether the connections of
+#: exited clients are gone: 10 s at most.
+CLOSE_POLLS = 200
+
+
+async def _no_connection_left(masters: ServerGroup) -> None:
+    """Every client connection to the masters is gone, once the clients have exited
+    (polled: a server notices a closed socket on its next event-loop turn)."""
+    for server in masters:
+        if not server.running or server.paused:
+            continue
+        for _ in range(CLOSE_POLLS):  # polls the server's count, a bounded number of times
+            left = await anyio.to_thread.run_sync(_clients_of, server.port)
+            if left == 0:
+                break
+            await anyio.sleep(0.05)
+        assert left == 0, f"{left} client connections left on {server.url}"
+
+
+def _clients_of(port: int) -> int:
+    """Connections open on the server at ``port``, not counting the one asking."""
+    text = resp_call(port, "INFO", "clients", timeout=2.0)
+    assert isinstance(text, bytes)
+    for line in text.decode().splitlines():
+        if line.startswith("connected_clients:"):
+            return int(line.split(":", 1)[1]) - 1
+    raise AssertionError(f"no connected_clients in INFO of :{port}")
 
 
 @asynccontextmanager

@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
 WORKER = Path(__file__).with_name("worker.py")
+#: Every worker process started, for the check that none outlives its test.
+STARTED: list[Process] = []
 EVENT_GUARD = 30.0  # seconds a worker may take to report; only stops a hung run
 
 
@@ -76,6 +79,7 @@ class Worker:
         """Start worker ``index`` (in ``env``, e.g. on a `FakeClock`)."""
         command = [sys.executable, str(WORKER), ",".join(masters), resource, name]
         process = await anyio.open_process(command, stderr=subprocess.PIPE, env=env)
+        STARTED.append(process)
         worker = cls(index, process)
         await worker.expect("ready")
         return worker
@@ -141,6 +145,20 @@ class Worker:
         with anyio.move_on_after(1):
             return (await self.process.stderr.receive()).decode(errors="replace")[-2000:]
         return ""
+
+    def freeze(self) -> None:
+        """SIGSTOP the process (a stalled VM, a debugger): nothing of it runs."""
+        os.kill(self.pid, signal.SIGSTOP)
+        self._note("stopped")
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen process; its history gets ``resumed`` (the harness's
+        clock is the workers' clock)."""
+        os.kill(self.pid, signal.SIGCONT)
+        self._note("resumed")
+
+    def _note(self, kind: str) -> None:
+        self.events.append(Event(self.index, kind, time.monotonic(), {}))
 
     async def kill(self) -> None:
         """SIGKILL the process, wherever it is (a client that crashed)."""

@@ -369,3 +369,32 @@ async def test_flapping_partition_of_two_masters(make_servers: MakeServers, mode
     expected = Expected(violation=False, lost_updates=False, rejected=False)
     record("2 of 5 masters partitioned, flapping every 30 ms", mode, expected, outcome)
     expect(outcome, expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_client_process_sigstopped_past_its_ttl(make_servers: MakeServers, mode: str) -> None:
+    """A holds the lock in ``async with`` (extending itself) and its process is
+    stopped (SIGSTOP) after reading; B takes the lock once A's keys expire and
+    increments; A is continued (SIGCONT): its lease reports itself lost and the block
+    is cancelled before it writes."""
+    fencing = mode == "fenced"
+    async with run(make_servers, 2) as r:
+        a, b = r.workers
+        await a.cycle(fencing=fencing, ttl=0.5, wait=5.0, pause=False, hold=True)
+        await a.expect("read")
+        a.freeze()
+        try:
+            await b.cycle(fencing=fencing, ttl=2.0, wait=10.0, pause=False)
+            await b.expect("done")  # after A's keys expired
+        finally:
+            a.thaw()
+        await a.expect("lost")
+        await a.expect("done")
+        outcome = await r.outcome()
+    assert outcome.acknowledged == 1  # B's; A never wrote
+    assert len(outcome.detection) == 1
+    expected = Expected(violation=False, lost_updates=False, rejected=False)
+    record(
+        "client process SIGSTOPped past its TTL, lease extending itself", mode, expected, outcome
+    )
+    expect(outcome, expected)
