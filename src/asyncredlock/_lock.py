@@ -16,7 +16,7 @@ from ._gate import LocalTimeoutError, Waiter
 from ._keys import Resources, key_slot, lock_key
 from ._lease import Lease
 from ._stats import LockCounters, LockStatistics
-from ._telemetry import ACQUIRE, caller_span, end_span, record_acquire, start_span
+from ._telemetry import ACQUIRE, end_span, holder_span, record_acquire, start_span
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -175,7 +175,7 @@ class Lock:
         counters.waited += waited
         core.timings.waited(self.name, waited)
         record_acquire(waited, "acquired")
-        lease._holder = caller_span()  # a loss is an event on the caller's span, if traced
+        lease._holder = holder_span(span)  # what its spans (and a loss event) hang from
         end_span(span, "acquired", token=lease.token, source=lease._record.taken.source)
         return lease
 

@@ -34,8 +34,8 @@ __all__ = [
     "ENABLED",
     "EXTEND",
     "RELEASE",
-    "caller_span",
     "end_span",
+    "holder_span",
     "master_error",
     "master_silent",
     "note_attempts",
@@ -131,12 +131,17 @@ def _outcome(outcome: str) -> dict[str, str]:
     return attributes
 
 
-def caller_span() -> Span | None:
-    """The caller's current span, if it records (a lost lease's event goes there)."""
+def holder_span(acquire: Span | None) -> Span | None:
+    """What a lease's spans hang from (its ``_holder``), given its acquire span: the
+    caller's current span if it records (a lost lease's event goes there too); else,
+    if the acquire span recorded, the invalid span (lease spans become roots); else
+    ``None``: the lease is not traced (no SDK when it was taken), at no cost."""
     if not ENABLED:
         return None
     span = trace.get_current_span()
-    return span if span.is_recording() else None
+    if span.is_recording():
+        return span
+    return trace.INVALID_SPAN if acquire is not None else None
 
 
 def start_span(name: str, resource: str) -> Span | None:
@@ -153,11 +158,14 @@ def start_span(name: str, resource: str) -> Span | None:
 
 
 def _lease_span(name: str, lease: Traced) -> Span | None:
-    """A span of a lease's round: a child of its holder's span, else a root (never of
-    whatever is current: an automatic extension runs in a background task, and a
-    lease passed on in process was made in the previous holder's)."""
+    """A span of a lease's round: a child of its holder's span, or a root when that is
+    the invalid span (see `holder_span`), never of whatever is current (an automatic
+    extension runs in a background task, and a lease passed on in process was made
+    in the previous holder's); ``None`` for a lease not traced."""
     holder = lease._holder
-    context = Context() if holder is None else trace.set_span_in_context(holder, Context())
+    if holder is None:  # not traced when acquired
+        return None
+    context = trace.set_span_in_context(holder, Context())
     span = _TRACER.start_span(name, context, SpanKind.INTERNAL)
     if not span.is_recording():
         return None
