@@ -21,7 +21,7 @@ from asyncredlock.testing._support import resp_call
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .harness import Event, Outcome, Worker, check
-from .report import Expected, matches
+from .report import Expected, matches, record
 from .worker import COUNTER, FENCED
 
 NAME = "chaos:lock"
@@ -155,6 +155,8 @@ async def take_turns(workers: Sequence[Worker], rounds: int, **cycle: Any) -> No
             await worker.expect("done")
 
 
-def expect(outcome: Outcome, expected: Expected) -> None:
-    """The observed outcome matches what the scenario expects, and nothing is left."""
+def verdict(scenario: str, mode: str, expected: Expected, outcome: Outcome) -> None:
+    """Record the scenario's row of the results table, then check that the observed
+    outcome is the expected one and that nothing was left."""
+    record(scenario, mode, expected, outcome)
     assert matches(expected, outcome), (expected, outcome)

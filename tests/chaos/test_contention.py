@@ -12,9 +12,9 @@ import pytest
 
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .deployment import MODES, NAME, Run, expect, proxied, run, start_workers, take_turns
+from .deployment import MODES, NAME, Run, proxied, run, start_workers, take_turns, verdict
 from .harness import EVENT_GUARD, handover
-from .report import Expected, record
+from .report import Expected
 
 pytestmark = pytest.mark.anyio
 
@@ -39,10 +39,9 @@ async def test_each_client_cut_off_from_a_different_minority(
         outcome = await r.outcome()
     assert outcome.acknowledged == 12
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record(
+    verdict(
         "each client cut off from a different minority (A: 3, 4; B: 0, 1)", mode, expected, outcome
     )
-    expect(outcome, expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -75,8 +74,7 @@ async def test_rwlock_writer_frozen_past_its_ttl(make_servers: MakeServers, mode
     assert outcome.believed == 4
     assert outcome.late_writes == (0 if fencing else 1)
     expected = Expected(violation=False, lost_updates=not fencing, rejected=fencing)
-    record("read-write lock: writer frozen past its TTL, readers between", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("read-write lock: writer frozen past its TTL, readers between", mode, expected, outcome)
 
 
 async def _a_master_without_the_key(r: Run) -> int:
@@ -124,8 +122,7 @@ async def test_fair_turns_through_a_master_restart(make_servers: MakeServers, mo
         outcome = await r.outcome()
     assert outcome.acknowledged == 18
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("fair lock, 3 clients taking turns, a master restarted empty", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("fair lock, 3 clients taking turns, a master restarted empty", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -156,5 +153,4 @@ async def test_queued_waiter_killed(make_servers: MakeServers, mode: str, extend
     assert outcome.acknowledged == 2
     expected = Expected(violation=False, lost_updates=False, rejected=False)
     how = "handed the key" if extend else "announced the release"
-    record(f"fair lock, a queued waiter SIGKILLed ({how})", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict(f"fair lock, a queued waiter SIGKILLed ({how})", mode, expected, outcome)

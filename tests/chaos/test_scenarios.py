@@ -19,9 +19,9 @@ import pytest
 from asyncredlock.testing import FakeClock
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .deployment import MODES, NAME, Run, expect, proxied, run, start_workers
+from .deployment import MODES, NAME, Run, proxied, run, start_workers, take_turns, verdict
 from .harness import Outcome
-from .report import Expected, record
+from .report import Expected
 
 pytestmark = pytest.mark.anyio
 
@@ -31,16 +31,11 @@ async def test_no_faults(make_servers: MakeServers, mode: str) -> None:
     """Three clients contend for the lock, three cycles each, nothing fails."""
     fencing = mode == "fenced"
     async with run(make_servers, 3) as r:
-        for _ in range(3):
-            for worker in r.workers:
-                await worker.cycle(fencing=fencing, ttl=2.0, wait=10.0, pause=False)
-            for worker in r.workers:
-                await worker.expect("done")
+        await take_turns(r.workers, 3, fencing=fencing, ttl=2.0, wait=10.0, pause=False)
         outcome = await r.outcome()
     assert outcome.acknowledged == 9
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("no faults", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("no faults", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -61,8 +56,7 @@ async def test_client_paused_past_its_ttl(make_servers: MakeServers, mode: str) 
     assert outcome.believed == 1
     assert outcome.late_writes == (0 if fencing else 1)
     expected = Expected(violation=False, lost_updates=not fencing, rejected=fencing)
-    record("client paused past its TTL (process frozen)", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("client paused past its TTL (process frozen)", mode, expected, outcome)
 
 
 async def _a_on_three_of_five(r: Run, fencing: bool) -> None:
@@ -111,8 +105,7 @@ async def test_master_crash_restart_without_persistence(
 
     outcome = await _crash_scenario(make_servers, mode, appendonly=False, restart=crash)
     expected = Expected(violation=True, lost_updates=mode == "plain", rejected=mode == "fenced")
-    record("master crash, restart without persistence", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("master crash, restart without persistence", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -128,8 +121,7 @@ async def test_master_crash_restart_with_appendfsync_always(
     outcome = await _crash_scenario(make_servers, mode, appendonly=True, restart=crash)
     assert outcome.acknowledged == 1  # only A's
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("master crash, restart with appendfsync always", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("master crash, restart with appendfsync always", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -141,19 +133,14 @@ async def test_two_of_five_masters_down(make_servers: MakeServers, mode: str, fa
     async with run(make_servers, 3) as r:
         for server in (r.masters[3], r.masters[4]):
             server.kill() if fault == "killed" else server.pause()
-        for _ in range(2):
-            for worker in r.workers:
-                await worker.cycle(fencing=fencing, ttl=2.0, wait=10.0, pause=False)
-            for worker in r.workers:
-                await worker.expect("done")
+        await take_turns(r.workers, 2, fencing=fencing, ttl=2.0, wait=10.0, pause=False)
         outcome = await r.outcome()
         for server in (r.masters[3], r.masters[4]):
             if server.paused:
                 server.resume()
     assert outcome.acknowledged == 6
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record(f"2 of 5 masters {fault}", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict(f"2 of 5 masters {fault}", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -177,8 +164,7 @@ async def test_client_frozen_while_its_lease_extends_itself(
     assert outcome.acknowledged == 1  # B's; A never wrote
     assert len(outcome.detection) == 1
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("client frozen past its TTL, lease extending itself", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("client frozen past its TTL, lease extending itself", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -204,8 +190,7 @@ async def test_majority_of_masters_frozen_while_held(make_servers: MakeServers, 
     assert outcome.acknowledged == 0
     assert len(outcome.detection) == 1
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("3 of 5 masters frozen while held (auto-extension)", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("3 of 5 masters frozen while held (auto-extension)", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -225,8 +210,7 @@ async def test_cancellation_at_random_points(make_servers: MakeServers, mode: st
     assert cancelled > 0  # cycles were cut short
     assert outcome.acknowledged > 0  # and some got as far as their write
     expected = Expected(violation=False, lost_updates=False, rejected=None)
-    record("cancellation at random points (60 cycles)", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("cancellation at random points (60 cycles)", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -242,8 +226,7 @@ async def test_clock_jump_on_one_master(make_servers: MakeServers, mode: str) ->
         make_servers, mode, appendonly=False, restart=jump, fake_clock=True
     )
     expected = Expected(violation=True, lost_updates=mode == "plain", rejected=mode == "fenced")
-    record("clock jump (+60 s) on one master", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("clock jump (+60 s) on one master", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -274,13 +257,8 @@ async def test_master_crash_restart_delayed_past_the_ttl(
         outcome = await r.outcome()
     assert outcome.acknowledged == 1  # B's
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record(
-        "master crash, restart delayed past the TTL (lease extending itself)",
-        mode,
-        expected,
-        outcome,
-    )
-    expect(outcome, expected)
+    scenario = "master crash, restart delayed past the TTL (lease extending itself)"
+    verdict(scenario, mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -310,8 +288,7 @@ async def test_client_wall_clocks_jump(
     (a_done,) = [e for e in a.events if e.kind == "done"]
     assert a_done.fields["wall"] - b_acquired.fields["wall"] > 100
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("client wall clocks jumped (+60 s, -60 s) while held", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("client wall clocks jumped (+60 s, -60 s) while held", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -336,8 +313,7 @@ async def test_replies_delayed_past_the_ttl(make_servers: MakeServers, mode: str
     assert failed.fields["error"] in ("LockTimeoutError", "QuorumUnavailableError")
     assert outcome.acknowledged == 1  # B's
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("replies delayed past the TTL (0.4 s each way, TTL 0.5 s)", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("replies delayed past the TTL (0.4 s each way, TTL 0.5 s)", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -359,16 +335,11 @@ async def test_flapping_partition_of_two_masters(make_servers: MakeServers, mode
                     proxy.heal()
 
             tg.start_soon(flap)
-            for _ in range(3):
-                for worker in r.workers:
-                    await worker.cycle(fencing=fencing, ttl=2.0, wait=10.0, pause=False)
-                for worker in r.workers:
-                    await worker.expect("done")
+            await take_turns(r.workers, 3, fencing=fencing, ttl=2.0, wait=10.0, pause=False)
         outcome = await r.outcome()
     assert outcome.acknowledged == 9
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record("2 of 5 masters partitioned, flapping every 30 ms", mode, expected, outcome)
-    expect(outcome, expected)
+    verdict("2 of 5 masters partitioned, flapping every 30 ms", mode, expected, outcome)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -394,7 +365,6 @@ async def test_client_process_sigstopped_past_its_ttl(make_servers: MakeServers,
     assert outcome.acknowledged == 1  # B's; A never wrote
     assert len(outcome.detection) == 1
     expected = Expected(violation=False, lost_updates=False, rejected=False)
-    record(
+    verdict(
         "client process SIGSTOPped past its TTL, lease extending itself", mode, expected, outcome
     )
-    expect(outcome, expected)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import anyio
 import pytest
 from redis.asyncio import Redis
 
@@ -121,3 +123,15 @@ def library_tasks() -> list[asyncio.Task[object]]:
 def _from_library(task: asyncio.Task[object]) -> bool:
     code = getattr(task.get_coro(), "cr_code", None)
     return code is not None and "/asyncredlock/" in code.co_filename.replace("\\", "/")
+
+
+class Heard(logging.Handler):
+    """Sets ``event`` when a record whose message starts with ``prefix`` is logged."""
+
+    def __init__(self, prefix: str, event: anyio.Event) -> None:
+        super().__init__()
+        self.prefix, self.event = prefix, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.event.set()

@@ -12,7 +12,7 @@ from asyncredlock import AsyncRedlock, Lease, LockLostError
 from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters
+from .conftest import Heard, Masters
 
 pytestmark = pytest.mark.anyio
 
@@ -111,18 +111,6 @@ class TestLeaseStory:
         assert record.__dict__["reason"] == "its AsyncRedlock was closed"
 
 
-class _Heard(logging.Handler):
-    """Sets ``event`` when a record whose message starts with ``prefix`` is logged."""
-
-    def __init__(self, prefix: str, event: anyio.Event) -> None:
-        super().__init__()
-        self.prefix, self.event = prefix, event
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith(self.prefix):
-            self.event.set()
-
-
 class TestMasters:
     async def test_a_silent_master_and_its_return_are_logged(
         self, make_servers: MakeServers, caplog: pytest.LogCaptureFixture
@@ -131,7 +119,7 @@ class TestMasters:
         group = make_servers(3)
         quiet = group.urls[2]
         heard = anyio.Event()
-        handler = _Heard(f"master {quiet} silent", heard)
+        handler = Heard(f"master {quiet} silent", heard)
         logging.getLogger("asyncredlock").addHandler(handler)
         try:
             async with AsyncRedlock(group.urls, node_timeout=0.05) as redlock:

@@ -27,7 +27,7 @@ from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutErro
 from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters
+from .conftest import Heard, Masters
 
 pytestmark = pytest.mark.anyio
 
@@ -94,18 +94,6 @@ class Telemetry:
                 await event.wait()
         finally:
             self.exporter.awaited = None
-
-
-class _Heard(logging.Handler):
-    """Sets ``event`` when a record whose message starts with ``prefix`` is logged."""
-
-    def __init__(self, prefix: str, event: anyio.Event) -> None:
-        super().__init__()
-        self.prefix, self.event = prefix, event
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith(self.prefix):
-            self.event.set()
 
 
 _INSTRUMENTS = ("_TRACER", "_ACQUIRE", "_HOLD", "_LOST", "_ERRORS", "_SILENT")
@@ -312,7 +300,7 @@ class TestMasters:
     ) -> None:
         group = make_servers(3)
         silent = anyio.Event()
-        handler = _Heard(f"master {group.urls[1]} silent", silent)
+        handler = Heard(f"master {group.urls[1]} silent", silent)
         logging.getLogger("asyncredlock").addHandler(handler)
         async with AsyncRedlock(group.urls, node_timeout=0.05) as redlock:
             await (await redlock.lock("otel:warm").acquire()).release()
