@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from ._config import Settings
 from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
-from ._sentinel import OwnedClient, parse_sentinel_url
+from ._sentinel import OwnedClient, display_name, parse_sentinel_url
 from ._transport import Stream
 
 __all__ = ["RedisPyOpener", "make_node", "make_nodes"]
@@ -231,7 +231,7 @@ def _client_name(client: Any) -> str:
     sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
     if service is not None and sentinels:
         first = sentinels[0].connection_pool.connection_kwargs
-        return f"redis-sentinel://{first.get('host')}:{first.get('port')}/{service}"
+        return display_name(first.get("host"), first.get("port"), service)
     kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", {})
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"

@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, unquote
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 
-__all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "parse_sentinel_url"]
+__all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "display_name", "parse_sentinel_url"]
 
 SCHEME = "redis-sentinel"
 DEFAULT_PORT = 26379
@@ -56,8 +56,7 @@ class SentinelMaster:
     def name(self) -> str:
         """The display name: the first sentinel and the service, no password."""
         host, port = self.sentinels[0]
-        host = f"[{host}]" if ":" in host else host
-        return f"{SCHEME}://{host}:{port}/{self.service}"
+        return display_name(host, port, self.service)
 
     @property
     def identity(self) -> object:
@@ -91,6 +90,13 @@ class OwnedClient:
         for sentinel in getattr(manager, "sentinels", ()):
             with contextlib.suppress(Exception):
                 await sentinel.aclose()
+
+
+def display_name(host: object, port: object, service: str) -> str:
+    """``redis-sentinel://host:port/service``: how a Sentinel-managed master shows,
+    named by its first sentinel (an IPv6 address in brackets)."""
+    text = str(host)
+    return f"{SCHEME}://{f'[{text}]' if ':' in text else text}:{port}/{service}"
 
 
 def parse_sentinel_url(url: str) -> SentinelMaster:
