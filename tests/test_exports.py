@@ -21,6 +21,7 @@ PUBLIC = {
     asyncredlock: [
         "AsyncRedlock",
         "DurationStatistics",
+        "HoldLimitError",
         "Lease",
         "LeaseStatistics",
         "Lock",
@@ -145,6 +146,7 @@ def test_errors_form_one_tree() -> None:
     assert all(issubclass(error, asyncredlock.RedlockError) for error in errors)
     assert asyncredlock.RedlockError.__bases__ == (Exception,)
     assert issubclass(asyncredlock.MissingRecordError, LookupError)
+    assert asyncredlock.HoldLimitError.__bases__ == (asyncredlock.LockLostError,)
 
 
 def test_py_typed_is_shipped() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from ._acl import acl_rules as acl_rules
+from ._errors import HoldLimitError as HoldLimitError
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeoutError as LockTimeoutError
@@ -39,6 +40,7 @@ from ._version import __version__ as __version__
 __all__ = [
     "AsyncRedlock",
     "DurationStatistics",
+    "HoldLimitError",
     "Lease",
     "LeaseStatistics",
     "Lock",

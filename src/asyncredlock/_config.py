@@ -7,6 +7,7 @@ import math
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
@@ -27,6 +28,7 @@ __all__ = [
     "check_seconds",
     "check_text",
     "default_identity",
+    "warn_max_connections",
 ]
 
 
@@ -139,6 +141,16 @@ def check_names(name: object) -> tuple[str, ...]:
     return (check_name(name),)
 
 
+def warn_max_connections() -> None:
+    """``AsyncRedlock(max_connections=...)``: deprecated, and ignored (warns its caller)."""
+    warnings.warn(
+        "max_connections is deprecated and ignored: asyncredlock sends every call to"
+        " a master on one pipelined connection",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 def _check_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -158,6 +170,7 @@ class Settings:
     drift_factor: float = 0.01
     socket_timeout: float = 5.0
     max_connections: int | None = None  # deprecated, ignored
+    max_hold: float = math.inf
     prefix: str = ""
     auto_extend: bool = True
     fencing: bool = True
@@ -171,6 +184,7 @@ class Settings:
             "node_timeout": check_seconds("node_timeout", self.node_timeout),
             "retry_delay": check_seconds("retry_delay", self.retry_delay, allow_zero=True),
             "socket_timeout": check_seconds("socket_timeout", self.socket_timeout),
+            "max_hold": check_seconds("max_hold", self.max_hold, allow_inf=True),
         }
         for name, value in seconds.items():  # store floats, whatever number was given
             object.__setattr__(self, name, value)
@@ -207,6 +221,7 @@ class LockKwargs(TypedDict):
     auto_extend: bool | None
     fencing: bool | None
     fair: bool
+    max_hold: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +234,7 @@ class LockOptions:
     auto_extend: bool | None = None
     fencing: bool | None = None
     fair: bool = False
+    max_hold: float | None = None
 
     def __post_init__(self) -> None:
         if self.ttl is not None:
@@ -231,6 +247,9 @@ class LockOptions:
                 raise TypeError(f"{name} must be a bool")
         if not isinstance(self.fair, bool):
             raise TypeError("fair must be a bool")
+        if self.max_hold is not None:
+            max_hold = check_seconds("max_hold", self.max_hold, allow_inf=True)
+            object.__setattr__(self, "max_hold", max_hold)
 
     def kwargs(self) -> LockKwargs:
         """The options as ``lock()``'s keyword arguments."""
@@ -240,16 +259,18 @@ class LockOptions:
             auto_extend=self.auto_extend,
             fencing=self.fencing,
             fair=self.fair,
+            max_hold=self.max_hold,
         )
 
-    def spec_values(self, settings: Settings) -> tuple[float, float, bool, bool]:
-        """``ttl``, ``timeout``, ``auto_extend`` and ``fencing``, each the
-        override or else the setting."""
+    def spec_values(self, settings: Settings) -> tuple[float, float, bool, bool, float]:
+        """``ttl``, ``timeout``, ``auto_extend``, ``fencing`` and ``max_hold``, each
+        the override or else the setting."""
         return (
             settings.ttl if self.ttl is None else self.ttl,
             settings.timeout if self.timeout is None else self.timeout,
             settings.auto_extend if self.auto_extend is None else self.auto_extend,
             settings.fencing if self.fencing is None else self.fencing,
+            settings.max_hold if self.max_hold is None else self.max_hold,
         )
 
 
@@ -276,6 +297,7 @@ class LockSpec:
     role: Role = Role.EXCLUSIVE
     fair: bool = False
     patience: float = math.inf
+    max_hold: float = math.inf  # the longest a lease is held (its keys extended)
 
     @property
     def shared(self) -> bool:

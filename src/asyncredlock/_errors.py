@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "HoldLimitError",
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
@@ -94,6 +95,15 @@ class LockLostError(RedlockError):
     Raised when the block exits after its lease could not be extended in time, or
     when release shows that a majority no longer held it. The block was cancelled
     as soon as the loss was known.
+    """
+
+
+class HoldLimitError(LockLostError):
+    """A lease reached its ``max_hold`` while its ``async with`` block ran.
+
+    Not a fault: the lease was held as long as it was allowed to be, so its block
+    was cancelled at the bound and the lock released (see ``max_hold`` on
+    ``AsyncRedlock`` and ``lock()``).
     """
 
 

@@ -3,40 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import anyio
 
 from ._acl import why_unavailable
 from ._config import LockSpec, check_seconds
 from ._core import Core
-from ._ending import Ending
-from ._errors import LockLostError, LockNotOwnedError, QuorumUnavailableError, RedlockError
-from ._log import log_extension_failed, log_lost, log_release_short
+from ._errors import HoldLimitError, LockLostError, LockNotOwnedError, QuorumUnavailableError
+from ._keeping import GONE, Keeping, State
+from ._log import log_lost, log_release_short
 from ._node import Reply
-from ._protocol import TOKEN_BLOCK, classify_flag, ms
-from ._quorum import Decision, Round
+from ._protocol import TOKEN_BLOCK, classify_flag
+from ._quorum import Decision
 from ._stats import LeaseRecord, LeaseStatistics, Taken
-from ._telemetry import EXTEND, RELEASE, traced
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+from ._telemetry import RELEASE, traced
 
 __all__ = ["Lease"]
 
-_GONE = "a majority of masters no longer hold it"
 
-
-class _State(enum.Enum):
-    HELD = "held"
-    RELEASED = "released"
-    LOST = "lost"
-
-
-class Lease:
+class Lease(Keeping):
     """A lock held on a quorum of masters, returned by ``Lock.acquire()``.
 
     The lease extends itself in the background (unless ``auto_extend=False``) about
@@ -66,16 +53,8 @@ class Lease:
             fencing token.
     """
 
-    # Until set otherwise, per lease:
-    _state = _State.HELD
-    _loss: Decision | None = None
-    _failing = False  # the last extension round failed
-    # automatic extension: a timer until one is due, a task only while it runs
-    _timer: asyncio.TimerHandle | None = None
-    _extender: asyncio.Task[None] | None = None
     # how many times the lease was passed on since its acquisition (see `_hand_off`)
     _handoffs = 0
-    _holder: Span | None = None  # the span current where it was acquired (see telemetry)
 
     def __init__(
         self,
@@ -89,56 +68,36 @@ class Lease:
         tokens: tuple[int, ...] | None = None,
         extend_at: float | None = None,
     ) -> None:
-        self._core = core
-        self._record = LeaseRecord(taken, core.clock())  # for statistics()
-        # the id it was queued as, if handed over: its entry leaves every queue on release
-        self._waiter = taken.waiter
-        self._ending: Ending[Lease] = Ending()  # the block, wait_lost(), loss callbacks
-        self._target = target = spec.target
-        self.shared = spec.shared
+        record = LeaseRecord(taken, core.clock())
+        super().__init__(
+            core, spec, value=value, expires_at=expires_at, acquired=acquired, record=record
+        )
+        target = spec.target
         self._handoff = not spec.queued  # whether it may be passed on (not a rw writer's)
-        self.resource = target.label
         self.resources = target.names
         self.key = target.keys[0]
-        self.keys = target.keys
-        self.value = value
-        ttl = self.ttl = spec.ttl
         self.tokens = None if tokens is None else dict(zip(target.names, tokens, strict=True))
         self.token = tokens[0] if tokens is not None and len(tokens) == 1 else None
-        self._expires_at = expires_at
-        # each master's reply to the acquisition: which masters hold something of ours
-        self._acquired = tuple(acquired)
         # the tokens of the acquisition this lease descends from (see `_hand_off`)
         self._first_tokens = tokens
-        core.held.add(self)
         if spec.auto_extend:
             # Extend once a third of the TTL is used up (at once for a lease passed
             # on with less validity than that), or when told.
+            ttl = self.ttl
             self._extend_at(expires_at - 2 * ttl / 3 if extend_at is None else extend_at)
 
     def __repr__(self) -> str:
         return f"<Lease {self.resource!r} {self._state.value} validity={self.validity:.3f}s>"
 
     @property
-    def validity(self) -> float:
-        """Seconds the lock is still held for, under Redlock's timing assumptions.
-
-        Measured with the monotonic clock from before the acquisition (or last
-        extension) was sent, less the drift allowance; 0 once lost or released.
-        """
-        if self._state is not _State.HELD:
-            return 0.0
-        return max(0.0, self._expires_at - self._core.clock())
-
-    @property
     def held(self) -> bool:
         """Whether the lease is neither released nor lost (validity may still run out)."""
-        return self._state is _State.HELD
+        return self._state is State.HELD
 
     @property
     def lost(self) -> bool:
         """Whether the lease was lost: not extended in time, or taken away."""
-        return self._state is _State.LOST
+        return self._state is State.LOST
 
     def statistics(self) -> LeaseStatistics:
         """How this lease was taken, and kept so far (see `LeaseStatistics`)."""
@@ -195,7 +154,7 @@ class Lease:
         if decision.unavailable:
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)
-        self._lose(decision, _GONE)
+        self._lose(decision, GONE)
         why = f"{self.resource!r} is no longer held by this lease"
         raise self._error(LockNotOwnedError, why, decision)
 
@@ -229,72 +188,25 @@ class Lease:
         why = f"{self.resource!r} was no longer held by this lease when released"
         raise self._error(LockNotOwnedError, why, decision)
 
-    def _error(self, kind: type[RedlockError], message: str, decision: Decision) -> RedlockError:
-        """An error about this lease, with the masters' answers in ``decision``."""
-        return kind(message, resource=self.resource, outcomes=decision.outcomes)
-
-    def _check_held(self, what: str) -> None:
-        if self._state is _State.HELD:
-            return
-        raise LockNotOwnedError(
-            f"cannot {what} {self.resource!r}: the lease is already {self._state.value}",
-            resource=self.resource,
-            outcomes=self._loss.outcomes if self._loss else (),
-        )
-
-    # -- per-master steps -------------------------------------------------------
-
-    async def _extend_round(self, ttl: float) -> Decision | None:
-        """One extension round; ``None`` when it succeeded."""
-        core = self._core
-        start = core.clock()
-        args = (self.value, ms(ttl))
-        rnd = core.extend_round(self.keys, self._acquired, args, shared=self.shared)
-        # Waiting past the validity is pointless: by then the lease is lost anyway.
-        left = max(core.settings.node_timeout, self._expires_at - core.clock())
-        wait = min(left, core.timing.max_wait)
-        expires_at = core.expiry(start, ttl)
-
-        def accepted(decision: Decision) -> bool:
-            return self._state is _State.HELD and decision.holds(expires_at, core.clock)
-
-        decision = await traced(EXTEND, self, core.decide(rnd, classify_flag, wait=wait), accepted)
-        if accepted(decision):
-            self._expires_at, self._failing = expires_at, False
-            core.counters.extensions += 1
-            self._record.extensions += 1
-            return None
-        core.counters.failed_extensions += 1
-        self._record.failed_extensions += 1
-        log_extension_failed(self, decision.outcomes, decision.unavailable, self._failing)
-        self._failing = True  # until an extension succeeds: later failures log at DEBUG
-        return decision
-
     async def _release_round(self) -> Decision:
         """Release everywhere; a lease found gone on a majority ends lost, not released.
 
         ``wait_lost()`` wakes only once that is known (or the release is cancelled).
         """
         core = self._core
-        self._finish(_State.RELEASED, announce=False)
+        self._finish(State.RELEASED, announce=False)
         try:
             deciding = core.decide(self._send_release(), classify_flag, wait=core.timing.max_wait)
             core.counters.releases += 1
             decision = await traced(RELEASE, self, deciding)
             if not decision.reached and not decision.unavailable:
                 core.counters.lost += 1
-                self._state, self._loss = _State.LOST, decision
+                self._state, self._loss = State.LOST, decision
                 log_lost(self, decision.outcomes, "gone from a majority when released")
             return decision
         finally:
             self._announce_end()
             self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
-
-    def _send_release(self) -> Round:
-        """Compare-and-delete on every master, each behind this lease's calls there."""
-        return self._core.release_round(
-            self.keys, self.value, self._acquired, self.ttl, shared=self.shared, waiter=self._waiter
-        )
 
     # -- passing the lease on within the process -------------------------------
 
@@ -310,7 +222,7 @@ class Lease:
         has a token left (``TOKEN_BLOCK - 1`` hand-offs in a row at most), and a
         fenced waiter gets a token.
         """
-        if self._state is not _State.HELD or self.validity <= 0:
+        if self._state is not State.HELD or self.validity <= 0:
             return False
         gates, slot = self._core.gates, self._target.slot
         waiter = gates.successor(slot, self)  # only if this lease holds the key's slot
@@ -338,7 +250,7 @@ class Lease:
             tokens=tokens,
         )
         successor._first_tokens, successor._handoffs = self._first_tokens, handoffs
-        self._finish(_State.RELEASED)
+        self._finish(State.RELEASED)
         core.counters.handoffs += 1
         gates.hand(slot, waiter, successor)  # the slot goes with it
         return True
@@ -347,69 +259,6 @@ class Lease:
         """Hand the lease on, or release it in the background (its task gave up)."""
         if not self._hand_off():
             self._core.tracker.job(self._release_quietly())
-
-    # -- automatic extension and loss --------------------------------------------
-
-    def _extend_at(self, when: float) -> None:
-        """Schedule the next automatic extension (by the lease's clock)."""
-        delay = max(0.0, min(when, self._expires_at) - self._core.clock())
-        self._timer = asyncio.get_running_loop().call_later(delay, self._extension_due)
-
-    def _extension_due(self) -> None:
-        self._timer = None
-        if self._state is _State.HELD:
-            self._extender = self._core.tracker.loop(self._extend_once())
-
-    async def _extend_once(self) -> None:
-        """One automatic extension; schedules the next, or ends the lease lost."""
-        core = self._core
-        if core.clock() >= self._expires_at:
-            self._lose(self._loss, "not extended before its validity ran out")
-            return
-        start = core.clock()
-        decision = await self._extend_round(self.ttl)
-        self._extender = None
-        if decision is None:
-            self._extend_at(start + self.ttl / 3)
-        elif not decision.unavailable:
-            self._lose(decision, _GONE)
-        else:
-            self._loss = decision
-            self._extend_at(core.clock() + min(self.ttl / 12, core.settings.retry_delay))
-
-    def _lose(self, decision: Decision | None, reason: str) -> None:
-        """Mark the lease lost (``reason``: why, for the log), cancel its block, and
-        remove what it still holds."""
-        if self._state is not _State.HELD:
-            return
-        self._loss = decision
-        self._core.counters.lost += 1
-        log_lost(self, decision.outcomes if decision else (), reason)
-        self._finish(_State.LOST)
-        self._ending.cancel_block()
-        if not self._core.closed:
-            self._send_release()
-        self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
-
-    def _announce_end(self) -> None:
-        """The end is known (released or lost): tell `Ending`, count its hold time."""
-        lost, ended_at = self._state is _State.LOST, self._record.ended_at
-        self._ending.announce(self, lost=lost)
-        held = (ended_at or self._core.clock()) - self._record.taken_at
-        self._core.timings.ended(self.resource, held, lost=lost)
-
-    def _finish(self, state: _State, *, announce: bool = True) -> None:
-        self._state = state
-        self._record.ended_at = self._core.clock()
-        if announce:
-            self._announce_end()
-        self._core.held.discard(self)
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-        extender, self._extender = self._extender, None
-        if extender is not None and extender is not asyncio.current_task():
-            extender.cancel()
 
     # -- the async with block ---------------------------------------------------
 
@@ -429,7 +278,7 @@ class Lease:
             with anyio.CancelScope(shield=True):
                 await self._release_quietly()
             return
-        if self._state is _State.LOST:
+        if self._state is State.LOST:
             raise self._lost_error() from (None if swallowed else exc)
         with anyio.CancelScope(shield=True):
             await self._release_quietly()
@@ -437,13 +286,16 @@ class Lease:
             raise self._lost_error() from exc
 
     async def _release_quietly(self) -> None:
-        if self._state is not _State.HELD or self._hand_off():
+        if self._state is not State.HELD or self._hand_off():
             return
         decision = await self._release_round()
         if decision.unavailable:
             log_release_short(self, decision.outcomes)
 
-    def _lost_error(self) -> RedlockError:
+    def _lost_error(self) -> LockLostError:
         outcomes = self._loss.outcomes if self._loss else ()
+        if self._bounded_out:
+            message = f"the lease on {self.resource!r} reached its max_hold while its block ran"
+            return HoldLimitError(message, resource=self.resource, outcomes=outcomes)
         message = f"the lease on {self.resource!r} was lost while its block ran"
         return LockLostError(message, resource=self.resource, outcomes=outcomes)

@@ -44,6 +44,7 @@ class Lock:
         timeout: How long `acquire` waits for a contended lock, in seconds
             (``0``: one attempt; ``math.inf``: no limit).
         auto_extend: Whether leases extend themselves until released.
+        max_hold: The longest a lease is held, in seconds (``math.inf``: no bound).
         fencing: Whether leases carry a fencing token (two phases per
             acquisition instead of one).
         fair: Whether waiters are served in arrival order, through a queue on
@@ -66,6 +67,7 @@ class Lock:
         self.ttl = spec.ttl
         self.timeout = spec.timeout
         self.auto_extend = spec.auto_extend
+        self.max_hold = spec.max_hold
         self.fencing = spec.fencing
         self.fair = spec.fair
         self.shared = spec.shared
@@ -82,6 +84,7 @@ class Lock:
         auto_extend: bool | None,
         fencing: bool | None,
         fair: bool,
+        max_hold: float | None = None,
         role: Role = Role.EXCLUSIVE,
         patience: float = math.inf,
         counters: LockCounters | None = None,
@@ -94,8 +97,9 @@ class Lock:
         keys = tuple(lock_key(settings.prefix, each) for each in names)
         if len(keys) > 1 and any(node.cluster for node in core.nodes):
             _check_one_slot(names, keys)
-        options = LockOptions(ttl, timeout, auto_extend, fencing, fair)
-        ttl, timeout, auto_extend, fencing = options.spec_values(settings)
+        options = LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)
+        ttl, timeout, auto_extend, fencing, max_hold = options.spec_values(settings)
+        ttl = min(ttl, max_hold)  # no key set for longer than a lease may be held
         spec = LockSpec(
             Resources(names, keys),
             ttl=ttl,
@@ -105,6 +109,7 @@ class Lock:
             fair=fair,
             role=role,
             patience=patience,
+            max_hold=max_hold,
         )
         return cls(core, spec, counters)
 

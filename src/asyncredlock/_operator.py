@@ -1,8 +1,11 @@
-"""The operator's tools on one lock: read its state on every master, force it free."""
+"""The operator's tools on one lock (read its state on every master, force it
+free), and the end of an ``AsyncRedlock`` (`shut_down`)."""
 
 from __future__ import annotations
 
 import asyncio
+
+import anyio
 
 from ._core import Core
 from ._errors import QuorumUnavailableError
@@ -12,7 +15,7 @@ from ._protocol import classify_deleted
 from ._quorum import Decision
 from ._scripts import DELETE, INSPECT
 
-__all__ = ["end_leases", "force_free", "lose_leases", "read_state"]
+__all__ = ["end_leases", "force_free", "lose_leases", "read_state", "shut_down"]
 
 
 async def read_state(core: Core, name: str) -> LockState:
@@ -61,3 +64,24 @@ def end_leases(core: Core) -> None:
     it: blocks cancelled, loss callbacks run); the releases go out at once."""
     for lease in list(core.held):
         lease._lose(None, "its AsyncRedlock was closed")
+
+
+async def shut_down(core: Core) -> None:
+    """``aclose()``: end the leases still held, wait up to ``node_timeout`` for their
+    releases and the calls still out, fail what is left, close the connections."""
+    core.gates.close()
+    core.closing = True  # lock() and acquire() refuse from now on
+    with anyio.CancelScope(shield=True):
+        with anyio.move_on_after(core.settings.node_timeout):
+            end_leases(core)
+            await core.settle()
+            while core.held:  # taken by an acquisition that was still out
+                end_leases(core)
+                await core.settle()
+        core.closed = True
+        # Fail every call still out: the rounds waiting on them decide, and
+        # their callers get an error instead of waiting for a hung master.
+        for node in core.nodes:
+            await node.aclose()
+        await core.waker.aclose()
+        await core.tracker.aclose()

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 
-import anyio
 from redis.asyncio import Redis, RedisCluster
 
 if TYPE_CHECKING:  # the Valkey project's fork of redis-py, accepted if installed
@@ -23,6 +21,7 @@ from ._config import (
     check_names,
     check_seconds,
     default_identity,
+    warn_max_connections,
 )
 from ._connect import make_nodes
 from ._core import Core
@@ -30,7 +29,7 @@ from ._inspect import LockState
 from ._keys import lock_key
 from ._lease import Lease
 from ._lock import Lock
-from ._operator import end_leases, force_free, read_state
+from ._operator import force_free, read_state, shut_down
 from ._rwlock import RWLock
 from ._singleton import check_job, run_singleton
 from ._stats import RedlockStatistics
@@ -83,6 +82,9 @@ class AsyncRedlock:
             connection is dropped and those calls fail (5.0 s), and the longest
             any round waits.
         auto_extend: Whether leases extend themselves by default (True).
+        max_hold: The longest a lease is held by default, in seconds
+            (``math.inf``: no bound). At the bound it ends lost and is released;
+            see `lock`.
         fencing: Whether leases carry fencing tokens by default (True). A fenced
             acquisition takes the lock and counts the resource's fence counter
             up on each master, then commits the token on a majority in a second
@@ -117,17 +119,13 @@ class AsyncRedlock:
         max_connections: int | None = None,
         socket_timeout: float = DEFAULTS.socket_timeout,
         auto_extend: bool = DEFAULTS.auto_extend,
+        max_hold: float = DEFAULTS.max_hold,
         fencing: bool = DEFAULTS.fencing,
         clock: Callable[[], float] = DEFAULTS.clock,
         identity: str | None = None,
     ) -> None:
         if max_connections is not None:
-            warnings.warn(
-                "max_connections is deprecated and ignored: asyncredlock sends every call to"
-                " a master on one pipelined connection",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            warn_max_connections()
         self._settings = Settings(
             ttl=ttl,
             timeout=timeout,
@@ -138,6 +136,7 @@ class AsyncRedlock:
             max_connections=max_connections,
             prefix=prefix,
             auto_extend=auto_extend,
+            max_hold=max_hold,
             fencing=fencing,
             clock=clock,
             identity=default_identity() if identity is None else identity,
@@ -175,6 +174,7 @@ class AsyncRedlock:
         auto_extend: bool | None = None,
         fencing: bool | None = None,
         fair: bool = False,
+        max_hold: float | None = None,
     ) -> Lock:
         """A lock on the resource ``name``; nothing is sent until it is acquired.
 
@@ -199,6 +199,11 @@ class AsyncRedlock:
                 last one if it dies; the lock goes only to the first entry. Off by
                 default: unfair is faster (tasks of one process pass the lock on
                 between them).
+            max_hold: The longest a lease is held, in seconds from its acquisition
+                (the default if omitted; ``math.inf``: no bound). No extension,
+                automatic or explicit, keeps its keys past the bound; at the bound
+                the lease ends lost (`HoldLimitError` from its ``async with``
+                block, which is cancelled) and is released on the masters.
 
         Raises:
             TypeError: ``name`` is not a str (or a list or tuple of them), or a
@@ -206,7 +211,8 @@ class AsyncRedlock:
             ValueError: A name is empty, the list is empty or names a resource
                 twice, ``fair=True`` is asked of several resources, the keys span
                 several cluster slots on cluster masters, ``ttl`` is not positive
-                and finite, or ``timeout`` is negative or NaN.
+                and finite, ``timeout`` is negative or NaN, or ``max_hold`` is
+                not positive.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         self._check_open()
@@ -219,6 +225,7 @@ class AsyncRedlock:
             auto_extend=auto_extend,
             fencing=fencing,
             fair=fair,
+            max_hold=max_hold,
         )
         if fair and len(names) > 1:
             raise ValueError("fair=True takes one resource, not a list of them")
@@ -234,6 +241,7 @@ class AsyncRedlock:
         auto_extend: bool | None = None,
         fencing: bool | None = None,
         fair: bool = False,
+        max_hold: float | None = None,
     ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
         """A decorator: each call of a coroutine function runs holding a lock.
 
@@ -264,7 +272,7 @@ class AsyncRedlock:
                 and ``TypeError`` for arguments that do not fit the signature.
         """
         template = NameTemplate(name)
-        options = LockOptions(ttl, timeout, auto_extend, fencing, fair)  # checked now
+        options = LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)  # checked now
         make = functools.partial(self.lock, **options.kwargs())
         return serialize(template, make)
 
@@ -285,7 +293,8 @@ class AsyncRedlock:
         extending itself. If the lease is lost (or this ``AsyncRedlock`` closes),
         the job is cancelled; after a loss this call waits for the lock again and
         starts the job anew when it holds it. Cancelling this call cancels the
-        job and releases the lock. ``ttl`` and ``fencing`` are as for `lock`.
+        job and releases the lock. ``ttl`` and ``fencing`` are as for `lock`; the
+        ``AsyncRedlock``'s ``max_hold`` does not apply (the job may run forever).
 
         Args:
             name: The resource name of the lock.
@@ -302,7 +311,9 @@ class AsyncRedlock:
             Exception: Whatever ``job`` raises (the lock is released first).
         """
         check_job(job)
-        lock = self.lock(name, ttl=ttl, timeout=math.inf, auto_extend=True, fencing=fencing)
+        lock = self.lock(
+            name, ttl=ttl, timeout=math.inf, auto_extend=True, fencing=fencing, max_hold=math.inf
+        )
         return await run_singleton(lock, job)
 
     def rwlock(self, name: str, *, fair: bool = False, patience: float = 1.0) -> RWLock:
@@ -413,22 +424,7 @@ class AsyncRedlock:
         if core.closing:
             return
         core.check_loop()
-        core.gates.close()
-        core.closing = True  # lock() and acquire() refuse from now on
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self._settings.node_timeout):
-                end_leases(core)
-                await core.settle()
-                while core.held:  # taken by an acquisition that was still out
-                    end_leases(core)
-                    await core.settle()
-            core.closed = True
-            # Fail every call still out: the rounds waiting on them decide, and
-            # their callers get an error instead of waiting for a hung master.
-            for node in core.nodes:
-                await node.aclose()
-            await core.waker.aclose()
-            await core.tracker.aclose()
+        await shut_down(core)
 
     def _check_open(self) -> None:
         if self._core.closing:

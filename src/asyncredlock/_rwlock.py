@@ -70,6 +70,7 @@ class RWLock:
         ttl: float | None = None,
         timeout: float | None = None,
         auto_extend: bool | None = None,
+        max_hold: float | None = None,
     ) -> Lock:
         """The read side: leases held together with other readers, never with a writer.
 
@@ -83,11 +84,13 @@ class RWLock:
             timeout: Seconds to wait while a writer holds or is queued (``0``:
                 one attempt, ``math.inf``: no limit); the default if omitted.
             auto_extend: Whether leases extend themselves; the default if omitted.
+            max_hold: The longest a lease is held (see `AsyncRedlock.lock`); the
+                default if omitted.
 
         Raises:
             TypeError: A setting has the wrong type.
-            ValueError: ``ttl`` is not positive and finite, or ``timeout`` is
-                negative or NaN.
+            ValueError: ``ttl`` is not positive and finite, ``timeout`` is
+                negative or NaN, or ``max_hold`` is not positive.
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
         return Lock.make(
@@ -96,6 +99,7 @@ class RWLock:
             ttl=ttl,
             timeout=timeout,
             auto_extend=auto_extend,
+            max_hold=max_hold,
             fencing=False,
             fair=self.fair,
             role=Role.READER,
@@ -108,6 +112,7 @@ class RWLock:
         ttl: float | None = None,
         timeout: float | None = None,
         auto_extend: bool | None = None,
+        max_hold: float | None = None,
         fencing: bool | None = None,
     ) -> Lock:
         """The write side: leases held alone, with a fencing token by default.
@@ -124,12 +129,14 @@ class RWLock:
             timeout: Seconds to wait (``0``: one attempt, ``math.inf``: no
                 limit); the default if omitted.
             auto_extend: Whether leases extend themselves; the default if omitted.
+            max_hold: The longest a lease is held (see `AsyncRedlock.lock`); the
+                default if omitted.
             fencing: Whether leases carry a fencing token; the default if omitted.
 
         Raises:
             TypeError: A setting has the wrong type.
-            ValueError: ``ttl`` is not positive and finite, or ``timeout`` is
-                negative or NaN.
+            ValueError: ``ttl`` is not positive and finite, ``timeout`` is
+                negative or NaN, or ``max_hold`` is not positive.
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
         return Lock.make(
@@ -138,6 +145,7 @@ class RWLock:
             ttl=ttl,
             timeout=timeout,
             auto_extend=auto_extend,
+            max_hold=max_hold,
             fencing=fencing,
             fair=self.fair,
             role=Role.WRITER,

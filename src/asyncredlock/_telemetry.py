@@ -293,6 +293,7 @@ CAUSES = {
     "gone from a majority when released": "gone",
     "forced free (force_release)": "forced",
     "its AsyncRedlock was closed": "closed",
+    "held for its max_hold": "max_hold",
 }
 _CAUSES = {reason: {"asyncredlock.cause": cause} for reason, cause in CAUSES.items()}
 

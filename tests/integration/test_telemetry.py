@@ -253,6 +253,16 @@ class TestLoss:
             await redlock.lock("otel:closed").acquire()
         assert otel.points("asyncredlock.lease.lost") == {cause("closed"): 1}
 
+    async def test_a_lease_at_its_max_hold_counts_lost_as_max_hold(
+        self, servers: ServerGroup, otel: Telemetry
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.lock("otel:bound", ttl=0.3, max_hold=0.4).acquire()
+            with anyio.fail_after(10):
+                assert await lease.wait_lost()
+        assert otel.points("asyncredlock.lease.lost") == {cause("max_hold"): 1}
+        assert otel.points("asyncredlock.hold.duration") == {outcome("lost"): 1}
+
 
 class TestHandOff:
     async def test_a_lease_passed_on_in_process_is_traced_under_its_new_holder(

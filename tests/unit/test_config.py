@@ -360,13 +360,15 @@ class TestLockOptions:
         options = LockOptions(ttl=5, timeout=0)
         assert options.ttl == 5.0
         assert isinstance(options.ttl, float)
-        assert options.spec_values(DEFAULTS) == (5.0, 0.0, True, True)
+        assert options.spec_values(DEFAULTS) == (5.0, 0.0, True, True, math.inf)
         assert LockOptions(auto_extend=False, fencing=False).spec_values(DEFAULTS) == (
             10.0,
             10.0,
             False,
             False,
+            math.inf,
         )
+        assert LockOptions(max_hold=60).spec_values(DEFAULTS)[4] == 60.0
 
     @pytest.mark.parametrize(
         ("kwargs", "error", "pattern"),
@@ -376,6 +378,8 @@ class TestLockOptions:
             ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
             ({"fencing": "yes"}, TypeError, r"^fencing must be a bool"),
             ({"fair": None}, TypeError, r"^fair must be a bool"),
+            ({"max_hold": 0}, ValueError, r"^max_hold must be > 0"),
+            ({"max_hold": "1"}, TypeError, r"^max_hold must be a number"),
         ],
     )
     def test_bad_values_refused(

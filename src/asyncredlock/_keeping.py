@@ -1,0 +1,232 @@
+"""What keeps a lease held: extension rounds, automatic extension, the bound on
+how long it is held (``max_hold``), and its end (released or lost).
+
+`Keeping` is the base of `Lease`, which adds the public API, the release, the
+hand-off within the process and the ``async with`` block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._config import LockSpec
+from ._core import Core
+from ._ending import Ending
+from ._errors import LockNotOwnedError, RedlockError
+from ._keys import Resources
+from ._log import log_extension_failed, log_lost
+from ._node import Reply
+from ._protocol import classify_flag, ms
+from ._quorum import Decision, Round
+from ._stats import LeaseRecord
+from ._telemetry import EXTEND, traced
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+__all__ = ["BOUND", "GONE", "Keeping", "State"]
+
+#: Why a lease ends lost, for the log (and the telemetry's causes).
+GONE = "a majority of masters no longer hold it"
+BOUND = "held for its max_hold"
+
+
+class State(enum.Enum):
+    """Where a lease is in its life."""
+
+    HELD = "held"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+class Keeping(ABC):
+    """A lease's state on the masters, and what keeps it there (see the module)."""
+
+    # Until set otherwise, per lease:
+    _state = State.HELD
+    _loss: Decision | None = None
+    _failing = False  # the last extension round failed
+    _capped = False  # its validity ends at its bound (max_hold): no more extensions
+    _bounded_out = False  # it ended lost at its bound
+    # automatic extension: a timer until one is due, a task only while it runs
+    _timer: asyncio.TimerHandle | None = None
+    _extender: asyncio.Task[None] | None = None
+    _limit: asyncio.TimerHandle | None = None  # ends the lease at its bound
+    _holder: Span | None = None  # the span current where it was acquired (see telemetry)
+    token: int | None = None
+
+    def __init__(
+        self,
+        core: Core,
+        spec: LockSpec,
+        *,
+        value: str,
+        expires_at: float,
+        acquired: Sequence[asyncio.Future[Reply]],
+        record: LeaseRecord,
+    ) -> None:
+        self._core = core
+        self._record = record  # for statistics()
+        # the id it was queued as, if handed over: its entry leaves every queue on release
+        self._waiter = record.taken.waiter
+        # the block, wait_lost(), loss callbacks (called with the `Lease`)
+        self._ending: Ending[Any] = Ending()
+        self._target: Resources = spec.target
+        self.shared = spec.shared
+        self.resource = spec.target.label
+        self.keys = spec.target.keys
+        self.value = value
+        self.ttl = spec.ttl
+        self._expires_at = expires_at
+        # each master's reply to the acquisition: which masters hold something of ours
+        self._acquired = tuple(acquired)
+        # the bound on how long it is held: its keys are never extended past it
+        self._bound = record.taken_at + spec.max_hold
+        core.held.add(self)
+        if spec.max_hold != float("inf"):
+            delay = max(0.0, self._bound - core.clock())
+            self._limit = asyncio.get_running_loop().call_later(delay, self._reach_bound)
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lock is still held for, under Redlock's timing assumptions.
+
+        Measured with the monotonic clock from before the acquisition (or last
+        extension) was sent, less the drift allowance; 0 once lost or released.
+        """
+        if self._state is not State.HELD:
+            return 0.0
+        return max(0.0, self._expires_at - self._core.clock())
+
+    @abstractmethod
+    def _pass_on(self) -> None:
+        """Hand the lease to the next waiter of this process, or release it (its
+        task gave up): `Lease` knows how."""
+
+    def _error(self, kind: type[RedlockError], message: str, decision: Decision) -> RedlockError:
+        """An error about this lease, with the masters' answers in ``decision``."""
+        return kind(message, resource=self.resource, outcomes=decision.outcomes)
+
+    def _check_held(self, what: str) -> None:
+        if self._state is State.HELD:
+            return
+        raise LockNotOwnedError(
+            f"cannot {what} {self.resource!r}: the lease is already {self._state.value}",
+            resource=self.resource,
+            outcomes=self._loss.outcomes if self._loss else (),
+        )
+
+    # -- per-master steps -------------------------------------------------------
+
+    async def _extend_round(self, ttl: float) -> Decision | None:
+        """One extension round (to ``ttl``, or to the bound if sooner); ``None`` when
+        it succeeded."""
+        core = self._core
+        start = core.clock()
+        capped = ttl > self._bound - start
+        ttl = min(ttl, max(self._bound - start, 0.001))
+        args = (self.value, ms(ttl))
+        rnd = core.extend_round(self.keys, self._acquired, args, shared=self.shared)
+        # Waiting past the validity is pointless: by then the lease is lost anyway.
+        left = max(core.settings.node_timeout, self._expires_at - core.clock())
+        wait = min(left, core.timing.max_wait)
+        expires_at = core.expiry(start, ttl)
+
+        def accepted(decision: Decision) -> bool:
+            return self._state is State.HELD and decision.holds(expires_at, core.clock)
+
+        decision = await traced(EXTEND, self, core.decide(rnd, classify_flag, wait=wait), accepted)
+        if accepted(decision):
+            self._expires_at, self._failing, self._capped = expires_at, False, capped
+            core.counters.extensions += 1
+            self._record.extensions += 1
+            return None
+        core.counters.failed_extensions += 1
+        self._record.failed_extensions += 1
+        log_extension_failed(self, decision.outcomes, decision.unavailable, self._failing)
+        self._failing = True  # until an extension succeeds: later failures log at DEBUG
+        return decision
+
+    def _send_release(self) -> Round:
+        """Compare-and-delete on every master, each behind this lease's calls there."""
+        return self._core.release_round(
+            self.keys, self.value, self._acquired, self.ttl, shared=self.shared, waiter=self._waiter
+        )
+
+    # -- automatic extension, the bound, and loss ---------------------------------
+
+    def _extend_at(self, when: float) -> None:
+        """Schedule the next automatic extension (by the lease's clock)."""
+        delay = max(0.0, min(when, self._expires_at) - self._core.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._extension_due)
+
+    def _extension_due(self) -> None:
+        self._timer = None
+        if self._state is State.HELD:
+            self._extender = self._core.tracker.loop(self._extend_once())
+
+    async def _extend_once(self) -> None:
+        """One automatic extension; schedules the next, or ends the lease lost."""
+        core = self._core
+        if core.clock() >= self._expires_at:
+            if self._capped:  # extended as far as its bound allows
+                self._reach_bound()
+            else:
+                self._lose(self._loss, "not extended before its validity ran out")
+            return
+        start = core.clock()
+        decision = await self._extend_round(self.ttl)
+        self._extender = None
+        if decision is None:
+            self._extend_at(start + self.ttl / 3)
+        elif not decision.unavailable:
+            self._lose(decision, GONE)
+        else:
+            self._loss = decision
+            self._extend_at(core.clock() + min(self.ttl / 12, core.settings.retry_delay))
+
+    def _reach_bound(self) -> None:
+        """The lease was held for its ``max_hold`` (or its validity, extended as
+        far as that allows, ran out): it ends lost, and is released."""
+        if self._state is State.HELD:
+            self._bounded_out = True
+            self._lose(None, BOUND)
+
+    def _lose(self, decision: Decision | None, reason: str) -> None:
+        """Mark the lease lost (``reason``: why, for the log), cancel its block, and
+        remove what it still holds."""
+        if self._state is not State.HELD:
+            return
+        self._loss = decision
+        self._core.counters.lost += 1
+        log_lost(self, decision.outcomes if decision else (), reason)
+        self._finish(State.LOST)
+        self._ending.cancel_block()
+        if not self._core.closed:
+            self._send_release()
+        self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
+
+    def _announce_end(self) -> None:
+        """The end is known (released or lost): tell `Ending`, count its hold time."""
+        lost, ended_at = self._state is State.LOST, self._record.ended_at
+        self._ending.announce(self, lost=lost)
+        held = (ended_at or self._core.clock()) - self._record.taken_at
+        self._core.timings.ended(self.resource, held, lost=lost)
+
+    def _finish(self, state: State, *, announce: bool = True) -> None:
+        self._state = state
+        self._record.ended_at = self._core.clock()
+        if announce:
+            self._announce_end()
+        self._core.held.discard(self)
+        for handle in (self._timer, self._limit):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._limit = None
+        extender, self._extender = self._extender, None
+        if extender is not None and extender is not asyncio.current_task():
+            extender.cancel()

@@ -1,0 +1,157 @@
+"""``max_hold``: the longest a lease is held. Its keys are never set (by the
+acquisition or any extension) past the bound; at the bound the lease ends lost,
+its block is cancelled with `HoldLimitError`, and its keys are released."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock, HoldLimitError, Lease, LockLostError
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+GUARD = 10.0  # seconds: a hang fails the test instead of blocking CI
+
+
+async def test_the_block_is_cancelled_at_the_bound_and_the_lock_released(
+    masters: Masters,
+) -> None:
+    cancelled = False
+    async with AsyncRedlock(masters.urls) as redlock:
+        lock = redlock.lock("mh:block", ttl=0.3, max_hold=0.6)
+        with anyio.fail_after(GUARD), pytest.raises(HoldLimitError) as caught:
+            async with lock as lease:
+                try:
+                    await anyio.sleep_forever()  # a stuck job
+                except anyio.get_cancelled_exc_class():
+                    cancelled = True
+                    raise
+        assert isinstance(caught.value, LockLostError)  # what `except LockLostError` catches
+        assert "reached its max_hold" in str(caught.value)
+        assert cancelled
+        assert lease.lost
+        assert not lease.held
+        # extended while it lasted, and held until its bound: the last extension
+        # reached it, less the drift allowance (0.3 s x 1% + 2 ms at most)
+        statistics = lease.statistics()
+        assert statistics.extensions >= 1
+        assert statistics.held >= 0.6 - 0.005
+        await redlock.settle()
+        assert redlock.statistics().lost == 1
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_an_explicit_lease_is_lost_at_the_bound(masters: Masters) -> None:
+    losses: list[Lease] = []
+    async with AsyncRedlock(masters.urls) as redlock:
+        lease = await redlock.lock("mh:explicit", ttl=0.3, max_hold=0.5).acquire()
+        lease.add_lost_callback(losses.append)
+        with anyio.fail_after(GUARD):
+            assert await lease.wait_lost() is True
+            await redlock.settle()
+        assert losses == [lease]
+        assert await masters.holding(lease.key) == 0
+        # the resource is free again for anyone
+        again = await redlock.lock("mh:explicit", timeout=0).acquire()
+        await again.release()
+
+
+async def test_no_extension_sets_a_key_past_the_bound(masters: Masters) -> None:
+    """A TTL longer than the bound is cut to it, and so is an explicit extension."""
+    async with AsyncRedlock(masters.urls) as redlock:
+        lock = redlock.lock("mh:cap", ttl=60.0, max_hold=20.0)
+        assert (lock.ttl, lock.max_hold) == (20.0, 20.0)
+        lease = await lock.acquire()
+        assert lease.validity <= 20.0
+        await lease.extend(ttl=600.0)
+        await redlock.settle()
+        pttls = [await client.pttl(lease.key) for client in masters.clients]
+        assert all(0 < pttl <= 20_000 for pttl in pttls), pttls
+        assert lease.validity <= 20.0
+        await lease.release()
+
+
+async def test_without_auto_extension_the_bound_still_ends_it(masters: Masters) -> None:
+    async with AsyncRedlock(masters.urls) as redlock:
+        lease = await redlock.lock("mh:manual", auto_extend=False, max_hold=0.4).acquire()
+        with anyio.fail_after(GUARD):
+            assert await lease.wait_lost() is True
+        assert lease.statistics().extensions == 0
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_the_redlock_default_applies_and_a_lock_may_lift_it(masters: Masters) -> None:
+    async with AsyncRedlock(masters.urls, max_hold=30.0) as redlock:
+        assert redlock.lock("mh:default").max_hold == 30.0
+        assert redlock.lock("mh:default", max_hold=math.inf).max_hold == math.inf
+        assert redlock.lock("mh:default", max_hold=5).max_hold == 5.0
+        rw = redlock.rwlock("mh:rw")
+        assert (rw.read().max_hold, rw.write(max_hold=2.0).max_hold) == (30.0, 2.0)
+        assert AsyncRedlock(masters.urls).lock("x").max_hold == math.inf
+
+
+async def test_a_reader_is_bounded_too(masters: Masters) -> None:
+    async with AsyncRedlock(masters.urls) as redlock:
+        rw = redlock.rwlock("mh:readers")
+        with anyio.fail_after(GUARD), pytest.raises(HoldLimitError):
+            async with rw.read(ttl=0.3, max_hold=0.5):
+                await anyio.sleep_forever()
+        # the writer gets it: the reader's entry is gone
+        lease = await rw.write(timeout=0).acquire()
+        await lease.release()
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_run_singleton_is_not_bounded_by_the_default(masters: Masters) -> None:
+    """The leader's job may run forever: the AsyncRedlock's max_hold does not end it."""
+
+    async def job(lease: Lease) -> int:
+        await anyio.sleep(0.9)  # three times the default bound
+        assert lease.held
+        assert lease.statistics().held >= 0.9
+        return lease.statistics().extensions
+
+    async with AsyncRedlock(masters.urls, max_hold=0.3) as redlock:
+        with anyio.fail_after(GUARD):
+            extensions = await redlock.run_singleton("mh:leader", job, ttl=0.3)
+        assert extensions >= 1
+        assert redlock.statistics().lost == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "pattern"),
+    [
+        (0, ValueError, r"^max_hold must be > 0"),
+        (-1, ValueError, r"^max_hold must be > 0"),
+        (math.nan, ValueError, r"^max_hold must be a finite"),
+        (-math.inf, ValueError, r"^max_hold must be a finite"),
+        (1e20, ValueError, r"^max_hold must be at most 1e\+09 seconds"),
+        ("30", TypeError, r"^max_hold must be a number"),
+        (True, TypeError, r"^max_hold must be a number"),
+    ],
+)
+async def test_a_bad_max_hold_is_refused_before_any_io(
+    masters: Masters, value: Any, error: type[Exception], pattern: str
+) -> None:
+    with pytest.raises(error, match=pattern):
+        AsyncRedlock(masters.urls, max_hold=value)
+    async with AsyncRedlock(masters.urls) as redlock:
+        rw = redlock.rwlock("mh:bad")
+        for make in (
+            lambda: redlock.lock("mh:bad", max_hold=value),
+            lambda: redlock.locked("mh:bad", max_hold=value),
+            lambda: rw.read(max_hold=value),
+            lambda: rw.write(max_hold=value),
+        ):
+            with pytest.raises(error, match=pattern):
+                make()
+        assert redlock.statistics().attempts == 0
+    assert await masters.keys() == [[] for _ in masters.urls]
