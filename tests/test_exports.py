@@ -39,6 +39,7 @@ PUBLIC = {
         "RedlockError",
         "RedlockStatistics",
         "ResourceStatistics",
+        "Semaphore",
         "StaleTokenError",
         "acl_rules",
     ],

@@ -29,6 +29,7 @@ from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._redlock import AsyncRedlock as AsyncRedlock
 from ._rwlock import RWLock as RWLock
+from ._semaphore import Semaphore as Semaphore
 from ._stats import LeaseStatistics as LeaseStatistics
 from ._stats import LockStatistics as LockStatistics
 from ._stats import RedlockStatistics as RedlockStatistics
@@ -58,6 +59,7 @@ __all__ = [
     "RedlockError",
     "RedlockStatistics",
     "ResourceStatistics",
+    "Semaphore",
     "StaleTokenError",
     "acl_rules",
 ]

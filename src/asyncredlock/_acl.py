@@ -64,9 +64,10 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
     call (``+evalsha``, ``+set``, ``+publish``...); the key patterns of the lock
     keys and of every auxiliary key kept beside them (fence counter, readers,
     queue, undo markers: ``{K}:...``, or ``K:...`` for a key with a hash tag);
-    and the pub/sub channels (each lock's ``{K}:released`` and the clients'
-    inboxes ``asyncredlock:inbox:*``). The rules only add permissions: give them
-    to a new user (or start with ``reset``). SELECT is not included: add
+    and the pub/sub channels (each lock's ``{K}:released``, each semaphore slot's
+    ``{K}:sem:<i>:released``, and the clients' inboxes ``asyncredlock:inbox:*``).
+    The rules only add permissions: give them to a new user (or start with
+    ``reset``). SELECT is not included: add
     ``+select`` when a master URL names a database other than 0.
 
     Args:
@@ -97,6 +98,8 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
             shapes = [shape for shape in shapes if shape != pattern + ":*"]
         rules += _unique(f"~{shape}" for shape in shapes)
         rules += _unique(f"&{base}{_RELEASED}" for base in bases)
+        # a semaphore's slots announce their release each on its own channel
+        rules += _unique(f"&{base}sem:*:{_RELEASED}" for base in bases)
     rules.append(f"&{glob_escape(INBOX_PREFIX)}*")
     return rules
 

@@ -25,16 +25,15 @@ from ._config import (
 )
 from ._connect import make_nodes
 from ._core import Core
-from ._inspect import LockState
 from ._keys import lock_key
 from ._lease import Lease
 from ._lock import Lock
-from ._operator import force_free, read_state, shut_down
+from ._operator import shut_down
 from ._rwlock import RWLock
+from ._semaphore import Semaphore, check_limit
 from ._singleton import check_job, run_singleton
-from ._stats import RedlockStatistics
 from ._template import NameTemplate, serialize
-from ._timings import ResourceStatistics
+from ._tools import OperatorTools
 
 __all__ = ["AsyncRedlock"]
 
@@ -42,7 +41,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class AsyncRedlock:
+class AsyncRedlock(OperatorTools):
     """Redlock over N independent Redis or Valkey masters.
 
     Construction does no I/O: connections open on first use. Use it as
@@ -347,66 +346,49 @@ class AsyncRedlock:
         key = lock_key(self._settings.prefix, name)
         return RWLock(self._core, name, key, fair=fair, patience=patience)
 
-    async def inspect(self, name: str) -> LockState:
-        """Read a lock's state on every master: holder (the writer), time left,
-        fence counter, readers and queue.
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        auto_extend: bool | None = None,
+        max_hold: float | None = None,
+    ) -> Semaphore:
+        """A counting semaphore on the resource ``name``: up to ``limit`` holders at
+        once, across every client of the masters; used like `lock`'s locks.
 
-        Waits for every master, at most ``max(node_timeout, socket_timeout)``; one
-        that did not answer by then is reported with its error.
+        Each holder holds one of ``limit`` slots, each a lock on its own key
+        (``{K}:sem:<i>``) taken on a quorum, so at most ``limit`` leases are valid
+        at once under Redlock's assumptions. See `Semaphore`.
 
-        Raises:
-            TypeError: ``name`` is not a str.
-            ValueError: ``name`` is empty or does not encode as UTF-8.
-            RuntimeError: This ``AsyncRedlock`` is closed.
-        """
-        return await read_state(self._core, check_name(name))
-
-    async def force_release(self, name: str) -> int:
-        """Delete a lock's key on every master, whoever holds it: an operator's tool.
-
-        The readers of a read-write lock on ``name`` are removed too.
-
-        A holder elsewhere is not told until its next extension finds the lock
-        gone (then its lease is lost); leases of this ``AsyncRedlock`` on the
-        lock are lost at once (their ``async with`` blocks are cancelled), and its
-        tasks waiting for the lock go on to acquire it. Use it only to free a lock
-        whose holder is known dead.
-        Waits for every master up to ``max(node_timeout, socket_timeout)`` in all;
-        a master that did not answer by then is not counted (its delete may still
-        land).
-
-        Returns:
-            On how many masters a key was deleted.
+        Args:
+            name: The resource name (``K`` is ``prefix + name``).
+            limit: How many may hold it at once: an ``int`` from 1 to 1024.
+            ttl: As for `lock`.
+            timeout: As for `lock`.
+            auto_extend: As for `lock`.
+            max_hold: As for `lock`.
 
         Raises:
-            TypeError: ``name`` is not a str.
-            ValueError: ``name`` is empty or does not encode as UTF-8.
-            QuorumUnavailableError: So many masters failed or did not answer that
-                the lock may still be held.
+            TypeError: ``name`` is not a str, ``limit`` not an int, or a setting
+                has the wrong type.
+            ValueError: ``name`` is empty or not UTF-8-encodable, ``limit`` is out
+                of range, or a setting is (as for `lock`).
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
-        return await force_free(self._core, check_name(name))
-
-    def statistics(self) -> RedlockStatistics:
-        """A snapshot of this ``AsyncRedlock``'s counters, gauges, wait and hold times."""
-        core = self._core
-        wait, hold = core.timings.wait.summary(), core.timings.hold.summary()
-        return RedlockStatistics(**core.counters.totals(), **core.describe(), wait=wait, hold=hold)
-
-    def resource_statistics(self) -> dict[str, ResourceStatistics]:
-        """Per resource: acquisitions, timeouts, losses, wait and hold times, for the
-        1,024 resources used most recently (least recent first; memory stays
-        bounded). A lock on several resources counts under their joined names."""
-        return self._core.timings.resources()
-
-    async def settle(self) -> None:
-        """Wait until no call to any master is still out.
-
-        Rounds return at quorum; the other masters' replies, and the cleanup after a
-        failed or cancelled attempt, finish in the background: await this to know
-        they are done (tests, graceful shutdown). Lease extenders keep running."""
-        self._core.check_loop()
-        await self._core.settle()
+        self._check_open()
+        name, limit = check_name(name), check_limit(limit)
+        return Semaphore.create(
+            self._core,
+            name,
+            limit,
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            max_hold=max_hold,
+        )
 
     async def aclose(self) -> None:
         """End held leases, finish background calls, close the connections.

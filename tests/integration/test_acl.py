@@ -65,10 +65,11 @@ async def test_the_least_privileged_user_runs_every_feature(
             await _woken(one, two, fair=True)
             await _operator(one, group)
             await _decorated(one)
+            await _semaphore(one, two)
             await one.settle()
             await two.settle()
             woken = two.statistics().wakeups
-    assert woken >= 2
+    assert woken >= 3
     assert await denials(group) == [[], [], []]
 
 
@@ -112,6 +113,25 @@ async def _woken(one: AsyncRedlock, two: AsyncRedlock, *, fair: bool) -> None:
         await Waits(two).reach(1)
         await held.release()
     assert len(got) == 1
+
+
+async def _semaphore(one: AsyncRedlock, two: AsyncRedlock) -> None:
+    """A full semaphore; a waiter of another client woken when a slot is released."""
+    held = [await one.semaphore("orders:sem", 2).acquire() for _ in range(2)]
+    await held[0].extend()
+    got: list[str] = []
+
+    async def wait() -> None:
+        lease = await two.semaphore("orders:sem", 2, timeout=HANG_GUARD).acquire()
+        got.append(lease.key)
+        await lease.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await Waits(two).reach(1)
+        await held[0].release()
+    assert got == [held[0].key]
+    await held[1].release()
 
 
 async def _operator(redlock: AsyncRedlock, group: ServerGroup) -> None:

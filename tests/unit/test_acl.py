@@ -23,6 +23,7 @@ class TestRules:
         assert "~orders:*" in rules
         assert "~{orders:*}:*" in rules
         assert "&{orders:*}:released" in rules
+        assert "&{orders:*}:sem:*:released" in rules
         assert "&asyncredlock:inbox:*" in rules
         assert len(rules) == len(set(rules))
         assert not any(rule.startswith(("+@", "~*", "&*")) for rule in rules)
@@ -40,6 +41,7 @@ class TestRules:
             "~app\\*:42",
             "~{app\\*:42}:*",
             "&{app\\*:42}:released",
+            "&{app\\*:42}:sem:*:released",
             "&asyncredlock:inbox:*",
         ]
 

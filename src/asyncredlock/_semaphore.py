@@ -1,0 +1,326 @@
+"""Counting semaphores over the quorum: ``AsyncRedlock.semaphore(name, limit)``.
+
+A semaphore of ``limit`` is ``limit`` slots, each a lock key of its own,
+``{K}:sem:<i>``. An acquisition takes one free slot on every master in one script
+(the slot it prefers, chosen at random, else the next free one) and holds the lease
+once a quorum granted it the *same* slot; the slots it got elsewhere are given back.
+Each slot is then held exactly as Redlock holds a lock (validity, extension,
+release, loss), so at most ``limit`` leases are valid at once. Counting holders in
+one set per master instead would not be safe: with a majority quorum, ``limit + 1``
+holders can each be counted by a different majority without any master counting
+more than ``limit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import random
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Self
+
+import anyio
+
+from ._acl import acl_refusal, why_unavailable
+from ._core import Core
+from ._errors import LockTimeoutError, QuorumUnavailableError, RedlockError
+from ._keys import Resources, aux_key, channel, holder_value
+from ._lease import Lease
+from ._lock import Lock
+from ._log import log_acquired
+from ._node import Reply
+from ._protocol import classify_acquire, granted, holder_expires_in, ms
+from ._quorum import Decision, NodeSkippedError, Round
+from ._scripts import SEM_ACQUIRE, SEM_UNDO
+from ._stats import Taken
+from ._telemetry import note_attempts
+from ._transport import ClosedError
+from ._wakeup import Ticket
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+__all__ = ["MAX_LIMIT", "Semaphore", "check_limit"]
+
+#: The largest ``limit``: each slot is a key, sent to every master in each attempt.
+MAX_LIMIT = 1024
+
+#: A master's reply as the lease of the chosen slot sees it when that master granted
+#: it nothing (refused, or another slot, given back): its lease sends nothing there.
+_NOT_HERE = Reply([0, -1])
+
+
+def check_limit(limit: object) -> int:
+    """A semaphore's ``limit``: an ``int`` from 1 to `MAX_LIMIT`."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be from 1 to {MAX_LIMIT}, got {limit}")
+    return limit
+
+
+class Semaphore(Lock):
+    """A counting semaphore on the masters, made by `AsyncRedlock.semaphore`: up to
+    ``limit`` leases on ``name`` at once, across every client of the masters.
+
+    Used like a `Lock`: ``async with semaphore as lease`` or
+    ``await semaphore.acquire()``. Each lease holds one of the ``limit`` slots
+    (``lease.key`` is its key) and is kept like a lock's: extended, lost, cancelling
+    its block when lost, bounded by ``max_hold``. Leases carry no fencing token
+    (several hold at once: a token cannot order them). Waiters are woken when a
+    slot is given back.
+
+    Attributes:
+        limit: How many leases may be held at once.
+        slot_keys: The key of each slot, ``{K}:sem:<i>``.
+    """
+
+    limit: int
+    slot_keys: tuple[str, ...]
+
+    @classmethod
+    def create(
+        cls,
+        core: Core,
+        name: str,
+        limit: int,
+        *,
+        ttl: float | None,
+        timeout: float | None,
+        auto_extend: bool | None,
+        max_hold: float | None,
+    ) -> Self:
+        """Check the settings (as `Lock.make` does), and make the semaphore."""
+        semaphore = cls.make(
+            core,
+            (name,),
+            ttl=ttl,
+            timeout=timeout,
+            auto_extend=auto_extend,
+            fencing=False,
+            fair=False,
+            max_hold=max_hold,
+        )
+        semaphore.limit = limit
+        semaphore.slot_keys = tuple(aux_key(semaphore.key, f"sem:{i}") for i in range(limit))
+        return semaphore
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl:g}s>"
+
+    async def _acquire(self, started: float, span: Span | None) -> Lease:
+        return await _Acquisition(self, started).run(span)
+
+
+class _Acquisition:
+    """The attempts of one ``acquire()`` of a semaphore."""
+
+    def __init__(self, semaphore: Semaphore, started: float) -> None:
+        self.semaphore = semaphore
+        self.core = semaphore._core
+        self.started = started
+        self.deadline = started + semaphore.timeout
+        self.ticket: Ticket | None = None
+        self.attempts = 0
+        self.granted: int | None = None
+        self.preferred = random.randrange(semaphore.limit)
+        self.channels = tuple(channel(key) for key in semaphore.slot_keys)
+        self.free_in = float("inf")
+        self.acquired = False
+
+    async def run(self, span: Span | None) -> Lease:
+        try:
+            lease = await self._attempts()
+        finally:
+            if self.ticket is not None:
+                self.core.waker.leave(self.ticket, acquired=self.acquired)
+            note_attempts(span, self.attempts, self.granted)
+        if self.attempts != 1:
+            log_acquired(lease, self.attempts, self.core.clock() - self.started)
+        return lease
+
+    async def _attempts(self) -> Lease:
+        core = self.core
+        while True:
+            outcome = await self._attempt()
+            if isinstance(outcome, Lease):
+                self.acquired = True
+                return outcome
+            if acl_refusal(outcome) is not None:
+                raise self._failure(outcome)
+            if self.deadline - core.clock() <= 0:
+                raise self._failure(outcome)
+            if core.closing:
+                raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
+            if self.ticket is None and not outcome.unavailable:
+                # listen for slots given back, then try again at once: one given
+                # back before the subscriptions is seen by that attempt
+                with anyio.move_on_after(max(0.0, self.deadline - core.clock())):
+                    self.ticket = await core.waker.enroll(self.channels)
+                continue
+            await self._pause()
+
+    async def _pause(self) -> None:
+        core = self.core
+        pause = max(0.0, min(core.retry_pause(), self.free_in, self.deadline - core.clock()))
+        core.note("waiting")
+        if self.ticket is None:
+            await anyio.sleep(pause)
+        elif await core.waker.wait(self.ticket, pause):
+            core.note("woken")
+
+    async def _attempt(self) -> Lease | Decision:
+        """One round: a lease if a quorum granted one slot in time, else the decision."""
+        core, semaphore = self.core, self.semaphore
+        value = holder_value(core.settings.identity)
+        start = core.clock()
+        core.counters.attempts += 1
+        semaphore._counters.attempts += 1
+        self.attempts += 1
+        ttl = semaphore.ttl
+        keys = (*semaphore.slot_keys, aux_key(semaphore.key, f"sem:undo:{value}"))
+        args = (value, ms(ttl), self.preferred + 1)
+        rnd = core.fan_out(lambda _, node: node.call(SEM_ACQUIRE, keys, args), skip_silent=True)
+        try:
+            decision = await core.decide(rnd, classify_acquire)
+            slot, count = await self._slot(rnd, decision)
+        except BaseException:
+            self._give_back(rnd, keys, value, None)
+            raise
+        self.granted = count
+        expires_at = core.expiry(start, ttl)
+        if slot is not None and count >= core.quorum and core.clock() < expires_at:
+            acquired = self._give_back(rnd, keys, value, slot)
+            return self._lease(value, slot, expires_at, acquired)
+        core.counters.failed_attempts += 1
+        self._give_back(rnd, keys, value, None)
+        self.free_in = holder_expires_in(rnd.tasks)
+        if slot is not None:
+            self.preferred = slot  # where most masters put it: ask for that one next
+        return decision
+
+    async def _slot(self, rnd: Round, decision: Decision) -> tuple[int | None, int]:
+        """The slot most masters granted, and how many did. Masters that granted
+        different slots (attempts of other clients arrived in another order) may
+        leave no quorum on any one: then the replies still out are waited for
+        (up to ``node_timeout``), as they may complete one."""
+        slot, count = _most_granted(rnd.tasks)
+        pending = [task for task in rnd.tasks if not task.done()]
+        if decision.reached and count < self.core.quorum and pending:
+            await asyncio.wait(pending, timeout=self.core.settings.node_timeout)
+            slot, count = _most_granted(rnd.tasks)
+        return slot, count
+
+    def _give_back(
+        self, rnd: Round, keys: Sequence[str], value: str, kept: int | None
+    ) -> list[asyncio.Future[Reply]]:
+        """Give back, on each master, every slot of this attempt but ``kept``: at
+        once behind the attempt on its connection, with a marker refusing it where
+        its outcome is unknown. Returns each master's reply as the lease of slot
+        ``kept`` sees it (granted there, or not)."""
+        core = self.core
+        acquired: list[asyncio.Future[Reply]] = []
+        keep = 0 if kept is None else kept + 1
+        for node, task in zip(core.nodes, rnd.tasks, strict=True):
+            view: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+            acquired.append(view)
+            reply = task.result() if task.done() else None
+            if reply is not None and _slot_of(reply) == kept and kept is not None:
+                view.set_result(Reply([1]))
+                continue
+            if reply is not None and (
+                (reply.error is None and not granted(reply))
+                or isinstance(reply.error, NodeSkippedError)
+            ):
+                view.set_result(_NOT_HERE)  # refused, undone or never sent: nothing taken
+                continue
+            undo = functools.partial(node.call, SEM_UNDO, keys)
+            if not core.closed:
+                # behind the attempt on its connection: a marker only where it failed
+                unknown = reply is not None and reply.error is not None
+                undo((value, ms(self.semaphore.ttl) if unknown else 0, keep))
+            if reply is not None:
+                view.set_result(_NOT_HERE if reply.error is None else reply)
+                continue
+            # still out: the lease counts it as granted only if it gives `kept`; if it
+            # fails, the undo is sent again with the marker (it may yet arrive)
+            again = (
+                None
+                if core.closed
+                else functools.partial(undo, (value, ms(self.semaphore.ttl), keep))
+            )
+            task.add_done_callback(functools.partial(_view, view=view, kept=kept, again=again))
+        return acquired
+
+    def _lease(
+        self, value: str, slot: int, expires_at: float, acquired: list[asyncio.Future[Reply]]
+    ) -> Lease:
+        """The lease of slot ``slot``: a lock on its key, with the semaphore's settings."""
+        core, semaphore = self.core, self.semaphore
+        core.counters.acquisitions += 1
+        spec = semaphore._spec
+        target = Resources(spec.target.names, (semaphore.slot_keys[slot],))
+        taken = Taken("attempt", self.attempts, self.started)
+        return Lease(
+            core,
+            dataclasses.replace(spec, target=target),
+            value=value,
+            expires_at=expires_at,
+            acquired=acquired,
+            taken=taken,
+        )
+
+    def _failure(self, decision: Decision) -> RedlockError:
+        semaphore, counters = self.semaphore, self.core.counters
+        name = semaphore.name
+        if decision.unavailable:
+            counters.unavailable += 1
+            return QuorumUnavailableError(
+                f"could not acquire semaphore {name!r}: {why_unavailable(decision)}",
+                resource=name,
+                outcomes=decision.outcomes,
+            )
+        counters.timeouts += 1
+        wait = "one attempt" if semaphore.timeout == 0 else f"{semaphore.timeout:g} s"
+        return LockTimeoutError(
+            f"could not acquire semaphore {name!r} within {wait}: its"
+            f" {semaphore.limit} slot(s) were held, or no quorum agreed on a free one",
+            resource=name,
+            outcomes=decision.outcomes,
+        )
+
+
+def _slot_of(reply: Reply) -> int | None:
+    """The slot (0-based) a master granted, if it granted one."""
+    if not granted(reply):
+        return None
+    return int(reply.value[1]) - 1
+
+
+def _most_granted(tasks: Sequence[asyncio.Future[Reply]]) -> tuple[int | None, int]:
+    counts: dict[int, int] = {}
+    for task in tasks:
+        if task.done() and (slot := _slot_of(task.result())) is not None:
+            counts[slot] = counts.get(slot, 0) + 1
+    if not counts:
+        return None, 0
+    slot = max(counts, key=lambda each: counts[each])
+    return slot, counts[slot]
+
+
+def _view(
+    task: asyncio.Future[Reply],
+    view: asyncio.Future[Reply],
+    kept: int | None,
+    again: Callable[[], object] | None,
+) -> None:
+    """A reply that came after the decision, as the lease of slot ``kept`` sees it;
+    a failed one gets its undo again, with the marker (``again``)."""
+    reply = task.result()
+    if reply.error is not None:
+        if again is not None and not isinstance(reply.error, ClosedError):
+            again()
+        view.set_result(reply)
+    else:
+        view.set_result(Reply([1]) if kept is not None and _slot_of(reply) == kept else _NOT_HERE)

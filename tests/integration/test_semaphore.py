@@ -1,0 +1,199 @@
+"""Counting semaphores: up to ``limit`` leases at once over the quorum, each a slot
+held like a lock (extended, lost, released), waiters woken when a slot is given
+back, nothing left on the masters."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncredlock import (
+    AsyncRedlock,
+    HoldLimitError,
+    Lease,
+    LockLostError,
+    LockTimeoutError,
+    Semaphore,
+)
+from asyncredlock.testing import ServerGroup, Waits
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+GUARD = 10.0  # seconds: a hang fails the test instead of blocking CI
+
+
+async def test_up_to_limit_holders_then_refused(masters: Masters) -> None:
+    async with AsyncRedlock(masters.urls) as first, AsyncRedlock(masters.urls) as second:
+        semaphores = [client.semaphore("sem:basic", 3, timeout=0) for client in (first, second)]
+        leases = [await semaphores[i % 2].acquire() for i in range(3)]
+        assert len({lease.key for lease in leases}) == 3  # three slots, one each
+        assert {lease.key for lease in leases} == set(semaphores[0].slot_keys)
+        assert all(lease.token is None and lease.resource == "sem:basic" for lease in leases)
+        for semaphore in semaphores:
+            with pytest.raises(LockTimeoutError, match="semaphore 'sem:basic'"):
+                await semaphore.acquire()
+        # every master holds each slot for its holder
+        for lease in leases:
+            assert await masters.holding(lease.key) == len(masters.clients)
+        await leases[1].release()
+        again = await semaphores[1].acquire()
+        assert again.key == leases[1].key
+        for lease in (leases[0], leases[2], again):
+            await lease.release()
+        for client in (first, second):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_a_waiter_is_woken_when_a_slot_is_given_back(masters: Masters) -> None:
+    """retry_delay is an hour: only the announcement of the release can wake it."""
+    async with (
+        AsyncRedlock(masters.urls) as holder,
+        AsyncRedlock(masters.urls, retry_delay=3600) as waiter,
+    ):
+        held = [await holder.semaphore("sem:wake", 2).acquire() for _ in range(2)]
+        with Waits(waiter) as waits:
+            waiting = asyncio.create_task(waiter.semaphore("sem:wake", 2, timeout=GUARD).acquire())
+            with anyio.fail_after(GUARD):
+                await waits.reach(waiting=1)  # refused, enrolled, refused again: parked
+        assert not waiting.done()
+        await held[0].release()
+        with anyio.fail_after(GUARD):
+            lease = await waiting
+        assert lease.key == held[0].key
+        await lease.release()
+        await held[1].release()
+        for client in (holder, waiter):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_async_with_holds_a_slot_and_gives_it_back(masters: Masters) -> None:
+    async with AsyncRedlock(masters.urls) as redlock:
+        semaphore = redlock.semaphore("sem:block", 2)
+        async with semaphore as a, semaphore as b:
+            assert a.held
+            assert b.held
+            assert a.key != b.key
+            with pytest.raises(LockTimeoutError):
+                await redlock.semaphore("sem:block", 2, timeout=0).acquire()
+        assert not a.held
+        assert not b.held
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_many_tasks_never_exceed_the_limit(masters: Masters) -> None:
+    """30 tasks of 3 clients, 40 passes each, a limit of 4: never more than 4 inside."""
+    inside, most, passes = 0, 0, 0
+
+    async def worker(semaphore: Semaphore) -> None:
+        nonlocal inside, most, passes
+        for _ in range(40):
+            async with semaphore:
+                inside += 1
+                most = max(most, inside)
+                await asyncio.sleep(0)
+                inside -= 1
+                passes += 1
+
+    async with (
+        AsyncRedlock(masters.urls, retry_delay=0.01) as a,
+        AsyncRedlock(masters.urls, retry_delay=0.01) as b,
+        AsyncRedlock(masters.urls, retry_delay=0.01) as c,
+    ):
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(30):
+                    tg.start_soon(worker, (a, b, c)[i % 3].semaphore("sem:many", 4, timeout=60))
+        for client in (a, b, c):
+            await client.settle()
+    assert passes == 30 * 40
+    assert 1 <= most <= 4
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_a_lost_slot_cancels_its_block(masters: Masters) -> None:
+    async with AsyncRedlock(masters.urls) as redlock:
+        with anyio.fail_after(GUARD), pytest.raises(LockLostError):
+            async with redlock.semaphore("sem:lost", 2, ttl=0.3) as lease:
+                for client in masters.clients:
+                    await client.delete(lease.key)  # as if it had expired everywhere
+                await anyio.sleep_forever()
+        with anyio.fail_after(GUARD), pytest.raises(HoldLimitError):
+            async with redlock.semaphore("sem:lost", 2, ttl=0.3, max_hold=0.5):
+                await anyio.sleep_forever()
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_cancelled_acquisitions_leave_nothing(masters: Masters) -> None:
+    """A storm of acquisitions cancelled at random points: no slot, marker or task
+    left behind once settled, and the semaphore still gives all its slots."""
+    async with AsyncRedlock(masters.urls, retry_delay=0.01) as redlock:
+        semaphore = redlock.semaphore("sem:storm", 3, timeout=GUARD)
+        held: list[Lease] = []
+
+        async def take() -> None:
+            held.append(await semaphore.acquire())
+
+        for round_ in range(10):
+            tasks = [asyncio.create_task(take()) for _ in range(12)]
+            for _ in range(round_):
+                await asyncio.sleep(0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for lease in held:
+                await lease.release()
+            held.clear()
+        await redlock.settle()
+        assert await masters.keys() == [[] for _ in masters.urls]
+        leases = [await semaphore.acquire() for _ in range(3)]
+        for lease in leases:
+            await lease.release()
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_a_minority_down_is_tolerated(servers: ServerGroup, masters: Masters) -> None:
+    servers[0].pause()
+    try:
+        async with AsyncRedlock(servers.urls) as redlock:
+            with anyio.fail_after(GUARD):
+                lease = await redlock.semaphore("sem:minority", 2).acquire()
+                assert lease.held
+                await lease.release()
+    finally:
+        servers[0].resume()
+
+
+@pytest.mark.parametrize(
+    ("limit", "kwargs", "error", "pattern"),
+    [
+        (0, {}, ValueError, r"^limit must be from 1 to 1024, got 0"),
+        (1025, {}, ValueError, r"^limit must be from 1 to 1024"),
+        (2.0, {}, TypeError, r"^limit must be an int, not float"),
+        (True, {}, TypeError, r"^limit must be an int, not bool"),
+        ("3", {}, TypeError, r"^limit must be an int, not str"),
+        (2, {"ttl": 0}, ValueError, r"^ttl must be > 0"),
+        (2, {"timeout": -1}, ValueError, r"^timeout must be >= 0"),
+        (2, {"max_hold": 0}, ValueError, r"^max_hold must be > 0"),
+        (2, {"auto_extend": "no"}, TypeError, r"^auto_extend must be a bool"),
+    ],
+)
+async def test_bad_settings_are_refused_before_any_io(
+    masters: Masters, limit: Any, kwargs: dict[str, Any], error: type[Exception], pattern: str
+) -> None:
+    async with AsyncRedlock(masters.urls) as redlock:
+        with pytest.raises(error, match=pattern):
+            redlock.semaphore("sem:bad", limit, **kwargs)
+        with pytest.raises(TypeError, match="must be a str"):
+            redlock.semaphore(7, 2)  # type: ignore[arg-type]
+        assert redlock.statistics().attempts == 0
+    assert await masters.keys() == [[] for _ in masters.urls]
