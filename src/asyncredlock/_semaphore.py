@@ -14,9 +14,11 @@ more than ``limit``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import random
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Self
 
@@ -110,7 +112,80 @@ class Semaphore(Lock):
         return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl:g}s>"
 
     async def _acquire(self, started: float, span: Span | None) -> Lease:
-        return await _Acquisition(self, started).run(span)
+        if self.timeout == 0:  # one attempt: no turn to wait for
+            return await _Acquisition(self, started).run(span)
+        turns = _TURNS.setdefault(self._core, _Turns())
+        if turns.busy(self.key, self.limit):
+            self._core.note("queued")
+        took = False
+        with anyio.move_on_after(max(0.0, started + self.timeout - self._core.clock())):
+            await turns.take(self.key, self.limit)
+            took = True
+        if took:
+            try:
+                return await _Acquisition(self, started).run(span)
+            finally:
+                turns.give(self.key)
+        self._core.counters.timeouts += 1
+        raise LockTimeoutError(
+            f"could not acquire semaphore {self.name!r} within {self.timeout:g} s: its"
+            f" {self.limit} turn(s) to ask the masters were taken by other tasks of this"
+            " AsyncRedlock",
+            resource=self.name,
+            outcomes=(),
+        )
+
+
+class _Turns:
+    """Turns to ask the masters, per semaphore key, for the tasks of one
+    ``AsyncRedlock``: at most ``limit`` of them attempt at once (more could not all
+    get a slot: they would split the masters' grants, fail and wake one another);
+    the others wait here, in arrival order. A turn ends with its ``acquire()``."""
+
+    def __init__(self) -> None:
+        self.taken: dict[str, int] = {}
+        self.waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+
+    def busy(self, key: str, limit: int) -> bool:
+        """Whether a task that asks now waits for its turn."""
+        return self.taken.get(key, 0) >= limit or key in self.waiting
+
+    async def take(self, key: str, limit: int) -> None:
+        if not self.busy(key, limit):
+            self.taken[key] = self.taken.get(key, 0) + 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(key, collections.deque()).append(turn)
+        try:
+            await turn  # passed on by `give`: the count stays
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give(key)  # passed on just as it was cancelled: on to the next
+            else:
+                queue = self.waiting[key]
+                queue.remove(turn)
+                if not queue:
+                    del self.waiting[key]
+            raise
+
+    def give(self, key: str) -> None:
+        """End a turn: pass it to the first task still waiting, or count it free."""
+        queue = self.waiting.get(key, collections.deque())
+        while queue:
+            turn = queue.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                if not queue:
+                    del self.waiting[key]
+                return
+        self.waiting.pop(key, None)
+        self.taken[key] -= 1
+        if not self.taken[key]:
+            del self.taken[key]
+
+
+#: Each AsyncRedlock's turns (its engine's), dropped with it.
+_TURNS: weakref.WeakKeyDictionary[Core, _Turns] = weakref.WeakKeyDictionary()
 
 
 class _Acquisition:

@@ -37,7 +37,9 @@ async def test_up_to_limit_holders_then_refused(masters: Masters) -> None:
         for semaphore in semaphores:
             with pytest.raises(LockTimeoutError, match="semaphore 'sem:basic'"):
                 await semaphore.acquire()
-        # every master holds each slot for its holder
+        # every master holds each slot for its holder (once every call is answered)
+        for client in (first, second):
+            await client.settle()
         for lease in leases:
             assert await masters.holding(lease.key) == len(masters.clients)
         await leases[1].release()
@@ -196,4 +198,41 @@ async def test_bad_settings_are_refused_before_any_io(
         with pytest.raises(TypeError, match="must be a str"):
             redlock.semaphore(7, 2)  # type: ignore[arg-type]
         assert redlock.statistics().attempts == 0
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_tasks_of_one_client_take_turns_to_ask_the_masters(masters: Masters) -> None:
+    """At most ``limit`` tasks of one AsyncRedlock attempt at once; the others wait
+    their turn in the process (timing out with that said), and one cancelled while
+    waiting leaves no turn taken."""
+    async with (
+        AsyncRedlock(masters.urls) as other,
+        AsyncRedlock(masters.urls, retry_delay=3600) as redlock,
+    ):
+        held = await other.semaphore("sem:turns", 1).acquire()
+        with Waits(redlock) as waits:
+            first = asyncio.create_task(redlock.semaphore("sem:turns", 1).acquire())
+            with anyio.fail_after(GUARD):
+                await waits.reach(waiting=1)  # asking the masters, parked
+        attempts = redlock.statistics().attempts
+        with pytest.raises(LockTimeoutError, match="turn"):
+            await redlock.semaphore("sem:turns", 1, timeout=0.05).acquire()
+        with Waits(redlock) as waits:
+            cancelled = asyncio.create_task(redlock.semaphore("sem:turns", 1).acquire())
+            with anyio.fail_after(GUARD):
+                await waits.reach(queued=1)  # waiting for its turn
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert redlock.statistics().attempts == attempts  # neither asked the masters
+        assert not first.done()
+        await held.release()
+        with anyio.fail_after(GUARD):
+            lease = await first
+        await lease.release()
+        # the turns are all free again: the next task asks at once
+        again = await redlock.semaphore("sem:turns", 1, timeout=GUARD).acquire()
+        await again.release()
+        for client in (other, redlock):
+            await client.settle()
     assert await masters.keys() == [[] for _ in masters.urls]
