@@ -172,17 +172,25 @@ class Keeping(ABC):
     async def _extend_once(self) -> None:
         """One automatic extension; schedules the next, or ends the lease lost."""
         core = self._core
-        if core.clock() >= self._expires_at:
+        start = core.clock()
+        if start >= self._expires_at:
             if self._capped:  # extended as far as its bound allows
                 self._reach_bound()
             else:
                 self._lose(self._loss, "not extended before its validity ran out")
             return
-        start = core.clock()
+        if self._capped or self._bound - self._expires_at <= core.settings.drift(self.ttl):
+            # Its validity reaches its bound already: nothing left to extend (a
+            # shorter and shorter PX would only race its own round). It ends then.
+            self._capped = True
+            self._extend_at(self._expires_at)
+            return
         decision = await self._extend_round(self.ttl)
         self._extender = None
         if decision is None:
             self._extend_at(start + self.ttl / 3)
+        elif core.clock() >= self._bound - core.settings.drift(self.ttl):
+            self._reach_bound()  # the bound came while the round ran
         elif not decision.unavailable:
             self._lose(decision, GONE)
         else:

@@ -155,3 +155,25 @@ async def test_a_bad_max_hold_is_refused_before_any_io(
                 make()
         assert redlock.statistics().attempts == 0
     assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_short_leases_all_end_at_their_bound(masters: Masters) -> None:
+    """Many leases whose extensions come close to the bound: each ends by its
+    bound (HoldLimitError), none lost as if a majority no longer held it."""
+    errors: list[BaseException] = []
+
+    async def hold(redlock: AsyncRedlock, i: int) -> None:
+        try:
+            async with redlock.lock(f"mh:short:{i}", ttl=0.05, max_hold=0.2):
+                await anyio.sleep_forever()
+        except LockLostError as exc:
+            errors.append(exc)
+
+    async with AsyncRedlock(masters.urls) as redlock:
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(hold, redlock, i)
+        await redlock.settle()
+    assert [type(error).__name__ for error in errors] == ["HoldLimitError"] * 40
+    assert await masters.keys() == [[] for _ in masters.urls]
