@@ -36,7 +36,7 @@ from ._wakeup import Ticket, waiter_id
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["Acquisition", "make_lease"]
+__all__ = ["Acquisition", "make_lease", "refuse_if_closing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +174,7 @@ class Acquisition:
                 if self._was_handed():
                     continue  # handed the lock meanwhile: take it (top of the loop)
                 raise self._failure(outcome)
-            if core.closing:
-                raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
+            refuse_if_closing(core)
             self._contended()
             if self.ticket is None and not outcome.decision.unavailable:
                 await self._enroll()
@@ -344,9 +343,8 @@ class Acquisition:
         self.counters.attempts += 1
         self.attempts += 1
         expires_at = core.expiry(start, spec.ttl)
-        keys = spec.target.keys
         rnd = core.acquire_round(
-            keys,
+            spec.target.keys,
             value,
             spec.ttl,
             fencing=spec.fencing,
@@ -359,14 +357,15 @@ class Acquisition:
             self.trace.add(rnd.tasks)
         try:
             decision, tokens = await self._decide(rnd, value, expires_at)
+            refuse_if_closing(core)
         except BaseException:
-            core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
+            core.undo(spec.target.keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
             raise
         if decision.holds(expires_at, core.clock):
             taken = Taken("attempt", self.attempts, self.started)
             return make_lease(core, spec, value, expires_at, rnd.tasks, tokens, taken=taken)
         core.counters.failed_attempts += 1
-        core.undo(keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
+        core.undo(spec.target.keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
         free_in = holder_expires_in(rnd.tasks)
         if decision.reached:
             decision = _expired(decision, core.clock() - start, spec.ttl)
@@ -419,6 +418,12 @@ class Acquisition:
             resource=name,
             outcomes=decision.outcomes,
         )
+
+
+def refuse_if_closing(core: Core) -> None:
+    """No lease is made once ``aclose()`` began (it would never be released)."""
+    if core.closing:
+        raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
 
 
 def _granted() -> asyncio.Future[Reply]:

@@ -5,6 +5,7 @@ RedlockError
 ├── LockTimeoutError        the lock stayed contended past the caller's timeout
 ├── QuorumUnavailableError  too many masters failed or were silent: an outage, not contention
 ├── LockLostError           a lease ended while its holder still relied on it
+│   └── HoldLimitError          ... because it reached its max_hold
 ├── LockNotOwnedError       release/extend of a lease that no longer holds a quorum
 ├── StaleTokenError         a guarded write carried a fencing token older than one seen
 └── MissingRecordError      a fenced update of a record that does not exist (a LookupError)

@@ -85,6 +85,7 @@ class Keeping(ABC):
         # each master's reply to the acquisition: which masters hold something of ours
         self._acquired = tuple(acquired)
         # the bound on how long it is held: its keys are never extended past it
+        self._max_hold = spec.max_hold
         self._bound = record.taken_at + spec.max_hold
         core.held.add(self)
         if spec.max_hold != float("inf"):
@@ -179,7 +180,7 @@ class Keeping(ABC):
             else:
                 self._lose(self._loss, "not extended before its validity ran out")
             return
-        if self._capped or self._bound - self._expires_at <= core.settings.drift(self.ttl):
+        if self._capped or self._bound - self._expires_at <= self._drift():
             # Its validity reaches its bound already: nothing left to extend (a
             # shorter and shorter PX would only race its own round). It ends then.
             self._capped = True
@@ -189,13 +190,21 @@ class Keeping(ABC):
         self._extender = None
         if decision is None:
             self._extend_at(start + self.ttl / 3)
-        elif core.clock() >= self._bound - core.settings.drift(self.ttl):
+        elif self._at_bound():
             self._reach_bound()  # the bound came while the round ran
         elif not decision.unavailable:
             self._lose(decision, GONE)
         else:
             self._loss = decision
             self._extend_at(core.clock() + min(self.ttl / 12, core.settings.retry_delay))
+
+    def _drift(self) -> float:
+        return self._core.settings.drift(self.ttl)
+
+    def _at_bound(self) -> bool:
+        """Whether the lease is at its bound (within the drift allowance): no
+        extension can keep it any longer."""
+        return self._core.clock() >= self._bound - self._drift()
 
     def _reach_bound(self) -> None:
         """The lease was held for its ``max_hold`` (or its validity, extended as

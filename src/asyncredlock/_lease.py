@@ -140,16 +140,24 @@ class Lease(Keeping):
 
         Raises:
             LockNotOwnedError: The lease is released, lost, or a majority of masters
-                no longer holds it (what remains is then removed).
+                no longer holds it (what remains is then removed), or it reached its
+                ``max_hold`` (it ends lost then, and is released).
             QuorumUnavailableError: Too many masters failed to answer; the lease
                 keeps its previous validity and may be extended again.
         """
         new_ttl = self.ttl if ttl is None else check_seconds("ttl", ttl)
         self._core.check_loop()
         self._check_held("extend")
-        decision = await self._extend_round(new_ttl)
+        decision = None if self._at_bound() else await self._extend_round(new_ttl)
+        if self._at_bound():  # (also when it came while the round ran)
+            self._reach_bound()
+            raise LockNotOwnedError(
+                f"cannot extend {self.resource!r}: it reached its max_hold",
+                resource=self.resource,
+                outcomes=(),
+            )
         if decision is None:
-            self.ttl = new_ttl
+            self.ttl = min(new_ttl, self._max_hold)
             return
         if decision.unavailable:
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
@@ -218,7 +226,8 @@ class Lease(Keeping):
         Its token is the next of this acquisition's block (the masters counted
         `TOKEN_BLOCK` up; their next acquisition gets at least ``token +
         TOKEN_BLOCK``). Only if neither side is a read-write lock's writer, the
-        waiter extends its leases, half its TTL of validity is left, the block
+        waiter extends its leases, half its TTL of validity is left (and no more
+        than its ``max_hold``), the block
         has a token left (``TOKEN_BLOCK - 1`` hand-offs in a row at most), and a
         fenced waiter gets a token.
         """
@@ -232,8 +241,8 @@ class Lease(Keeping):
         if not spec.auto_extend or not self._handoff or spec.queued:
             return False
         handoffs = self._handoffs + 1
-        if handoffs >= TOKEN_BLOCK or self.validity < spec.ttl / 2:
-            return False
+        if handoffs >= TOKEN_BLOCK or not spec.ttl / 2 <= self.validity <= spec.max_hold:
+            return False  # (a key set past the waiter's bound is not its to take)
         tokens: tuple[int, ...] | None = None
         if spec.fencing:
             if self._first_tokens is None:

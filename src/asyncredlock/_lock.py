@@ -141,7 +141,8 @@ class Lock:
         When a lease is released while another task of the same ``AsyncRedlock``
         waits for its key, it is passed straight to that task, without a call to
         the masters, if that task's lease extends itself (the default), at least
-        half its TTL of validity is left, and fewer than 63 such hand-offs came in
+        half its TTL of validity is left (but no more than its ``max_hold``), and
+        fewer than 63 such hand-offs came in
         a row; the new lease gets the next fencing token. Writers of a read-write
         lock are never passed a lease, nor pass theirs on: a released write lock
         goes back to the masters, where readers may take it.

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Self
 import anyio
 
 from ._acl import acl_refusal, why_unavailable
+from ._attempt import refuse_if_closing
 from ._core import Core
 from ._errors import LockTimeoutError, QuorumUnavailableError, RedlockError
 from ._keys import Resources, aux_key, channel, holder_value
@@ -161,11 +162,12 @@ class _Turns:
         except BaseException:
             if turn.done() and not turn.cancelled():
                 self.give(key)  # passed on just as it was cancelled: on to the next
-            else:
-                queue = self.waiting[key]
-                queue.remove(turn)
-                if not queue:
-                    del self.waiting[key]
+            else:  # `give` may have dropped it (and its queue) already
+                queue = self.waiting.get(key)
+                if queue is not None and turn in queue:
+                    queue.remove(turn)
+                    if not queue:
+                        del self.waiting[key]
             raise
 
     def give(self, key: str) -> None:
@@ -226,8 +228,7 @@ class _Acquisition:
                 raise self._failure(outcome)
             if self.deadline - core.clock() <= 0:
                 raise self._failure(outcome)
-            if core.closing:
-                raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
+            refuse_if_closing(core)
             if self.ticket is None and not outcome.unavailable:
                 # listen for slots given back, then try again at once: one given
                 # back before the subscriptions is seen by that attempt
@@ -260,6 +261,7 @@ class _Acquisition:
         try:
             decision = await core.decide(rnd, classify_acquire)
             slot, count = await self._slot(rnd, decision)
+            refuse_if_closing(core)
         except BaseException:
             self._give_back(rnd, keys, value, None)
             raise
@@ -279,11 +281,17 @@ class _Acquisition:
         """The slot most masters granted, and how many did. Masters that granted
         different slots (attempts of other clients arrived in another order) may
         leave no quorum on any one: then the replies still out are waited for
-        (up to ``node_timeout``), as they may complete one."""
+        (up to ``node_timeout``), until one completes a quorum."""
         slot, count = _most_granted(rnd.tasks)
-        pending = [task for task in rnd.tasks if not task.done()]
-        if decision.reached and count < self.core.quorum and pending:
-            await asyncio.wait(pending, timeout=self.core.settings.node_timeout)
+        if not decision.reached:
+            return slot, count
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.core.settings.node_timeout
+        while count < self.core.quorum:
+            pending = [task for task in rnd.tasks if not task.done()]
+            if not pending or (left := deadline - loop.time()) <= 0:
+                break
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             slot, count = _most_granted(rnd.tasks)
         return slot, count
 

@@ -318,11 +318,30 @@ class TestDependency:
                 assert (await client.put(path)).status_code == 200
         assert names == ["o:7", "o:7"]
 
+    async def test_a_handler_still_running_at_max_hold_is_cancelled_with_503(
+        self, servers: ServerGroup
+    ) -> None:
+        app = app_with(servers.urls)
+
+        @app.post("/slow/{job}")
+        async def slow(
+            job: str, lease: Annotated[Lease, Depends(locked("slow:{job}", max_hold=0.3))]
+        ) -> None:
+            await anyio.sleep_forever()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                response = await client.post("/slow/7")
+        assert response.status_code == 503
+        assert "max_hold" in response.json()["detail"]
+
     def test_bad_template_or_setting_raises_when_made(self) -> None:
         with pytest.raises(ValueError, match="fields must be named"):
             locked("orders:{}")
         with pytest.raises(ValueError, match=r"^timeout must be >= 0"):
             locked("orders:{order_id}", timeout=-1)
+        with pytest.raises(ValueError, match=r"^max_hold must be > 0"):
+            locked("orders:{order_id}", max_hold=0)
 
     async def test_a_field_that_is_not_a_path_parameter_is_a_clear_error(
         self, servers: ServerGroup

@@ -4,13 +4,16 @@ its block is cancelled with `HoldLimitError`, and its keys are released."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from typing import Any
 
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, HoldLimitError, Lease, LockLostError
+from asyncredlock import AsyncRedlock, HoldLimitError, Lease, LockLostError, LockNotOwnedError
+from asyncredlock.testing import Waits
 
 from .conftest import Masters
 
@@ -63,18 +66,62 @@ async def test_an_explicit_lease_is_lost_at_the_bound(masters: Masters) -> None:
 
 
 async def test_no_extension_sets_a_key_past_the_bound(masters: Masters) -> None:
-    """A TTL longer than the bound is cut to it, and so is an explicit extension."""
+    """A TTL longer than the bound is cut to it, and an explicit extension to the
+    time left to the bound."""
     async with AsyncRedlock(masters.urls) as redlock:
-        lock = redlock.lock("mh:cap", ttl=60.0, max_hold=20.0)
-        assert (lock.ttl, lock.max_hold) == (20.0, 20.0)
+        lock = redlock.lock("mh:cap", ttl=60.0, max_hold=2.0, auto_extend=False)
+        assert (lock.ttl, lock.max_hold) == (2.0, 2.0)
         lease = await lock.acquire()
-        assert lease.validity <= 20.0
+        assert lease.validity <= 2.0
+        await anyio.sleep(0.5)  # a quarter of the bound used
         await lease.extend(ttl=600.0)
         await redlock.settle()
         pttls = [await client.pttl(lease.key) for client in masters.clients]
-        assert all(0 < pttl <= 20_000 for pttl in pttls), pttls
-        assert lease.validity <= 20.0
+        assert all(0 < pttl <= 1_500 for pttl in pttls), pttls
+        assert lease.validity <= 1.5
+        assert lease.ttl == 2.0  # later extensions are cut to the bound too
         await lease.release()
+
+
+async def test_an_extension_at_the_bound_ends_the_lease(masters: Masters) -> None:
+    """extend() within the drift allowance of the bound (here by the lease's clock,
+    moved on) cannot keep it: the lease ends at its bound, and extend() says so."""
+    moved = 0.0
+
+    def clock() -> float:
+        return time.monotonic() + moved
+
+    async with AsyncRedlock(masters.urls, clock=clock) as redlock:
+        lock = redlock.lock("mh:at", ttl=30.0, max_hold=20.0, auto_extend=False)
+        lease = await lock.acquire()
+        moved = 20.0 - 0.001  # a millisecond before its bound
+        with pytest.raises(LockNotOwnedError, match="reached its max_hold"):
+            await lease.extend()
+        assert lease.lost
+        with anyio.fail_after(GUARD):
+            assert await lease.wait_lost() is True
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_no_lease_is_passed_on_past_the_waiters_bound(masters: Masters) -> None:
+    """A task of the same AsyncRedlock with a shorter max_hold is not handed a lease
+    whose key lives longer than its bound: it takes the lock from the masters."""
+    async with AsyncRedlock(masters.urls) as redlock:
+        first = await redlock.lock("mh:hand", ttl=30.0).acquire()
+        with Waits(redlock) as waits:
+            waiting = asyncio.create_task(redlock.lock("mh:hand", ttl=5.0, max_hold=2.0).acquire())
+            with anyio.fail_after(GUARD):
+                await waits.reach(queued=1)
+        await first.release()
+        with anyio.fail_after(GUARD):
+            second = await waiting
+        assert second.statistics().source == "attempt"  # not "hand-off"
+        assert second.validity <= 2.0
+        await redlock.settle()
+        pttls = [await client.pttl(second.key) for client in masters.clients]
+        assert all(0 < pttl <= 2_000 for pttl in pttls), pttls
+        await second.release()
 
 
 async def test_without_auto_extension_the_bound_still_ends_it(masters: Masters) -> None:

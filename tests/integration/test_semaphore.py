@@ -150,7 +150,9 @@ async def test_cancelled_acquisitions_leave_nothing(masters: Masters) -> None:
                 await asyncio.sleep(0)
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            # each took its lease or was cancelled: nothing else went wrong
+            assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results)
             for lease in held:
                 await lease.release()
             held.clear()
@@ -236,3 +238,32 @@ async def test_tasks_of_one_client_take_turns_to_ask_the_masters(masters: Master
         for client in (other, redlock):
             await client.settle()
     assert await masters.keys() == [[] for _ in masters.urls]
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_no_acquisition_ends_held_by_a_closed_redlock(masters: Masters, kind: str) -> None:
+    """aclose() while acquisitions are out, after 1 to 8 loop iterations (three
+    times each: the window is a matter of which task the loop resumes first): each
+    acquire() returns a lease that aclose() then ends (lost), or raises RuntimeError;
+    none returns a lease still held on a closed AsyncRedlock (whose release would
+    never be sent)."""
+    for iterations in [*range(1, 9)] * 3:
+        redlock = AsyncRedlock(masters.urls, fencing=False)
+        warm = await redlock.lock("close:warm").acquire()  # connections open
+        await warm.release()
+        if kind == "lock":
+            tasks = [
+                asyncio.create_task(redlock.lock(f"close:lock:{i}").acquire()) for i in range(20)
+            ]
+        else:
+            semaphore = redlock.semaphore("close:sem", 50)
+            tasks = [asyncio.create_task(semaphore.acquire()) for _ in range(20)]
+        for _ in range(iterations):
+            await asyncio.sleep(0)
+        await redlock.aclose()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Lease):
+                assert result.lost
+            else:
+                assert isinstance(result, RuntimeError), repr(result)

@@ -1,6 +1,7 @@
 """Counting semaphores against a reference model.
 
-Two clients go through seeded random interleavings of acquisitions, extensions,
+Two clients go through seeded random interleavings of acquisitions (one, or a burst
+of several at once from both clients), extensions,
 releases, expiries (a lease's slot key deleted on a random set of masters) and
 master stops and restarts (with an AOF, as Redlock's safety argument needs); after
 every step, the leases the model holds (acquired, and neither released nor expired)
@@ -9,6 +10,7 @@ number at most ``limit``, and no two hold the same slot.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from dataclasses import dataclass, field
@@ -64,17 +66,27 @@ async def _expire(group: ServerGroup, lease: Lease, nodes: list[int]) -> None:
 async def _step(
     rng: random.Random, group: ServerGroup, clients: tuple[AsyncRedlock, ...], model: Model
 ) -> None:
-    op = rng.choice(["acquire"] * 4 + ["release"] * 2 + ["extend", "expire", "node"])
+    op = rng.choice(
+        ["acquire"] * 2 + ["burst"] * 2 + ["release"] * 3 + ["extend", "expire", "node"]
+    )
     model.steps[op] = model.steps.get(op, 0) + 1
-    if op == "acquire":
-        semaphore = rng.choice(clients).semaphore("model", LIMIT, ttl=60, timeout=0)
-        try:
-            lease = await semaphore.acquire()
-        except (LockTimeoutError, QuorumUnavailableError):
-            return
-        model.live.add(lease)
-        model.open.append(lease)
-        model.acquired += 1
+    if op in ("acquire", "burst"):
+        # a burst: several acquisitions of both clients at once, their attempts
+        # reaching the masters in different orders (grants of different slots)
+        count = 1 if op == "acquire" else rng.randint(2, 2 * LIMIT)
+        semaphores = [
+            rng.choice(clients).semaphore("model", LIMIT, ttl=60, timeout=0) for _ in range(count)
+        ]
+        results = await asyncio.gather(
+            *(semaphore.acquire() for semaphore in semaphores), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, Lease):
+                model.live.add(result)
+                model.open.append(result)
+                model.acquired += 1
+            elif not isinstance(result, LockTimeoutError | QuorumUnavailableError):
+                raise result
     elif op == "extend" and model.open:
         lease = rng.choice(model.open)
         try:
@@ -129,7 +141,7 @@ async def test_random_interleavings_never_exceed_the_limit(
         for client in (first, second):
             await client.settle()
     # every kind of step ran, and the semaphore was full at some point
-    assert set(model.steps) == {"acquire", "extend", "release", "expire", "node"}
+    assert set(model.steps) == {"acquire", "burst", "extend", "release", "expire", "node"}
     assert model.acquired > LIMIT
     assert model.most == LIMIT
     # What a stopped master missed (a give-back, a release) stays there, and expires.

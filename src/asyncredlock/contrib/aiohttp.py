@@ -99,6 +99,7 @@ def locked(
     auto_extend: bool | None = None,
     fencing: bool | None = None,
     fair: bool = False,
+    max_hold: float | None = None,
 ) -> Callable[[Handler], Handler]:
     """A decorator for a handler (``async def handler(request)``, or a method of a
     ``web.View``): it runs holding a lock, taken through the ``AsyncRedlock`` of
@@ -109,14 +110,16 @@ def locked(
     the other arguments are `AsyncRedlock.lock`'s. The lock is released when the
     handler returns, before aiohttp sends the response. A lease lost while the
     handler runs cancels it and raises `LockLostError` (503 through `setup`'s
-    middleware).
+    middleware); so does a handler still running at ``max_hold`` (`HoldLimitError`).
 
     Raises:
         TypeError, ValueError: A bad template or setting, or a decorated object
             that is not a coroutine function. At a request, `ValueError` if a
             field is not a path parameter of the route.
     """
-    request_lock = RequestLock(name, LockOptions(ttl, timeout, auto_extend, fencing, fair))
+    request_lock = RequestLock(
+        name, LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)
+    )
 
     def decorate(handler: Handler) -> Handler:
         if not inspect.iscoroutinefunction(handler):

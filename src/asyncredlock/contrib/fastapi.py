@@ -97,6 +97,7 @@ def locked(
     auto_extend: bool | None = None,
     fencing: bool | None = None,
     fair: bool = False,
+    max_hold: float | None = None,
 ) -> Callable[..., Awaitable[Lease]]:
     """A dependency holding a lock while the request's handler runs; it yields the
     `Lease`.
@@ -106,13 +107,16 @@ def locked(
     handler runs (a contended one past ``timeout`` raises `LockTimeoutError`: 423
     with `add_exception_handlers`), and released when it returns, before the
     response is sent. A lease lost while the handler runs cancels the handler and
-    raises `LockLostError` (503), so no response is built on unprotected work.
+    raises `LockLostError` (503), so no response is built on unprotected work; so
+    does a handler still running at ``max_hold`` (`HoldLimitError`).
 
     Raises:
         TypeError, ValueError: A bad template or setting, raised here. At a
             request, `ValueError` if a field is not a path parameter of the route.
     """
-    request_lock = RequestLock(name, LockOptions(ttl, timeout, auto_extend, fencing, fair))
+    request_lock = RequestLock(
+        name, LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)
+    )
 
     async def hold_lock(request: Request) -> AsyncIterator[Lease]:
         async with request_lock.lock(redlock_of(request.app), request.path_params) as lease:
