@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._acl import why_unavailable
 from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._ending import Ending
@@ -19,6 +18,7 @@ from ._log import log_extension_failed, log_lost, log_release_short
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag, ms
 from ._quorum import Decision, Round
+from ._refusal import why_unavailable
 from ._stats import LeaseRecord, LeaseStatistics, Taken
 from ._telemetry import EXTEND, RELEASE, traced
 
