@@ -15,6 +15,7 @@ import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -76,11 +77,17 @@ class Certs:
     client_pem: Path  # a client certificate signed by `ca`, for fronts that ask for one
     client_key: Path
 
-    def server(self, *names: str, ask_client: bool = False) -> ssl.SSLContext:
+    def server(
+        self, *names: str, ask_client: bool = False, expired: bool = False
+    ) -> ssl.SSLContext:
         """A server-side context with a certificate for ``names`` (127.0.0.1 and
-        localhost by default), requiring a client certificate if ``ask_client``."""
+        localhost by default; valid only in 2020 if ``expired``), requiring a client
+        certificate if ``ask_client``."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ca.issue_cert(*(names or ("127.0.0.1", "localhost"))).configure_cert(context)
+        names = names or ("127.0.0.1", "localhost")
+        period = (datetime(2020, 1, 1, tzinfo=UTC), datetime(2021, 1, 1, tzinfo=UTC))
+        valid = dict(zip(("not_before", "not_after"), period, strict=True)) if expired else {}
+        self.ca.issue_cert(*names, **valid).configure_cert(context)
         if ask_client:
             context.verify_mode = ssl.CERT_REQUIRED
             self.ca.configure_trust(context)
@@ -267,19 +274,17 @@ async def test_a_ready_client_over_tls(
     assert [front.handshakes for front in fronts] == [1, 1, 1]  # the clients never connected
 
 
-@pytest.fixture(params=["untrusted CA", "another host"])
+@pytest.fixture(params=["untrusted CA", "another host", "expired"])
 async def refusing(
     request: pytest.FixtureRequest, group: ServerGroup, certs: Certs
 ) -> AsyncIterator[tuple[list[str], str, list[FaultProxy]]]:
     """Fronts whose certificate the client refuses, the URLs given to it, and why."""
-    if request.param == "untrusted CA":
-        context, query, why = certs.server(), {"ssl_ca_certs": certs.stranger_pem}, UNTRUSTED
-    else:
-        context, query, why = (
-            certs.server("db.example.org"),
-            {"ssl_ca_certs": certs.ca_pem},
-            OTHER_HOST,
-        )
+    trusted = {"ssl_ca_certs": certs.ca_pem}
+    context, query, why = {
+        "untrusted CA": (certs.server(), {"ssl_ca_certs": certs.stranger_pem}, UNTRUSTED),
+        "another host": (certs.server("db.example.org"), trusted, OTHER_HOST),
+        "expired": (certs.server(expired=True), trusted, "certificate has expired"),
+    }[request.param]
     async with tls_fronts(group, context) as proxies:
         yield urls(proxies, **query), why, proxies
 
@@ -289,19 +294,24 @@ async def test_a_refused_certificate_ends_the_acquisition_at_once(
     refusing: tuple[list[str], str, list[FaultProxy]],
 ) -> None:
     """With an hour-long timeout: one attempt, then `QuorumUnavailableError` naming
-    the verification failure of each master (not a silent master, not a timeout)."""
+    the verification failure of each master (not a silent master, not a timeout);
+    `force_release()` says so too."""
     masters, why, fronts = refusing
     with anyio.fail_after(HANG_GUARD):
         async with AsyncRedlock(masters, timeout=NEVER) as redlock:
             with pytest.raises(QuorumUnavailableError) as caught:
                 await redlock.lock("tls:refused").acquire()
             assert redlock.statistics().attempts == 1
+            with pytest.raises(QuorumUnavailableError) as forced:
+                await redlock.force_release("tls:refused")
     error = caught.value
     assert str(error).startswith("could not lock 'tls:refused': TLS certificates refused")
+    assert str(forced.value).startswith("could not force 'tls:refused' free: TLS certificates")
     failed = "CertificateError: TLS certificate verification failed for 127.0.0.1"
-    assert [(o.node, o.ok, o.detail) for o in error.outcomes] == [
-        (front.url, False, f"{failed}:{front.port}: {why}") for front in fronts
-    ]
+    for outcomes in (error.outcomes, forced.value.outcomes):
+        assert [(o.node, o.ok, o.detail) for o in outcomes] == [
+            (front.url, False, f"{failed}:{front.port}: {why}") for front in fronts
+        ]
     assert [front.handshakes for front in fronts] == [0, 0, 0]
 
 
