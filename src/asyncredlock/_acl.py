@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ._keys import aux_key, glob_escape
 from ._wakeup import INBOX_PREFIX
 
-if TYPE_CHECKING:
-    from ._quorum import Decision
-
-__all__ = ["acl_refusal", "acl_rules"]
-
-#: How a master says a command, key or channel is not the user's to use: ``NOPERM``
-#: for a command sent, ``ACL failure in script`` for one a script calls.
-# (redis-py strips NOPERM from a refusal during its handshake: NoPermissionError)
-_REFUSALS = ("NOPERM", "ACL failure in script", "NoPermissionError")
+__all__ = ["acl_rules"]
 
 #: Commands sent on asyncredlock's own connections (the scripts, preloaded and run by
 #: SHA1, or sent whole when a master lost its script cache; the wake-up
@@ -120,28 +111,3 @@ def _aux_bases(prefix: str, keys: str) -> list[str]:
 
 def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
-
-
-def acl_refusal(decision: Decision) -> str | None:
-    """What the masters' ACLs refused, when they refused on enough masters that no
-    quorum can be reached (retrying cannot help: a permission is missing); else
-    ``None``."""
-    if not decision.unavailable:
-        return None
-    refused = [
-        outcome.detail
-        for outcome in decision.outcomes
-        if not outcome.ok and any(text in outcome.detail for text in _REFUSALS)
-    ]
-    if len(refused) <= decision.masters - decision.quorum:
-        return None
-    return refused[0]
-
-
-def why_unavailable(decision: Decision) -> str:
-    """Why a round could not reach a quorum, for an error: the ACL refusal that
-    made it impossible, or too many failures and silences."""
-    refusal = acl_refusal(decision)
-    if refusal is None:
-        return "too many masters failed or did not answer"
-    return f"refused by the masters' ACL (see asyncredlock.acl_rules()): {refusal}"

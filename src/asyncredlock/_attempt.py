@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._acl import acl_refusal, why_unavailable
 from ._config import LockSpec
 from ._core import Core
 from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
@@ -29,6 +28,7 @@ from ._protocol import (
     holder_expires_in,
 )
 from ._quorum import Decision, Round
+from ._refusal import refusal, why_unavailable
 from ._stats import LockCounters, Taken
 from ._telemetry import note_attempts
 from ._wakeup import Ticket, waiter_id
@@ -168,8 +168,8 @@ class Acquisition:
                     core.contended.pop(self.key, None)  # no contention this time
                 return outcome
             first = False
-            if acl_refusal(outcome.decision) is not None:
-                raise self._failure(outcome)  # a permission is missing: retrying cannot help
+            if refusal(outcome.decision) is not None:
+                raise self._failure(outcome)  # an ACL or a certificate: retrying cannot help
             if self.deadline - core.clock() <= 0:
                 if self._was_handed():
                     continue  # handed the lock meanwhile: take it (top of the loop)

@@ -18,6 +18,7 @@ from ._config import Settings
 from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
+from ._tls import certificate_error
 from ._transport import Stream
 
 __all__ = ["RedisPyOpener", "make_node", "make_nodes"]
@@ -35,9 +36,10 @@ except ImportError:  # pragma: no cover - older redis-py
 class RedisPyOpener:
     """Opens connections with a redis-py connection class and its settings.
 
-    redis-py connects and runs the handshake (AUTH, SELECT, CLIENT SETNAME...);
-    then the socket is detached from its stream reader and writer and given to
-    ``protocol``: redis-py keeps no reference to it.
+    redis-py connects and runs the handshake (TLS, AUTH, SELECT, CLIENT SETNAME...);
+    a TLS certificate that fails verification raises a `CertificateError` that
+    names the master and why. Then the socket is detached from its stream reader
+    and writer and given to ``protocol``: redis-py keeps no reference to it.
 
     Args:
         connection_class: A ``redis.asyncio`` connection class (TCP, TLS, unix
@@ -55,8 +57,11 @@ class RedisPyOpener:
             await connection.connect()
             reader: asyncio.StreamReader = connection._reader
             writer: asyncio.StreamWriter = connection._writer
-        except BaseException:
+        except BaseException as exc:
             _forget(connection, close=True)
+            refused = certificate_error(exc, _address(connection))
+            if refused is not None:
+                raise refused from exc
             raise
         leftover = bytes(getattr(reader, "_buffer", b""))
         _forget(connection, close=False)
@@ -68,6 +73,12 @@ class RedisPyOpener:
             protocol.data_received(leftover)
         if not transport.is_reading():  # a full stream buffer may have paused it
             transport.resume_reading()
+
+
+def _address(connection: Any) -> str:
+    """``host:port`` of a redis-py TCP or TLS connection (its master, once a
+    Sentinel-managed one has connected), for errors."""
+    return f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
 
 
 def _forget(connection: Any, *, close: bool) -> None:

@@ -8,7 +8,6 @@ from types import TracebackType
 
 import anyio
 
-from ._acl import why_unavailable
 from ._config import LockSpec, check_seconds
 from ._core import Core
 from ._errors import HoldLimitError, LockLostError, LockNotOwnedError, QuorumUnavailableError
@@ -17,6 +16,7 @@ from ._log import log_lost, log_release_short
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag
 from ._quorum import Decision
+from ._refusal import why_unavailable
 from ._stats import LeaseRecord, LeaseStatistics, Taken
 from ._telemetry import RELEASE, traced
 

@@ -13,6 +13,7 @@ from ._inspect import LockState, node_state
 from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
 from ._protocol import classify_deleted
 from ._quorum import Decision
+from ._refusal import why_unavailable
 from ._scripts import DELETE, INSPECT
 
 __all__ = ["end_leases", "force_free", "lose_leases", "read_state", "shut_down"]
@@ -44,7 +45,7 @@ async def force_free(core: Core, name: str) -> int:
     decision = await core.decide(rnd, classify_deleted, wait=wait)
     if decision.unavailable:
         raise QuorumUnavailableError(
-            f"could not force {name!r} free: too many masters failed or did not answer",
+            f"could not force {name!r} free: {why_unavailable(decision)}",
             resource=name,
             outcomes=decision.outcomes,
         )

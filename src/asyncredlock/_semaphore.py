@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Self
 
 import anyio
 
-from ._acl import acl_refusal, why_unavailable
 from ._attempt import refuse_if_closing
 from ._core import Core
 from ._errors import LockTimeoutError, QuorumUnavailableError, RedlockError
@@ -35,6 +34,7 @@ from ._log import log_acquired
 from ._node import Reply
 from ._protocol import classify_acquire, granted, holder_expires_in, ms
 from ._quorum import Decision, NodeSkippedError, Round
+from ._refusal import refusal, why_unavailable
 from ._scripts import SEM_ACQUIRE, SEM_UNDO
 from ._stats import Taken
 from ._telemetry import note_attempts
@@ -224,7 +224,7 @@ class _Acquisition:
             if isinstance(outcome, Lease):
                 self.acquired = True
                 return outcome
-            if acl_refusal(outcome) is not None:
+            if refusal(outcome) is not None:
                 raise self._failure(outcome)
             if self.deadline - core.clock() <= 0:
                 raise self._failure(outcome)

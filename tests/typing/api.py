@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import ssl
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, assert_type
 
@@ -170,6 +171,9 @@ def testing_support() -> None:
         assert_type(group[0].port, int)
     proxy = FaultProxy("127.0.0.1", group[0].port)
     assert_type(proxy.url, str)
+    front = FaultProxy("127.0.0.1", group[0].port, ssl_context=ssl.create_default_context())
+    assert_type(front.handshakes, int)
+    FaultProxy("127.0.0.1", group[0].port, ssl_context="ca.pem")  # type: ignore[arg-type]
     with ServerGroup(3, fake_clock=True) as skewed:
         clock = skewed[0].clock
         assert_type(clock, FakeClock)

@@ -10,6 +10,10 @@ unreachable without touching the server process::
         proxy.reset_connections()  # RST every open connection
         proxy.heal()
 
+With ``ssl_context`` (a server-side `ssl.SSLContext`) the proxy is a TLS front: it
+terminates TLS from the client and forwards the plain bytes to the server, which needs
+no TLS of its own; its `url` is then ``rediss://HOST:PORT``.
+
 Each accepted connection is a *pair* (client side, upstream side). Bytes read from one
 side are stamped with a due time (arrival + `delay`) and queued; one pump task per
 direction writes them to the other side when due, in order. A delay therefore adds
@@ -23,6 +27,7 @@ import asyncio
 import contextlib
 import math
 import socket
+import ssl
 import struct
 from dataclasses import dataclass
 from types import TracebackType
@@ -76,8 +81,10 @@ class _Side(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._receive(data)
 
-    def eof_received(self) -> bool:
+    def eof_received(self) -> bool | None:
         self._receive(None)
+        if self.transport is not None and self.transport.get_extra_info("ssl_object"):
+            return None  # TLS has no half-close: the transport closes after this
         return True  # keep our write half open: the reply may still be in flight
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -235,14 +242,22 @@ class FaultProxy:
     When the target itself resets a connection, the proxy resets the client's side too;
     when it closes gracefully, the close is forwarded after any delayed bytes.
 
+    With ``ssl_context`` the proxy is a TLS front for a server without TLS: clients
+    connect with TLS (``rediss://``), the proxy completes the handshake with that
+    context's certificate and forwards the decrypted bytes. A connection counts as
+    accepted (and the faults apply to it) once its handshake has completed.
+
     Args:
         target_host: Host of the server to forward to.
         target_port: Port of the server to forward to.
         listen_host: Address to listen on.
         listen_port: Port to listen on; 0 picks a free one.
+        ssl_context: A server-side context (``ssl.Purpose.CLIENT_AUTH``, with a
+            certificate chain loaded) to terminate TLS with; None: plain TCP.
 
     Raises:
         ValueError: A port is out of range.
+        TypeError: ``ssl_context`` is not an `ssl.SSLContext`.
     """
 
     def __init__(
@@ -252,10 +267,15 @@ class FaultProxy:
         *,
         listen_host: str = "127.0.0.1",
         listen_port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         for name, value in (("target_port", target_port), ("listen_port", listen_port)):
             if not 0 <= value <= 65535:
                 raise ValueError(f"{name} must be in 0..65535, got {value}")
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise TypeError(f"ssl_context must be an ssl.SSLContext, not {ssl_context!r}")
+        self._ssl = ssl_context
+        self._handshakes = 0
         self._target = (target_host, target_port)
         self._listen = (listen_host, listen_port)
         self._port = 0
@@ -286,8 +306,9 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
-        """``redis://HOST:PORT`` of the proxy, to give to a client instead of the server's."""
-        return f"redis://{self.host}:{self._port}"
+        """``redis://HOST:PORT`` of the proxy (``rediss://`` for a TLS front), to give to
+        a client instead of the server's."""
+        return f"{'rediss' if self._ssl else 'redis'}://{self.host}:{self._port}"
 
     @property
     def target(self) -> tuple[str, int]:
@@ -298,6 +319,11 @@ class FaultProxy:
     def connections(self) -> int:
         """The number of open proxied connections."""
         return len(self._pairs)
+
+    @property
+    def handshakes(self) -> int:
+        """TLS handshakes completed so far (always 0 without ``ssl_context``)."""
+        return self._handshakes
 
     # -- faults --
 
@@ -365,7 +391,7 @@ class FaultProxy:
             raise RuntimeError(f"{self!r} was already started or closed")
         loop = asyncio.get_running_loop()
         host, port = self._listen
-        self._server = await loop.create_server(lambda: _Side(self), host, port)
+        self._server = await loop.create_server(lambda: _Side(self), host, port, ssl=self._ssl)
         self._port = self._server.sockets[0].getsockname()[1]
 
     async def aclose(self) -> None:
@@ -401,6 +427,8 @@ class FaultProxy:
         """A new client connection: refuse it, or make it a pair with its own task."""
         if client.transport is None:  # pragma: no cover - set by connection_made
             return
+        if self._ssl is not None:  # with TLS, connection_made follows the handshake
+            self._handshakes += 1
         if self._refuse or self._closing:
             _reset(client.transport)
             return

@@ -1,0 +1,61 @@
+"""Failures that retrying cannot mend: a master's ACL refuses a command, key or
+channel, or a master's TLS certificate fails verification. When such refusals alone
+put the quorum out of reach, an acquisition stops at once instead of retrying until
+its timeout, and every error says which kind of refusal it was."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._tls import REFUSED as CERTIFICATE_REFUSED
+
+if TYPE_CHECKING:
+    from ._quorum import Decision
+
+__all__ = ["refusal", "why_unavailable"]
+
+#: How a master says a command, key or channel is not the user's to use: ``NOPERM``
+#: for a command sent, ``ACL failure in script`` for one a script calls.
+# (redis-py strips NOPERM from a refusal during its handshake: NoPermissionError)
+_ACL = ("NOPERM", "ACL failure in script", "NoPermissionError")
+
+#: A master whose certificate failed verification (see `asyncredlock._tls`).
+_TLS = (CERTIFICATE_REFUSED,)
+
+
+def _refused(detail: str, marks: tuple[str, ...]) -> bool:
+    return any(mark in detail for mark in marks)
+
+
+def _refusals(decision: Decision) -> list[str]:
+    """The failed masters' accounts that are refusals, when there are enough of them
+    that no quorum can be reached; else none."""
+    if not decision.unavailable:
+        return []
+    refused = [
+        outcome.detail
+        for outcome in decision.outcomes
+        if not outcome.ok and _refused(outcome.detail, _ACL + _TLS)
+    ]
+    return refused if len(refused) > decision.masters - decision.quorum else []
+
+
+def refusal(decision: Decision) -> str | None:
+    """The first refusal (by an ACL, or of a certificate), when refusals on enough
+    masters put the quorum out of reach (retrying cannot help); else ``None``."""
+    refused = _refusals(decision)
+    return refused[0] if refused else None
+
+
+def why_unavailable(decision: Decision) -> str:
+    """Why a round could not reach a quorum, for an error: the refusals that made it
+    impossible (the first of each kind), or too many failures and silences."""
+    refused = _refusals(decision)
+    acl = [detail for detail in refused if _refused(detail, _ACL)]
+    tls = [detail for detail in refused if _refused(detail, _TLS)]
+    reasons = []
+    if acl:
+        reasons.append(f"refused by the masters' ACL (see asyncredlock.acl_rules()): {acl[0]}")
+    if tls:
+        reasons.append(f"TLS certificates refused (see ssl_ca_certs, the host names): {tls[0]}")
+    return "; ".join(reasons) or "too many masters failed or did not answer"

@@ -1,0 +1,429 @@
+"""TLS (``rediss://``) end to end, with no TLS in the servers themselves.
+
+Three real servers, each behind a TLS front (`FaultProxy` with a server-side
+``ssl.SSLContext``) whose certificate comes from a throwaway CA made by trustme. The
+masters are reached by ``rediss://`` URLs carrying redis-py's ``ssl_*`` parameters and
+by ready ``redis.asyncio`` clients; certificates that fail verification end an
+acquisition at once, with each master's reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import ssl
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlencode
+
+import anyio
+import anyio.to_thread
+import pytest
+import trustme
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from asyncredlock import AsyncRedlock, Lease, QuorumUnavailableError
+from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state, whole_retry_delay
+from asyncredlock.testing._support import resp_call
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .test_cli import cli, master_args
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+NEVER = 3600.0  # a timeout or retry delay no test waits out
+CLOSE_POLLS = 200  # times the masters' connection counts are read after aclose()
+UNTRUSTED = "unable to get local issuer certificate"
+OTHER_HOST = "IP address mismatch, certificate is not valid for '127.0.0.1'."
+
+#: The event loops the main cases run on (TLS transports differ between them).
+both_loops = pytest.mark.parametrize(
+    "anyio_backend",
+    [
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param(
+            ("asyncio", {"use_uvloop": True}),
+            id="uvloop",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
+            ),
+        ),
+    ],
+)
+
+
+@pytest.fixture(autouse=True)
+def _asyncio_logs_nothing(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The fronts end their TLS connections as TLS must (it has no half-close):
+    asyncio has nothing to warn about."""
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        yield
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    assert [record.getMessage() for record in records if record.name == "asyncio"] == []
+
+
+@dataclass(frozen=True)
+class Certs:
+    """A throwaway CA, the files a client is given, and server-side contexts."""
+
+    ca: trustme.CA
+    ca_pem: Path  # the CA that signs the fronts' certificates
+    stranger_pem: Path  # a CA that signed nothing here
+    client_pem: Path  # a client certificate signed by `ca`, for fronts that ask for one
+    client_key: Path
+
+    def server(
+        self, *names: str, ask_client: bool = False, expired: bool = False
+    ) -> ssl.SSLContext:
+        """A server-side context with a certificate for ``names`` (127.0.0.1 and
+        localhost by default; valid only in 2020 if ``expired``), requiring a client
+        certificate if ``ask_client``."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        names = names or ("127.0.0.1", "localhost")
+        period = (datetime(2020, 1, 1, tzinfo=UTC), datetime(2021, 1, 1, tzinfo=UTC))
+        valid = dict(zip(("not_before", "not_after"), period, strict=True)) if expired else {}
+        self.ca.issue_cert(*names, **valid).configure_cert(context)
+        if ask_client:
+            context.verify_mode = ssl.CERT_REQUIRED
+            self.ca.configure_trust(context)
+        return context
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    folder = tmp_path_factory.mktemp("tls")
+    ca, stranger = trustme.CA(), trustme.CA()
+    client = ca.issue_cert("locker@example.org")
+    paths = [folder / name for name in ("ca.pem", "stranger.pem", "client.pem", "client.key")]
+    ca.cert_pem.write_to_path(str(paths[0]))
+    stranger.cert_pem.write_to_path(str(paths[1]))
+    client.cert_chain_pems[0].write_to_path(str(paths[2]))
+    client.private_key_pem.write_to_path(str(paths[3]))
+    return Certs(ca, *paths)
+
+
+@pytest.fixture
+def group(make_servers: MakeServers) -> ServerGroup:
+    """Three servers of this test's own: their connection counts are this test's."""
+    return make_servers(3)
+
+
+@asynccontextmanager
+async def tls_fronts(
+    group: ServerGroup, context: ssl.SSLContext
+) -> AsyncIterator[list[FaultProxy]]:
+    """A TLS front (`FaultProxy` with ``context``) before each server of ``group``."""
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                FaultProxy(server.host, server.port, ssl_context=context)
+            )
+            for server in group
+        ]
+
+
+@pytest.fixture
+async def fronts(group: ServerGroup, certs: Certs) -> AsyncIterator[list[FaultProxy]]:
+    """The TLS fronts of the three servers, with a certificate for 127.0.0.1."""
+    async with tls_fronts(group, certs.server()) as proxies:
+        yield proxies
+
+
+def urls(fronts: Sequence[FaultProxy], **query: str | Path) -> list[str]:
+    """``rediss://`` URLs of the fronts, with ``query`` as their parameters."""
+    return [f"{front.url}?{urlencode(query)}" for front in fronts]
+
+
+def clients_on(port: int) -> int:
+    """Connections open on the server at ``port``, not counting the one asking."""
+    text = resp_call(port, "INFO", "clients", timeout=2.0)
+    assert isinstance(text, bytes)
+    fields = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
+    return int(fields["connected_clients"]) - 1
+
+
+async def through_fronts_only(group: ServerGroup, fronts: Sequence[FaultProxy]) -> list[int]:
+    """Each server's open connections, once checked to be exactly its front's (every
+    one came through TLS: none reached the plain port directly)."""
+    counts = [await anyio.to_thread.run_sync(clients_on, server.port) for server in group]
+    assert counts == [front.connections for front in fronts]
+    return counts
+
+
+async def no_connection_left(group: ServerGroup, fronts: Sequence[FaultProxy]) -> None:
+    """Wait until no front and no server has a connection open (polled, a bounded
+    number of times: a server notices a closed socket on its next loop turn)."""
+    for _ in range(CLOSE_POLLS):
+        if not any(front.connections for front in fronts):
+            counts = [await anyio.to_thread.run_sync(clients_on, server.port) for server in group]
+            if counts == [0, 0, 0]:
+                return
+        await anyio.sleep(0.02)
+    raise AssertionError(f"connections left: {[front.connections for front in fronts]}")
+
+
+class TestFront:
+    """`FaultProxy` as a TLS front."""
+
+    async def test_serves_tls_clients_and_counts_their_handshakes(
+        self, fronts: list[FaultProxy], certs: Certs
+    ) -> None:
+        front = fronts[0]
+        assert front.url == f"rediss://127.0.0.1:{front.port}"
+        client = Redis.from_url(front.url, ssl_ca_certs=str(certs.ca_pem))
+        async with client:
+            assert await client.ping()
+            assert (front.handshakes, front.connections) == (1, 1)
+
+    async def test_a_plain_client_is_not_served(self, fronts: list[FaultProxy]) -> None:
+        plain = fronts[0].url.replace("rediss://", "redis://")
+        async with Redis.from_url(plain, socket_timeout=HANG_GUARD) as client:
+            with pytest.raises(RedisConnectionError):
+                await client.ping()
+        assert fronts[0].handshakes == 0
+
+    def test_a_context_that_is_not_an_ssl_context_is_refused(self, certs: Certs) -> None:
+        with pytest.raises(TypeError, match=r"ssl_context must be an ssl\.SSLContext"):
+            FaultProxy("127.0.0.1", 6379, ssl_context=str(certs.ca_pem))  # type: ignore[arg-type]
+
+
+@both_loops
+async def test_a_lock_over_tls(group: ServerGroup, fronts: list[FaultProxy], certs: Certs) -> None:
+    """Acquire, extend and release through ``rediss://`` URLs; the fencing token grows;
+    every connection the servers see came through a TLS handshake."""
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls(fronts, ssl_ca_certs=certs.ca_pem)) as redlock:
+            lease = await redlock.lock("tls:orders", ttl=10.0, auto_extend=False).acquire()
+            assert lease.held
+            assert await through_fronts_only(group, fronts) == [1, 1, 1]
+            await lease.extend(20.0)
+            assert lease.statistics().extensions == 1
+            await lease.release()
+            again = await redlock.lock("tls:orders").acquire()
+            await again.release()
+            names = [state.node for state in (await redlock.inspect("tls:orders")).nodes]
+    assert lease.token is not None
+    assert again.token is not None
+    assert again.token > lease.token
+    assert [front.handshakes for front in fronts] == [1, 1, 1]  # one connection each
+    assert names == [front.url for front in fronts]  # shown without the query
+
+
+@both_loops
+async def test_a_waiter_is_woken_over_tls_and_nothing_is_left_after_aclose(
+    group: ServerGroup, fronts: list[FaultProxy], certs: Certs
+) -> None:
+    """A waiter in a second client hears the release through its own subscription
+    connection, also over TLS; once both clients are closed, no connection is left."""
+    masters = urls(fronts, ssl_ca_certs=certs.ca_pem)
+    taken: list[Lease] = []
+    with anyio.fail_after(HANG_GUARD):
+        # node_timeout: the waiter's enrolment waits that long for its subscriptions
+        # to be confirmed, and a loaded machine may take longer than the default
+        # 0.1 s to open three TLS connections; a release before then goes unheard.
+        async with (
+            AsyncRedlock(masters) as holder,
+            AsyncRedlock(masters, retry_delay=NEVER, node_timeout=5.0) as other,
+        ):
+
+            async def wait() -> None:
+                taken.append(await other.lock("tls:handoff", timeout=NEVER).acquire())
+
+            lease = await holder.lock("tls:handoff", ttl=60.0).acquire()
+            # its retry would come after an hour, the key's expiry after a minute:
+            # only the release can wake it in time
+            with Waits(other) as waits, whole_retry_delay(other):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait)
+                    await waits.reach(1)
+                    await lease.release()
+            assert waits.woken == 1
+            assert client_state(other).subscribed == (True, True, True)
+            # the holder's command connection, the waiter's, the waiter's subscription
+            assert [front.handshakes for front in fronts] == [3, 3, 3]
+            assert await through_fronts_only(group, fronts) == [3, 3, 3]
+            await taken[0].release()
+        await no_connection_left(group, fronts)
+    assert taken[0].token is not None
+    assert lease.token is not None
+    assert taken[0].token > lease.token
+
+
+async def test_a_ready_client_over_tls(
+    group: ServerGroup, fronts: list[FaultProxy], certs: Certs
+) -> None:
+    """``Redis(ssl=True, ssl_ca_certs=...)`` clients as masters: asyncredlock's own
+    connection is opened with their TLS settings."""
+    ready = [
+        Redis(host=front.host, port=front.port, ssl=True, ssl_ca_certs=str(certs.ca_pem))
+        for front in fronts
+    ]
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(ready) as redlock:
+            lease = await redlock.lock("tls:ready").acquire()
+            assert await through_fronts_only(group, fronts) == [1, 1, 1]
+            await lease.release()
+    for client in ready:
+        await client.aclose()
+    assert lease.token is not None
+    assert [front.handshakes for front in fronts] == [1, 1, 1]  # the clients never connected
+
+
+@pytest.fixture(params=["untrusted CA", "another host", "expired"])
+async def refusing(
+    request: pytest.FixtureRequest, group: ServerGroup, certs: Certs
+) -> AsyncIterator[tuple[list[str], str, list[FaultProxy]]]:
+    """Fronts whose certificate the client refuses, the URLs given to it, and why."""
+    trusted = {"ssl_ca_certs": certs.ca_pem}
+    context, query, why = {
+        "untrusted CA": (certs.server(), {"ssl_ca_certs": certs.stranger_pem}, UNTRUSTED),
+        "another host": (certs.server("db.example.org"), trusted, OTHER_HOST),
+        "expired": (certs.server(expired=True), trusted, "certificate has expired"),
+    }[request.param]
+    async with tls_fronts(group, context) as proxies:
+        yield urls(proxies, **query), why, proxies
+
+
+@both_loops
+async def test_a_refused_certificate_ends_the_acquisition_at_once(
+    refusing: tuple[list[str], str, list[FaultProxy]],
+) -> None:
+    """With an hour-long timeout: one attempt, then `QuorumUnavailableError` naming
+    the verification failure of each master (not a silent master, not a timeout);
+    `force_release()` says so too."""
+    masters, why, fronts = refusing
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(masters, timeout=NEVER) as redlock:
+            with pytest.raises(QuorumUnavailableError) as caught:
+                await redlock.lock("tls:refused").acquire()
+            assert redlock.statistics().attempts == 1
+            with pytest.raises(QuorumUnavailableError) as forced:
+                await redlock.force_release("tls:refused")
+    error = caught.value
+    assert str(error).startswith("could not lock 'tls:refused': TLS certificates refused")
+    assert str(forced.value).startswith("could not force 'tls:refused' free: TLS certificates")
+    failed = "CertificateError: TLS certificate verification failed for 127.0.0.1"
+    for outcomes in (error.outcomes, forced.value.outcomes):
+        assert [(o.node, o.ok, o.detail) for o in outcomes] == [
+            (front.url, False, f"{failed}:{front.port}: {why}") for front in fronts
+        ]
+    assert [front.handshakes for front in fronts] == [0, 0, 0]
+
+
+async def test_a_ready_client_with_a_refused_certificate_says_so(
+    group: ServerGroup, fronts: list[FaultProxy], certs: Certs
+) -> None:
+    ready = [
+        Redis(host=front.host, port=front.port, ssl=True, ssl_ca_certs=str(certs.stranger_pem))
+        for front in fronts
+    ]
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(ready, timeout=NEVER) as redlock:
+            with pytest.raises(QuorumUnavailableError) as caught:
+                await redlock.lock("tls:ready-refused").acquire()
+    for client in ready:
+        await client.aclose()
+    assert all(UNTRUSTED in outcome.detail for outcome in caught.value.outcomes)
+    assert len(caught.value.outcomes) == 3
+
+
+async def test_one_refused_certificate_is_one_failed_master(
+    group: ServerGroup, fronts: list[FaultProxy], certs: Certs
+) -> None:
+    """A minority of masters refused is an outage the quorum tolerates."""
+    async with tls_fronts(group, certs.server("db.example.org")) as wrong:
+        masters = urls([wrong[0], *fronts[1:]], ssl_ca_certs=certs.ca_pem)
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock(masters) as redlock:
+                lease = await redlock.lock("tls:minority").acquire()
+                state = await redlock.inspect("tls:minority")
+                await lease.release()
+    assert [node.holder == lease.value for node in state.nodes] == [False, True, True]
+    assert OTHER_HOST in (state.nodes[0].error or "")
+
+
+@pytest.mark.parametrize(
+    ("names", "trusted", "relax"),
+    [
+        pytest.param((), False, {"ssl_cert_reqs": "none"}, id="ssl_cert_reqs=none"),
+        pytest.param(
+            ("db.example.org",),
+            True,
+            {"ssl_check_hostname": "false"},
+            id="ssl_check_hostname=false",
+        ),
+    ],
+)
+async def test_verification_turned_off_connects(
+    group: ServerGroup, certs: Certs, names: tuple[str, ...], trusted: bool, relax: dict[str, str]
+) -> None:
+    """The URL parameters that relax verification pass through to redis-py: the
+    fronts refused in `test_a_refused_certificate_ends_the_acquisition_at_once`
+    (an untrusted CA, another host name) are then accepted."""
+    ca_pem = certs.ca_pem if trusted else certs.stranger_pem
+    async with tls_fronts(group, certs.server(*names)) as proxies:
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock(urls(proxies, ssl_ca_certs=ca_pem, **relax)) as redlock:
+                lease = await redlock.lock("tls:relaxed").acquire()
+                await lease.release()
+        assert [front.handshakes for front in proxies] == [1, 1, 1]
+    assert lease.token is not None
+
+
+async def test_a_client_certificate_from_the_url(group: ServerGroup, certs: Certs) -> None:
+    """Fronts that require a client certificate: ``ssl_certfile`` and ``ssl_keyfile``
+    give one; without them the fronts refuse the handshake."""
+    async with tls_fronts(group, certs.server(ask_client=True)) as proxies:
+        mutual = urls(
+            proxies,
+            ssl_ca_certs=certs.ca_pem,
+            ssl_certfile=certs.client_pem,
+            ssl_keyfile=certs.client_key,
+        )
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock(mutual) as redlock:
+                lease = await redlock.lock("tls:mutual").acquire()
+                await lease.release()
+            assert [front.handshakes for front in proxies] == [1, 1, 1]
+            async with AsyncRedlock(urls(proxies, ssl_ca_certs=certs.ca_pem), timeout=0) as anon:
+                with pytest.raises(QuorumUnavailableError):
+                    await anon.lock("tls:mutual").acquire()
+        assert [front.handshakes for front in proxies] == [1, 1, 1]
+    assert lease.token is not None
+
+
+class TestCLI:
+    async def test_inspect_over_tls(
+        self, fronts: list[FaultProxy], certs: Certs, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        masters = urls(fronts, ssl_ca_certs=certs.ca_pem)
+        with anyio.fail_after(HANG_GUARD):
+            async with (
+                AsyncRedlock(masters, identity="tls-holder") as redlock,
+                redlock.lock("tls:cli") as lease,
+            ):
+                code = await cli("inspect", "tls:cli", *master_args(masters))
+        out = capsys.readouterr().out
+        assert code == 0
+        assert f"majority holder: {lease.value} (on 3 of 3 masters; identity tls-holder)" in out
+        rows = [line.split() for line in out.splitlines() if line.startswith("rediss://")]
+        assert [row[:2] for row in rows] == [[front.url, lease.value] for front in fronts]
+
+    async def test_inspect_with_a_refused_certificate(
+        self, fronts: list[FaultProxy], certs: Certs, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        masters = urls(fronts, ssl_ca_certs=certs.stranger_pem)
+        with anyio.fail_after(HANG_GUARD):
+            code = await cli("inspect", "tls:cli", *master_args(masters))
+        out = capsys.readouterr().out
+        assert code == 3
+        rows = [line for line in out.splitlines() if line.startswith("rediss://")]
+        assert len(rows) == 3
+        assert all(
+            "TLS certificate verification failed" in row and UNTRUSTED in row for row in rows
+        )
