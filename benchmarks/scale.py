@@ -487,6 +487,17 @@ async def run(settings: Settings, quick: bool) -> ScaleReport:
     )
 
 
+def masters_list(text: str) -> list[int]:
+    """``--masters``: comma-separated numbers of masters, each at least 1."""
+    try:
+        ns = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not ns or min(ns) < 1:
+        raise argparse.ArgumentTypeError(f"every N must be at least 1: {text!r}")
+    return ns
+
+
 def main() -> None:
     """Measure (or, with ``--report``, read results already written) and write the outputs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -495,13 +506,18 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     parser.add_argument("--docs", type=Path, help="also write the tables into DOCS/scale.md")
+    parser.add_argument(
+        "--masters", type=masters_list, help="the N to measure, e.g. 3,5 (default 3,5,7,9)"
+    )
     add_report_option(parser, "scale.json")
     args = parser.parse_args()
     started = time.monotonic()
     if args.report:
         results: ScaleReport = read_report(args.report)
     else:
-        results = asyncio.run(run(QUICK if args.quick else FULL, args.quick))
+        settings = Settings(**(QUICK if args.quick else FULL))
+        settings["masters"] = args.masters or settings["masters"]
+        results = asyncio.run(run(settings, args.quick))
     write_outputs(results, args.out, args.docs)
     print(f"\nwritten to {args.out} in {time.monotonic() - started:.1f} s")
 

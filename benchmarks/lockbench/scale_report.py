@@ -273,11 +273,13 @@ def plot(report: ScaleReport, path: Path) -> None:
         ns = [r["masters"] for r in rows]
         label = "1 client" if clients == 1 else f"{clients} clients"
         rate.plot(ns, [r["cycles_per_s"] for r in rows], marker="o", label=label)
-        style = "-" if clients == 1 else "--"
+        # one client: solid lines, filled markers; several: dashed, hollow
+        look = {"linestyle": "-" if clients == 1 else "--"}
+        look["fillstyle"] = "full" if clients == 1 else "none"
         client = [r["client_cpu_s_per_1000"] for r in rows]
         servers = [r["server_cpu_s_per_1000"] for r in rows]
-        cpu.plot(ns, client, style, color="C0", marker="o", label=f"client, {label}")
-        cpu.plot(ns, servers, style, color="C1", marker="s", label=f"servers (sum), {label}")
+        cpu.plot(ns, client, color="C0", marker="o", label=f"client, {label}", **look)
+        cpu.plot(ns, servers, color="C1", marker="s", label=f"servers (sum), {label}", **look)
     lockers = report["settings"]["lockers"]
     rate.set(title=f"{lockers:,} lockers: cycles/s", xlabel="masters (N)", ylabel="cycles/s")
     cpu.set(title="CPU per 1,000 cycles", xlabel="masters (N)", ylabel="CPU s")
