@@ -14,6 +14,7 @@
 - `lockbench.profile_report`: the types of ``profile_throughput.json``, and its report.
 - `lockbench.transport_report`: the types of ``transport.json``, and its report.
 - `lockbench.rwlock_report`: the types of ``rwlock.json``, and its report.
+- `lockbench.scale_report`: the types of ``scale.json``, and its report.
 
 The scripts run as ``python benchmarks/<name>.py``: the script's directory is on
 ``sys.path``, which is how they import this package. No script imports another.
