@@ -355,6 +355,7 @@ class AsyncRedlock(OperatorTools):
         timeout: float | None = None,
         auto_extend: bool | None = None,
         max_hold: float | None = None,
+        fair: bool = False,
     ) -> Semaphore:
         """A counting semaphore on the resource ``name``: up to ``limit`` holders at
         once, across every client of the masters; used like `lock`'s locks.
@@ -370,6 +371,8 @@ class AsyncRedlock(OperatorTools):
             timeout: As for `lock`.
             auto_extend: As for `lock`.
             max_hold: As for `lock`.
+            fair: Serve waiters in arrival order, through a queue on the masters:
+                with f slots free, only the first f waiters may take them.
 
         Raises:
             TypeError: ``name`` is not a str, ``limit`` not an int, or a setting
@@ -388,6 +391,7 @@ class AsyncRedlock(OperatorTools):
             timeout=timeout,
             auto_extend=auto_extend,
             max_hold=max_hold,
+            fair=fair,
         )
 
     async def aclose(self) -> None:

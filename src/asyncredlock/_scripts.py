@@ -25,6 +25,7 @@ __all__ = [
     "RELEASE_READ",
     "SCRIPTS",
     "SEM_ACQUIRE",
+    "SEM_DEQUEUE",
     "SEM_UNDO",
     "Script",
     "evalsha",
@@ -65,12 +66,13 @@ INSPECT = _load("inspect", needs=("clock",))
 DELETE = _load("delete", needs=("clock", "queue"))
 FENCED_WRITE = _load("fenced_write", needs=("decimal",))
 FENCED_READ = _load("fenced_read", needs=("decimal",))
-SEM_ACQUIRE = _load("sem_acquire")
+SEM_ACQUIRE = _load("sem_acquire", needs=("clock", "queue"))
 SEM_UNDO = _load("sem_undo")
+SEM_DEQUEUE = _load("sem_dequeue", needs=("clock", "queue"))
 
 #: The scripts run on the masters, loaded on every new connection before any call.
 SCRIPTS: tuple[Script, ...] = (ACQUIRE, ACQUIRE_RW, DEQUEUE, COMMIT, RELEASE, RELEASE_READ)
-SCRIPTS += (EXTEND, EXTEND_READ, INSPECT, DELETE, SEM_ACQUIRE, SEM_UNDO)
+SCRIPTS += (EXTEND, EXTEND_READ, INSPECT, DELETE, SEM_ACQUIRE, SEM_UNDO, SEM_DEQUEUE)
 
 
 async def evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:

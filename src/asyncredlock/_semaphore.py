@@ -18,6 +18,8 @@ import collections
 import dataclasses
 import functools
 import random
+import secrets
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Self
@@ -35,7 +37,7 @@ from ._node import Reply
 from ._protocol import classify_acquire, granted, holder_expires_in, ms
 from ._quorum import Decision, NodeSkippedError, Round
 from ._refusal import refusal, why_unavailable
-from ._scripts import SEM_ACQUIRE, SEM_UNDO
+from ._scripts import SEM_ACQUIRE, SEM_DEQUEUE, SEM_UNDO
 from ._stats import Taken
 from ._telemetry import note_attempts
 from ._transport import ClosedError
@@ -93,6 +95,7 @@ class Semaphore(Lock):
         timeout: float | None,
         auto_extend: bool | None,
         max_hold: float | None,
+        fair: bool = False,
     ) -> Self:
         """Check the settings (as `Lock.make` does), and make the semaphore."""
         semaphore = cls.make(
@@ -102,7 +105,7 @@ class Semaphore(Lock):
             timeout=timeout,
             auto_extend=auto_extend,
             fencing=False,
-            fair=False,
+            fair=fair,
             max_hold=max_hold,
         )
         semaphore.limit = limit
@@ -113,7 +116,7 @@ class Semaphore(Lock):
         return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl:g}s>"
 
     async def _acquire(self, started: float, span: Span | None) -> Lease:
-        if self.timeout == 0:  # one attempt: no turn to wait for
+        if self.timeout == 0 or self.fair:  # one attempt, or each task queues itself
             return await _Acquisition(self, started).run(span)
         turns = _TURNS.setdefault(self._core, _Turns())
         if turns.busy(self.key, self.limit):
@@ -205,6 +208,13 @@ class _Acquisition:
         self.channels = tuple(channel(key) for key in semaphore.slot_keys)
         self.free_in = float("inf")
         self.acquired = False
+        # a fair semaphore's waiter: its id and arrival score in the masters' queue
+        self.waiter = f"s:{self.core.waker.client}:{secrets.token_hex(8)}"
+        self.arrival = time.time_ns() // 1000
+        self.queue = (
+            aux_key(semaphore.key, "sem:queue"),
+            aux_key(semaphore.key, "sem:queue:expiry"),
+        )
 
     async def run(self, span: Span | None) -> Lease:
         try:
@@ -212,6 +222,10 @@ class _Acquisition:
         finally:
             if self.ticket is not None:
                 self.core.waker.leave(self.ticket, acquired=self.acquired)
+            if self.semaphore.fair and not self.core.closed:
+                # out of the queue where it is still listed (granted or not)
+                for node in self.core.nodes:
+                    node.call(SEM_DEQUEUE, self.queue, (self.waiter,))
             note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1:
             log_acquired(lease, self.attempts, self.core.clock() - self.started)
@@ -255,8 +269,10 @@ class _Acquisition:
         semaphore._counters.attempts += 1
         self.attempts += 1
         ttl = semaphore.ttl
-        keys = (*semaphore.slot_keys, aux_key(semaphore.key, f"sem:undo:{value}"))
-        args = (value, ms(ttl), self.preferred + 1)
+        keys: tuple[str, ...] = (*semaphore.slot_keys, aux_key(semaphore.key, f"sem:undo:{value}"))
+        args: tuple[object, ...] = (value, ms(ttl), self.preferred + 1)
+        if semaphore.fair:
+            keys, args = (*keys, *self.queue), (*args, self.waiter, self.arrival, self._entry_ms())
         rnd = core.fan_out(lambda _, node: node.call(SEM_ACQUIRE, keys, args), skip_silent=True)
         try:
             decision = await core.decide(rnd, classify_acquire)
@@ -276,6 +292,11 @@ class _Acquisition:
         if slot is not None:
             self.preferred = slot  # where most masters put it: ask for that one next
         return decision
+
+    def _entry_ms(self) -> int:
+        """How long a fair waiter's entry lives unless an attempt refreshes it."""
+        settings = self.core.settings
+        return ms(max(1.0, 3 * (settings.retry_delay + settings.node_timeout)))
 
     async def _slot(self, rnd: Round, decision: Decision) -> tuple[int | None, int]:
         """The slot most masters granted, and how many did. Masters that granted

@@ -64,7 +64,11 @@ async def _expire(group: ServerGroup, lease: Lease, nodes: list[int]) -> None:
 
 
 async def _step(
-    rng: random.Random, group: ServerGroup, clients: tuple[AsyncRedlock, ...], model: Model
+    rng: random.Random,
+    group: ServerGroup,
+    clients: tuple[AsyncRedlock, ...],
+    model: Model,
+    fair: bool,
 ) -> None:
     op = rng.choice(
         ["acquire"] * 2 + ["burst"] * 2 + ["release"] * 3 + ["extend", "expire", "node"]
@@ -75,7 +79,8 @@ async def _step(
         # reaching the masters in different orders (grants of different slots)
         count = 1 if op == "acquire" else rng.randint(2, 2 * LIMIT)
         semaphores = [
-            rng.choice(clients).semaphore("model", LIMIT, ttl=60, timeout=0) for _ in range(count)
+            rng.choice(clients).semaphore("model", LIMIT, ttl=60, timeout=0, fair=fair)
+            for _ in range(count)
         ]
         results = await asyncio.gather(
             *(semaphore.acquire() for semaphore in semaphores), return_exceptions=True
@@ -118,19 +123,20 @@ async def _step(
             group[i].start()
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
 @pytest.mark.parametrize("n", [3, 5])
 async def test_random_interleavings_never_exceed_the_limit(
-    make_servers: MakeServers, n: int
+    make_servers: MakeServers, n: int, fair: bool
 ) -> None:
     group = make_servers(n, appendonly=True)
-    rng = random.Random(f"semaphore {n}")
+    rng = random.Random(f"semaphore {n} {fair}")
     model = Model()
     async with (
         AsyncRedlock(group.urls, retry_delay=0.01, auto_extend=False) as first,
         AsyncRedlock(group.urls, retry_delay=0.01, auto_extend=False) as second,
     ):
         for _ in range(STEPS):
-            await _step(rng, group, (first, second), model)
+            await _step(rng, group, (first, second), model, fair)
             model.check()
         for server in group:
             if not server.running:
