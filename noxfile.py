@@ -1,4 +1,5 @@
-"""Developer sessions: nox -s tests | lint | typecheck | docs | chaos | bench | compat."""
+"""Developer sessions: nox -s tests | tests_uvloop | tests_redis | lint | typecheck | docs |
+chaos | bench | compat."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ def tests(session: nox.Session) -> None:
     """The whole suite against real servers (the README's test command)."""
     session.install("-e", ".[test]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def tests_uvloop(session: nox.Session) -> None:
+    """The whole suite with uvloop as the event loop (ASYNCREDLOCK_TEST_LOOP, tests/loops.py)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs, env={"ASYNCREDLOCK_TEST_LOOP": "uvloop"})
 
 
 @nox.session
