@@ -14,9 +14,16 @@ if TYPE_CHECKING:
 __all__ = ["acl_refusal", "acl_rules"]
 
 #: How a master says a command, key or channel is not the user's to use: ``NOPERM``
-#: for a command sent, ``ACL failure in script`` for one a script calls.
+#: for a command sent; for one a script calls, ``ACL failure in script`` (Valkey,
+#: Redis 7.2+) or ``The user executing the script can't ...`` (Redis 7.0: run this
+#: command, access at least one of the keys, publish to the channel).
 # (redis-py strips NOPERM from a refusal during its handshake: NoPermissionError)
-_REFUSALS = ("NOPERM", "ACL failure in script", "NoPermissionError")
+_REFUSALS = (
+    "NOPERM",
+    "ACL failure in script",
+    "The user executing the script can't",
+    "NoPermissionError",
+)
 
 #: Commands sent on asyncredlock's own connections (the scripts, preloaded and run by
 #: SHA1, or sent whole when a master lost its script cache; the wake-up
