@@ -41,9 +41,10 @@ OWN_VARIABLES = ("FAKETIME", "DONT_FAKE_MONOTONIC")
 
 
 class FakeClockUnavailableError(ServerStartError):
-    """A server cannot run on a fake clock: not Linux, no ``libfaketime.so.1``, or the
+    """A server cannot run on a fake clock: not Linux, no ``libfaketime.so.1``, the
     server process did not load it (a library built for another architecture, for
-    instance). The message says which."""
+    instance), or libfaketime clashes with a library the server links (jemalloc as a
+    shared library, as in Debian's ``redis-server``). The message says which."""
 
 
 class PreloadClashError(FakeClockUnavailableError):
