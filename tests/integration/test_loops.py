@@ -10,6 +10,7 @@ majority.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -47,8 +48,6 @@ async def three(servers: ServerGroup) -> AsyncIterator[Masters]:
 
 
 async def test_the_loop_is_the_one_asked_for(anyio_backend: tuple[str, dict[str, Any]]) -> None:
-    import asyncio
-
     module = type(asyncio.get_running_loop()).__module__.split(".")[0]
     assert module == ("uvloop" if anyio_backend[1].get("use_uvloop") else "asyncio")
 
