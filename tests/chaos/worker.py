@@ -1,7 +1,8 @@
 """One chaos client: a separate OS process that takes a lock and increments a counter
 on a separate resource server, reporting every step on stdout as a JSON line.
 
-Started by `harness.Worker` as ``python tests/chaos/worker.py MASTERS RESOURCE NAME``.
+Started by `harness.Worker` as ``python tests/chaos/worker.py MASTERS RESOURCE NAME``,
+on the event loop the suite runs on (``ASYNCREDLOCK_TEST_LOOP``: tests/loops.py).
 Commands come on stdin, one JSON object per line:
 
 - ``{"cmd": "cycle", "fencing": bool, "ttl": s, "timeout": s, "pause": bool}``: acquire
@@ -38,7 +39,9 @@ holder's.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
+import os
 import random
 import sys
 import time
@@ -215,4 +218,8 @@ async def main(masters: list[str], resource_url: str, name: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1].split(","), sys.argv[2], sys.argv[3]))
+    # On the loop the suite runs on (tests/loops.py; the test session checked the value).
+    uvloop = os.environ.get("ASYNCREDLOCK_TEST_LOOP", "").strip() == "uvloop"
+    factory = importlib.import_module("uvloop").new_event_loop if uvloop else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main(sys.argv[1].split(","), sys.argv[2], sys.argv[3]))

@@ -25,6 +25,9 @@ HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 # Waiters that must not try again on their own within a test: only a wake-up moves them.
 PATIENT = 60.0
 NEVER = 3600.0  # a retry delay no test waits out
+# A node timeout that only bounds a wait for the masters (a subscription's
+# confirmation): long enough for a loaded machine, never waited out when all is well.
+CONFIRM_GUARD = 5.0
 
 
 class TestStorms:
@@ -385,10 +388,19 @@ class TestCancelledWaiter:
     ) -> None:
         """The masters hand the key over while the waiter is being cancelled (here: its
         inbox misses the news): leaving, it deletes the key it was handed, and the next
-        waiter goes at once, not when the handed key expires."""
+        waiter goes at once, not when the handed key expires.
+
+        A waiter leaves hand-over terms with the masters only once its inbox
+        subscription is confirmed, which its client awaits for up to ``node_timeout``
+        (0.1 s by default) the first time: on a loaded machine, a fresh client missed
+        that, queued without terms, and the release announced instead of handing the
+        key over. Hence a wider ``node_timeout`` here (awaited only until confirmed)."""
         async with (
             AsyncRedlock(servers.urls) as holder,
-            clients(servers.urls, 2, retry_delay=PATIENT) as (deaf, next_one),
+            clients(servers.urls, 2, retry_delay=PATIENT, node_timeout=CONFIRM_GUARD) as (
+                deaf,
+                next_one,
+            ),
         ):
             held = await holder.lock("giveback").acquire()
             waiting = Waiting([deaf, next_one])

@@ -20,9 +20,11 @@ from asyncredlock.testing import (
     ServerGroup,
     ServerProcess,
     ServerStartError,
+    find_server_binary,
 )
+from asyncredlock.testing._clock import PreloadClashError
 from asyncredlock.testing._support import registry
-from asyncredlock.testing.pytest_plugin import MakeServers
+from asyncredlock.testing.pytest_plugin import MakeServers, fake_clock_skip_reason
 
 # Wide enough for a slow machine: the offsets tested are 20 s and more.
 TOLERANCE = 1.0
@@ -79,7 +81,8 @@ def sleep_until(host_time: float) -> None:
 
 
 @pytest.fixture
-def server() -> Iterator[ServerProcess]:
+def server(fake_clock_available: None) -> Iterator[ServerProcess]:
+    """A server on a fake clock (skipped where the server binary cannot run on one)."""
     with ServerProcess(fake_clock=True) as started:
         yield started
 
@@ -139,6 +142,7 @@ class TestFakeClock:
         assert server.clock.path.parent == server.workdir
         assert server.clock.path.read_text() == "-20.000000\n"
 
+    @pytest.mark.usefixtures("fake_clock_available")
     def test_only_the_jumped_server_of_a_group_moves(self, make_servers: MakeServers) -> None:
         group = make_servers(3, fake_clock=True)
         group[0].clock.jump(30)
@@ -194,3 +198,57 @@ class TestUnavailable:
             assert not server.running
         finally:
             server.close()
+
+
+# What a server that libfaketime cannot set itself up in logs, then it hangs (seen with
+# Debian's redis-server 7.0.15, which links jemalloc as a shared library).
+CLASHING_SERVER = """#!/bin/sh
+echo "libfaketime: Unexpected recursive calls to clock_gettime() without proper \
+initialization. Trying alternative." >&2
+echo "libfaketime: Cannot recover from unexpected recursive calls to clock_gettime()." >&2
+exec sleep 60
+"""
+
+
+@needs_faketime
+class TestClash:
+    """A server binary that libfaketime cannot run in: an error at once, not a hang
+    until the start's timeout, and a reason to skip for the plugin's fixture."""
+
+    @pytest.fixture
+    def clashing(self, tmp_path: Path) -> str:
+        binary = tmp_path / "redis-server"
+        binary.write_text(CLASHING_SERVER)
+        binary.chmod(0o755)
+        return str(binary)
+
+    def test_the_start_fails_at_once_naming_the_clash(self, clashing: str) -> None:
+        server = ServerProcess(binary=clashing, fake_clock=True)
+        try:
+            with pytest.raises(PreloadClashError, match="libfaketime clashes") as caught:
+                server.start(timeout=GUARD)  # before: ServerStartError once it ran out
+            assert "Cannot recover" in str(caught.value)  # the log's tail is quoted
+            assert isinstance(caught.value, FakeClockUnavailableError)
+            assert not server.running  # the hung process was killed
+        finally:
+            server.close()
+
+    def test_the_plugin_gives_the_clash_as_a_reason_to_skip(self, clashing: str) -> None:
+        reason = fake_clock_skip_reason(clashing)
+        assert reason is not None
+        assert "libfaketime clashes with a library it links" in reason
+        assert "log tail" not in reason
+
+    @pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD is Linux's")
+    def test_a_configured_library_that_does_not_load_fails_rather_than_skips(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        not_a_library = tmp_path / "libfaketime.so.1"
+        not_a_library.write_text("not an ELF file\n")
+        monkeypatch.setenv(clock_module.LIBRARY_VARIABLE, str(not_a_library))
+        fake_clock_skip_reason.cache_clear()  # answers are kept per binary
+        try:
+            with pytest.raises(FakeClockUnavailableError, match="did not load"):
+                fake_clock_skip_reason(find_server_binary())
+        finally:
+            fake_clock_skip_reason.cache_clear()

@@ -9,8 +9,7 @@ The storm of cancelled acquisitions across clients is in ``test_cancellation.py`
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -26,6 +25,7 @@ from asyncredlock import (
 from asyncredlock.testing import ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
+from .. import loops
 from .conftest import Masters, library_tasks
 
 pytestmark = pytest.mark.anyio
@@ -218,6 +218,12 @@ class TestDemotedMaster:
         await direct.aclose()
 
 
+def run_elsewhere(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coroutine`` on a new loop of the suite's kind (as `asyncio.run` would)."""
+    with loops.runner() as runner:
+        return runner.run(coroutine)
+
+
 class TestEventLoops:
     def test_a_second_event_loop_is_refused_with_the_cause(self, servers: ServerGroup) -> None:
         """One AsyncRedlock per event loop: a second asyncio.run() gets a clear error,
@@ -231,19 +237,19 @@ class TestEventLoops:
         async def close() -> None:
             await redlock.aclose()
 
-        first = asyncio.new_event_loop()
+        first = loops.loop_factory()()  # the suite's loop, like the other
         try:
             first.run_until_complete(cycle())
             for action in (cycle, close):
                 with pytest.raises(RuntimeError, match="first used on another event loop"):
-                    asyncio.run(action())
+                    run_elsewhere(action())
             lease = first.run_until_complete(redlock.lock("held").acquire())
             with pytest.raises(RuntimeError, match="first used on another event loop"):
-                asyncio.run(lease.release())
+                run_elsewhere(lease.release())
             assert lease.held  # refused before anything changed
             for other in (redlock.settle, lease.extend):
                 with pytest.raises(RuntimeError, match="first used on another event loop"):
-                    asyncio.run(other())
+                    run_elsewhere(other())
             first.run_until_complete(lease.release())
             first.run_until_complete(close())  # on its own loop it closes as usual
         finally:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncredlock import acl_rules
+from asyncredlock import NodeOutcome, acl_rules
+from asyncredlock._quorum import Decision
+from asyncredlock._refusal import refusal as acl_refusal
 from asyncredlock._scripts import SCRIPTS
 
 
@@ -72,3 +74,35 @@ def test_announcements_are_published_with_pcall() -> None:
 def test_the_docs_print_the_rules_for_orders() -> None:
     usage = Path(__file__).parents[2] / "docs" / "usage.md"
     assert " ".join(acl_rules("orders:*")) in usage.read_text("utf-8")
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "NoPermissionError: No permissions to access a key",
+        "ResponseError: ACL failure in script: User u has no permissions to run the 'time' command",
+        # Redis 7.0 words a refusal inside a script differently (seen with 7.0.15)
+        "ResponseError: The user executing the script can't run this command or subcommand",
+        "ResponseError: The user executing the script can't access at least one of the keys "
+        "mentioned in the command arguments",
+        "ResponseError: The user executing the script can't publish to the channel mentioned "
+        "in the command",
+    ],
+)
+def test_a_refusal_on_a_majority_is_named(refusal: str) -> None:
+    """Each server's wording of an ACL refusal ends the acquisition (no retry can help)."""
+    outcomes = (
+        NodeOutcome("a", False, refusal),
+        NodeOutcome("b", False, refusal),
+        NodeOutcome("c", True, "granted"),
+    )
+    assert acl_refusal(Decision(1, 0, 2, outcomes)) == refusal
+    # on a minority only, a quorum could still be reached elsewhere: not a refusal
+    assert (
+        acl_refusal(Decision(2, 0, 1, (*outcomes[1:], NodeOutcome("d", True, "granted")))) is None
+    )
+
+
+def test_an_error_that_is_not_a_refusal_is_not_named() -> None:
+    outcomes = tuple(NodeOutcome(n, False, "ConnectionError: reset") for n in "abc")
+    assert acl_refusal(Decision(0, 0, 3, outcomes)) is None

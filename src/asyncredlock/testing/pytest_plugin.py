@@ -1,4 +1,4 @@
-"""pytest plugin: real Redis/Valkey servers as fixtures, and a Docker availability check.
+"""pytest plugin: real Redis/Valkey servers as fixtures, and Docker and fake-clock checks.
 
 Opt-in: nothing is loaded by installing asyncredlock. Load it with
 ``pytest -p asyncredlock.testing.pytest_plugin`` (or ``addopts`` in the pytest
@@ -13,6 +13,9 @@ the top-level ``conftest.py``. Fixtures:
 - ``docker_available``: skips the test when no Docker engine answers or testcontainers
   is not installed. Tests marked ``docker`` should request it, e.g. with
   ``pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_available")]``.
+- ``fake_clock_available``: skips the test when servers cannot run on a `FakeClock`
+  here (not Linux, libfaketime not installed, or a server binary that clashes with it,
+  such as Debian's ``redis-server``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -28,12 +32,16 @@ from typing import Protocol
 
 import pytest
 
+from ._clock import LIBRARY_VARIABLE, FakeClockUnavailableError, PreloadClashError
 from ._group import ServerGroup
+from ._servers import ServerProcess
 
 __all__ = [
     "MakeServers",
     "docker_available",
     "docker_skip_reason",
+    "fake_clock_available",
+    "fake_clock_skip_reason",
     "make_servers",
     "redlock_server_group",
     "servers",
@@ -166,6 +174,44 @@ def docker_skip_reason() -> str | None:
     if importlib.util.find_spec("testcontainers") is None:
         return NO_TESTCONTAINERS_REASON
     return None
+
+
+@pytest.fixture(scope="session")
+def fake_clock_available() -> None:
+    """Skip the test unless servers of the session's binary can run on a `FakeClock`."""
+    reason = fake_clock_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@functools.cache
+def fake_clock_skip_reason(binary: str | None = None) -> str | None:
+    """Why servers of `binary` cannot run on a `FakeClock` here, or None when they can.
+
+    Starts one such server to find out (once per binary: the answer is kept).
+
+    Args:
+        binary: The server executable; the one `find_server_binary` picks when None.
+
+    Returns:
+        None, or a reason suitable for `pytest.skip`: not Linux, libfaketime not
+        installed, or a server binary that libfaketime cannot run in (one linking
+        jemalloc as a shared library, as Debian's ``redis-server`` does).
+
+    Raises:
+        FakeClockUnavailableError: ``REDLOCK_FAKETIME_LIB`` names a library that cannot
+            be used: a configuration error fails the test rather than skipping it.
+        ServerStartError: The server did not start for another reason.
+    """
+    try:
+        with ServerProcess(binary=binary, fake_clock=True):
+            return None
+    except PreloadClashError as error:
+        return str(error).split("; log tail:", 1)[0]
+    except FakeClockUnavailableError as error:
+        if os.environ.get(LIBRARY_VARIABLE):
+            raise
+        return str(error)
 
 
 @functools.cache
