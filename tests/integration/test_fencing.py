@@ -361,6 +361,9 @@ class TestCommitRound:
 
                     tg.start_soon(acquire)
                     await commits.reached.wait()
+                    # every first-phase SET answered (a slow master's could otherwise
+                    # land after the deletes below, and its commit succeed)
+                    await redlock.settle()
                     for client in masters.clients:
                         await client.delete("expired")
                     commits.let_go()
