@@ -75,9 +75,11 @@ class TestLockStatistics:
     """The acquire() calls of one lock, and of one read-write lock's sides."""
 
     async def test_a_lock_counts_the_calls_made_through_it(self, servers: ServerGroup) -> None:
+        # (node_timeout: the waiter's inbox subscription confirmed before it queues, so
+        # that it leaves hand-over terms even on a loaded machine; waited until confirmed)
         async with (
             AsyncRedlock(servers.urls) as holder,
-            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as waiter,
+            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD, node_timeout=5.0) as waiter,
         ):
             held = await holder.lock("stats").acquire()
             lock = waiter.lock("stats", timeout=HANG_GUARD)
