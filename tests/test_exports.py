@@ -58,6 +58,7 @@ PUBLIC = {
         "HeldCalls",
         "SentinelProcess",
         "ServerBinaryNotFoundError",
+        "ServerCluster",
         "ServerGroup",
         "ServerProcess",
         "ServerStartError",
