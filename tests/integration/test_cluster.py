@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import anyio
 import pytest
+from redis.asyncio import RedisCluster
 
+from asyncredlock import AsyncRedlock
+from asyncredlock._scripts import ACQUIRE, SCRIPTS
 from asyncredlock.testing import ServerCluster
 
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 CLUSTERS = 3  # masters, each a cluster of SHARDS primaries
 SHARDS = 3
 NODE_TIMEOUT = 1.0  # seconds; the clusters with replicas, which the tests fail over
+SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +38,17 @@ def clusters() -> Iterator[list[ServerCluster]]:
     finally:
         for cluster in made:
             cluster.close()
+
+
+@pytest.fixture
+async def masters(clusters: list[ServerCluster]) -> AsyncIterator[Masters]:
+    """A ``RedisCluster`` client to each emptied cluster: the masters, given as they
+    are to the AsyncRedlock clients of the test."""
+    for cluster in clusters:
+        cluster.flushall()
+    direct = Masters([cluster.client() for cluster in clusters])
+    yield direct
+    await direct.aclose()
 
 
 @pytest.fixture
@@ -85,3 +106,59 @@ class TestServerCluster:
         with pytest.raises(ValueError, match=r"slot must be in 0\.\.16383"):
             cluster.primary_for(16384)
         assert cluster.primary_for(0) is owner
+
+
+# -- the library on cluster masters --
+
+
+class _Late(RedisCluster):
+    """A cluster client that, once told to `hold`, keeps the acquisitions it is
+    asked to run back until `let_go` (a master that answers them late), and notes
+    each call that reaches it meanwhile: one that overtakes them."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.holding, self.held, self.gate = False, 0, anyio.Event()
+        self.overtaken: list[str] = []
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def let_go(self) -> None:
+        self.holding = False
+        self.gate.set()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self.held:
+            self.overtaken.append(SCRIPT_NAMES.get(args[1], args[0]))
+        if self.holding and args[:2] == ("EVALSHA", ACQUIRE.sha):
+            self.held += 1
+            try:
+                await self.gate.wait()
+            finally:
+                self.held -= 1
+        return await super().execute_command(*args, **kwargs)
+
+
+class TestCallOrder:
+    async def test_a_release_does_not_overtake_the_late_acquisition_it_releases(
+        self, masters: Masters, clusters: list[ServerCluster]
+    ) -> None:
+        """Calls to one master run there in the order they were made, on a cluster
+        master too (reached through its client, one task per call): else the
+        release would find nothing and the late SET would leave the key behind
+        until its TTL."""
+        late = _Late(startup_nodes=clusters[0].startup_nodes)
+        async with AsyncRedlock([late, *masters.given[1:]]) as redlock:
+            warm = await redlock.lock("late").acquire()  # the client set up, scripts loaded
+            await warm.release()
+            late.hold()
+            lease = await redlock.lock("late").acquire()  # granted by the other two
+            await lease.release()
+            await anyio.wait_all_tasks_blocked()  # the release is out, or queued behind
+            late.let_go()
+            with anyio.fail_after(HANG_GUARD):
+                await redlock.settle()
+        await late.aclose()
+        assert late.overtaken == []
+        assert await masters.holding("late") == 0
