@@ -18,8 +18,9 @@ from redis.asyncio import Redis, RedisCluster
 
 from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock._keys import aux_key, key_slot
+from asyncredlock._protocol import TOKEN_BLOCK
 from asyncredlock._scripts import ACQUIRE, SCRIPTS
-from asyncredlock.testing import ServerCluster, Waits, client_state
+from asyncredlock.testing import ServerCluster, ServerProcess, Waits, client_state
 from asyncredlock.testing._support import resp_call
 
 from . import test_fencing, test_lock, test_rwlock
@@ -32,6 +33,9 @@ CLUSTERS = 3  # masters, each a cluster of SHARDS primaries
 SHARDS = 3
 NODE_TIMEOUT = 1.0  # seconds; the clusters with replicas, which the tests fail over
 SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}
+
+#: A slot of a cluster with replicas, the primary serving it and its replica.
+Shard = tuple[int, ServerProcess, ServerProcess]
 
 
 @pytest.fixture(scope="module")
@@ -511,23 +515,16 @@ class TestFailover:
         may not have the lock key (here, for certain: it was cut off before the
         acquisition). That master has lost the lock; the others, a quorum, still
         hold it: the lease extends, a rival is refused, and the next token is
-        still larger."""
-        slot = replicated.keyslot("failing")
-        primary = replicated.primary_for(slot)
-        (replica,) = replicated.replicas_of(primary)
+        still larger (both other masters kept the count)."""
+        shard = _shard(replicated, "failing")
         async with AsyncRedlock(mixed.given) as holder, AsyncRedlock(mixed.given) as rival:
-            earlier = await holder.lock("failing").acquire()  # a fence on the replica too
+            earlier = await holder.lock("failing").acquire()
             await earlier.release()
             await holder.settle()
-            replica.pause()
-            resp_call(primary.port, "CLIENT", "KILL", "TYPE", "replica", timeout=2.0)
+            _cut_off(shard)
             lease = await holder.lock("failing", auto_extend=False).acquire()
-            # every master answered: the SET is on the primary, not retried later
-            await holder.settle()
-            primary.kill()
-            replica.resume()
-            await anyio.to_thread.run_sync(replicated.wait_ready, HANG_GUARD)
-            assert replicated.primary_for(slot) is replica
+            await holder.settle()  # every master answered: no SET is retried later
+            await _fail_over(replicated, shard)
             assert await mixed.clients[0].get("failing") is None  # lost in the failover
             await lease.extend()  # on the quorum that still holds it
             assert lease.held
@@ -540,3 +537,62 @@ class TestFailover:
         assert lease.token is not None
         assert after.token is not None
         assert earlier.token < lease.token < after.token
+
+    async def test_a_counter_set_back_by_a_failover_can_repeat_a_token(
+        self, mixed: Masters, replicated: ServerCluster
+    ) -> None:
+        """What does not hold. Fencing assumes that a master never sets a counter
+        back; a failover to a replica that missed the last counts does (unlike a
+        master restarted empty, whose counter starts again from its clock). When
+        the next quorum shares only that master with the last one, a token
+        repeats: the first holder is granted by the first cluster (before its
+        failover) and the second (the third refuses: another holder's key), the
+        next one by the failed-over first cluster and the third (the second
+        refuses)."""
+        shard = _shard(replicated, "stale")
+        _, primary, _ = shard
+        start = 10**15  # every counter at one count, the replica's too
+        for client in mixed.clients[1:]:
+            await client.set("{stale}:fence", start)
+        direct = Redis.from_url(primary.url)
+        await direct.set("{stale}:fence", start)
+        assert await direct.wait(1, HANG_GUARD * 1000) == 1
+        await direct.aclose()
+        _cut_off(shard)
+        async with AsyncRedlock(mixed.given) as holder, AsyncRedlock(mixed.given) as rival:
+            await mixed.clients[2].set("stale", "another holder", px=HANG_GUARD * 1000)
+            first = await holder.lock("stale", auto_extend=False).acquire()
+            await first.release()
+            await holder.settle()
+            await mixed.clients[2].delete("stale")
+            await _fail_over(replicated, shard)
+            assert await mixed.fences("stale") == [start, start + TOKEN_BLOCK, start]
+            await mixed.clients[1].set("stale", "another holder", px=HANG_GUARD * 1000)
+            second = await rival.lock("stale", timeout=0).acquire()
+            await second.release()
+        assert first.token == second.token == start + TOKEN_BLOCK
+
+
+def _shard(cluster: ServerCluster, name: str) -> Shard:
+    """The slot of ``name``, the primary serving it and its replica."""
+    slot = cluster.keyslot(name)
+    primary = cluster.primary_for(slot)
+    (replica,) = cluster.replicas_of(primary)
+    return slot, primary, replica
+
+
+def _cut_off(shard: Shard) -> None:
+    """Freeze the replica and drop its link: the primary's writes from now on reach
+    it no more (it cannot reconnect while frozen)."""
+    _, primary, replica = shard
+    replica.pause()
+    resp_call(primary.port, "CLIENT", "KILL", "TYPE", "replica", timeout=2.0)
+
+
+async def _fail_over(cluster: ServerCluster, shard: Shard) -> None:
+    """Kill the primary, let its replica go on, wait until it serves the slot."""
+    slot, primary, replica = shard
+    primary.kill()
+    replica.resume()
+    await anyio.to_thread.run_sync(cluster.wait_ready, HANG_GUARD)
+    assert cluster.primary_for(slot) is replica
