@@ -20,7 +20,13 @@ from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock._keys import aux_key, key_slot
 from asyncredlock._protocol import TOKEN_BLOCK
 from asyncredlock._scripts import ACQUIRE, SCRIPTS
-from asyncredlock.testing import ServerCluster, ServerProcess, Waits, client_state
+from asyncredlock.testing import (
+    ServerCluster,
+    ServerProcess,
+    ServerStartError,
+    Waits,
+    client_state,
+)
 from asyncredlock.testing._support import resp_call
 
 from . import test_fencing, test_lock, test_rwlock
@@ -174,6 +180,19 @@ class TestServerCluster:
     def test_bad_arguments_are_refused(self, options: dict[str, Any], match: str) -> None:
         with pytest.raises(ValueError, match=match):
             ServerCluster(**options)
+
+    def test_a_cluster_not_ready_in_time_is_a_start_error_and_leaves_nothing_running(
+        self,
+    ) -> None:
+        """Each node waits about two seconds after it starts before it serves: one
+        second is not enough."""
+        cluster = ServerCluster(1)
+        try:
+            with pytest.raises(ServerStartError, match=r"not ready within 1\.0 s: .*cluster_state"):
+                cluster.start(timeout=1.0)
+            assert not any(node.running for node in cluster.nodes)
+        finally:
+            cluster.close()
 
     def test_bad_moves_and_failovers_are_refused_before_anything_changes(
         self, clusters: list[ServerCluster]

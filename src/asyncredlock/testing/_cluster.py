@@ -29,7 +29,7 @@ from ._slots import (
     view,
     wait_until,
 )
-from ._support import HOST, STOP_GRACE, ServerStartError, find_server_binary
+from ._support import HOST, STOP_GRACE, RespError, ServerStartError, find_server_binary
 
 __all__ = ["ServerCluster"]
 
@@ -160,9 +160,9 @@ class ServerCluster:
             if forming:
                 self._form(timeout)
             self._wait_ready(timeout, self._shape if forming else _any)
-        except TimeoutError as exc:
+        except (OSError, RespError) as exc:  # TimeoutError too: the cluster never got ready
             self._stop(pending)
-            raise ServerStartError(str(exc)) from exc
+            raise ServerStartError(f"cluster {self!r} did not form: {exc}") from exc
         except BaseException:
             self._stop(pending)
             raise
@@ -200,6 +200,7 @@ class ServerCluster:
 
         Raises:
             ValueError: ``slot`` is out of range.
+            LookupError: No node serves it (the cluster is not ready).
         """
         if not 0 <= slot < SLOTS:
             raise ValueError(f"slot must be in 0..{SLOTS - 1}, got {slot}")
