@@ -150,7 +150,9 @@ class TestReaderLeaseScenarios(test_rwlock.TestReaderLeases):
 
 
 class TestServerCluster:
-    def test_every_node_sees_the_slots_split_evenly(self, clusters: list[ServerCluster]) -> None:
+    def test_the_slots_are_split_evenly_between_the_primaries(
+        self, clusters: list[ServerCluster]
+    ) -> None:
         for cluster in clusters:
             primaries = cluster.nodes
             assert len(primaries) == SHARDS
