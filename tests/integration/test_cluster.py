@@ -566,10 +566,10 @@ class TestFailover:
         back; a failover to a replica that missed the last counts does (unlike a
         master restarted empty, whose counter starts again from its clock). When
         the next quorum shares only that master with the last one, a token
-        repeats: the first holder is granted by the first cluster (before its
-        failover) and the second (the third refuses: another holder's key), the
-        next one by the failed-over first cluster and the third (the second
-        refuses)."""
+        repeats (or goes back): the first holder is granted by the first cluster
+        (before its failover) and the second (the third refuses: another holder's
+        key), the next one by the failed-over first cluster and the third (the
+        second refuses)."""
         shard = _shard(replicated, "stale")
         _, primary, _ = shard
         start = 10**15  # every counter at one count, the replica's too
@@ -587,11 +587,14 @@ class TestFailover:
             await holder.settle()
             await mixed.clients[2].delete("stale")
             await _fail_over(replicated, shard)
-            assert await mixed.fences("stale") == [start, start + TOKEN_BLOCK, start]
+            fences = await mixed.fences("stale")
+            assert (fences[0], fences[2]) == (start, start)  # set back; never counted
             await mixed.clients[1].set("stale", "another holder", px=HANG_GUARD * 1000)
-            second = await rival.lock("stale", timeout=0).acquire()
+            second = await rival.lock("stale", timeout=0).acquire()  # one attempt
             await second.release()
-        assert first.token == second.token == start + TOKEN_BLOCK
+        assert second.token == start + TOKEN_BLOCK
+        assert first.token is not None
+        assert second.token <= first.token  # the same, or less if first took attempts
 
 
 def _shard(cluster: ServerCluster, name: str) -> Shard:
