@@ -60,6 +60,7 @@ PUBLIC = {
         "HeldCalls",
         "SentinelProcess",
         "ServerBinaryNotFoundError",
+        "ServerCluster",
         "ServerGroup",
         "ServerProcess",
         "ServerStartError",

@@ -82,6 +82,7 @@ def _aux_prefix(key: str) -> str:
     return "{" + key + "}:"
 
 
+@functools.lru_cache(maxsize=4096)
 def key_slot(key: str) -> int:
     """The Redis Cluster slot of ``key`` (CRC16-XMODEM of its hash tag or whole)."""
     data = key.encode()

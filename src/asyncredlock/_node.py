@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._keys import key_slot
 from ._scripts import SCRIPTS, Script, evalsha
 from ._telemetry import master_error
 from ._transport import ClosedError, Link, Opener, Reply, pack
@@ -20,7 +22,8 @@ class Node:
     asyncredlock opens with redis-py's connection settings (from a URL, or copied
     from a ``redis.asyncio.Redis`` client) and owns. A ``RedisCluster`` client
     routes each key to its shard itself, so its calls go through the client, one
-    task per call.
+    task per call; the tasks of one cluster slot (one lock's keys) run one after
+    the other, as calls on one connection would.
 
     Args:
         name: Display name used in errors and inspection.
@@ -56,6 +59,8 @@ class Node:
                 preload=preload,
             )
         self._tasks: set[asyncio.Task[Reply]] = set()
+        # the last call to a cluster master, per slot: the next one there waits for it
+        self._last: dict[int, asyncio.Task[Reply]] = {}
 
     def __repr__(self) -> str:
         return f"Node({self.name!r})"
@@ -85,15 +90,28 @@ class Node:
     ) -> asyncio.Future[Reply]:
         """Run ``script`` here; the future never raises, failures are in the reply.
 
-        Calls to one master run there in the order they were made.
+        Calls to one master run there in the order they were made (on a cluster
+        master, the calls on one slot: each lock's calls, in order).
         """
         if self.link is not None:
             command, packed = _LAST.pack(script, keys, args)
             return self.link.call(command, script.source, packed=packed)
-        task = asyncio.get_running_loop().create_task(_through(self, script, keys, args))
+        # Without a connection to keep them in order, a call waits for the one
+        # before it on the same keys: a release sent while its SET is still out
+        # must not run first (it would find nothing, and the SET would stay).
+        slot = key_slot(keys[0]) if keys else -1
+        before = self._last.get(slot)
+        coroutine = _through(self, script, keys, args, before)
+        task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._last[slot] = task
+        task.add_done_callback(functools.partial(self._done, slot))
         return task
+
+    def _done(self, slot: int, task: asyncio.Task[Reply]) -> None:
+        self._tasks.discard(task)
+        if self._last.get(slot) is task:
+            del self._last[slot]
 
     def listen(
         self, future: asyncio.Future[Reply], hook: Callable[[int, Reply], None], index: int
@@ -159,10 +177,19 @@ class _LastPacked:
 _LAST = _LastPacked()
 
 
-async def _through(node: Node, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Reply:
+async def _through(
+    node: Node,
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[Any],
+    before: asyncio.Task[Reply] | None,
+) -> Reply:
     """Run ``script`` through the master's redis-py client by its SHA1, sending
-    its source once if not cached there."""
+    its source once if not cached there; once ``before`` (the call made there
+    before it on the same slot) has ended."""
     try:
+        if before is not None and not before.done():
+            await asyncio.wait([before])
         value = await evalsha(node.client, script, keys, args)
     except asyncio.CancelledError:  # only Node.aclose() cancels these
         return Reply(error=ClosedError("this AsyncRedlock was closed while the call was out"))

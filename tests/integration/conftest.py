@@ -9,18 +9,29 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from asyncredlock import AsyncRedlock
 from asyncredlock.testing import ServerGroup, Waits
 
 
 class Masters:
-    """Plain redis clients to each server, to look at and tamper with keys directly."""
+    """Plain redis clients to each master, to look at and tamper with keys directly.
 
-    def __init__(self, urls: Sequence[str]) -> None:
-        self.urls = list(urls)
-        self.clients = [Redis.from_url(url) for url in self.urls]
+    Made from the masters' URLs (a client for each), or from ``RedisCluster``
+    clients (cluster masters), used as they are.
+    """
+
+    def __init__(self, masters: Sequence[str | RedisCluster]) -> None:
+        #: what an AsyncRedlock is given for these masters (its ``masters``)
+        self.given = list(masters)
+        self.urls = [master for master in masters if isinstance(master, str)]
+        self.clients = [
+            Redis.from_url(master) if isinstance(master, str) else master for master in masters
+        ]
+
+    def __len__(self) -> int:
+        return len(self.clients)
 
     async def keys(self) -> list[list[bytes]]:
         """Every key on each master but the fence counters.

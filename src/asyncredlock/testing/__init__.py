@@ -4,6 +4,9 @@
   processes on 127.0.0.1 that can be stopped, killed, paused and restarted.
 - `SentinelProcess`: a Sentinel (the same binary, ``--sentinel``) monitoring
   servers, for masters named by ``redis-sentinel://`` URLs.
+- `ServerCluster`: a real Redis Cluster of such servers (shards, optional
+  replicas), formed without Docker, for ``RedisCluster`` masters; it can move a
+  slot between shards and fail a primary over.
 - `client_state`: what an ``AsyncRedlock`` keeps in this process (leases held, tasks
   queued, wake-ups, connections), for tests that check nothing was left behind.
 - `Waits`: wait until ``acquire()`` calls are parked (queued behind another task, or
@@ -25,6 +28,7 @@
 
 from ._clock import FakeClock as FakeClock
 from ._clock import FakeClockUnavailableError as FakeClockUnavailableError
+from ._cluster import ServerCluster as ServerCluster
 from ._faults import HeldCalls as HeldCalls
 from ._faults import deafened as deafened
 from ._faults import hold_calls as hold_calls
@@ -48,6 +52,7 @@ __all__ = [
     "HeldCalls",
     "SentinelProcess",
     "ServerBinaryNotFoundError",
+    "ServerCluster",
     "ServerGroup",
     "ServerProcess",
     "ServerStartError",

@@ -140,10 +140,10 @@ def pick_port() -> int:
             return port
 
 
-# --- a minimal RESP client, enough for PING, INFO and FLUSHALL --------------------------
+# --- a minimal RESP client, enough for PING, INFO, FLUSHALL and CLUSTER ---------------
 
 
-def resp_call(port: int, *args: str, timeout: float, password: str | None = None) -> object:
+def resp_call(port: int, *args: str | bytes, timeout: float, password: str | None = None) -> object:
     """Send one command to ``127.0.0.1:port`` (after ``AUTH password``, if given) and
     return the decoded reply.
 
@@ -162,10 +162,10 @@ def resp_call(port: int, *args: str, timeout: float, password: str | None = None
         return read_reply(stream)
 
 
-def encode(args: Sequence[str]) -> bytes:
+def encode(args: Sequence[str | bytes]) -> bytes:
     parts = [f"*{len(args)}\r\n".encode()]
     for arg in args:
-        data = arg.encode()
+        data = arg if isinstance(arg, bytes) else arg.encode()
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
