@@ -269,7 +269,10 @@ class _Acquisition:
         semaphore._counters.attempts += 1
         self.attempts += 1
         ttl = semaphore.ttl
-        keys: tuple[str, ...] = (*semaphore.slot_keys, aux_key(semaphore.key, f"sem:undo:{value}"))
+        # the slots and the attempt's undo marker (what a give-back is sent); fair:
+        # the queue after them
+        undo_keys = (*semaphore.slot_keys, aux_key(semaphore.key, f"sem:undo:{value}"))
+        keys: tuple[str, ...] = undo_keys
         args: tuple[object, ...] = (value, ms(ttl), self.preferred + 1)
         if semaphore.fair:
             keys, args = (*keys, *self.queue), (*args, self.waiter, self.arrival, self._entry_ms())
@@ -279,15 +282,15 @@ class _Acquisition:
             slot, count = await self._slot(rnd, decision)
             refuse_if_closing(core)
         except BaseException:
-            self._give_back(rnd, keys, value, None)
+            self._give_back(rnd, undo_keys, value, None)
             raise
         self.granted = count
         expires_at = core.expiry(start, ttl)
         if slot is not None and count >= core.quorum and core.clock() < expires_at:
-            acquired = self._give_back(rnd, keys, value, slot)
+            acquired = self._give_back(rnd, undo_keys, value, slot)
             return self._lease(value, slot, expires_at, acquired)
         core.counters.failed_attempts += 1
-        self._give_back(rnd, keys, value, None)
+        self._give_back(rnd, undo_keys, value, None)
         self.free_in = holder_expires_in(rnd.tasks)
         if slot is not None:
             self.preferred = slot  # where most masters put it: ask for that one next

@@ -324,3 +324,36 @@ async def test_a_fair_waiter_that_gives_up_leaves_the_queue(masters: Masters) ->
         await held.release()
         await redlock.settle()
     assert await masters.keys() == [[] for _ in masters.urls]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+async def test_a_slot_granted_by_a_minority_is_given_back(masters: Masters, fair: bool) -> None:
+    """Another holder's key on slot 0 on three masters: the attempt is granted the slot
+    on the other two only, fails, and gives it back there (and a fair one leaves its
+    queue intact and then empty)."""
+    for client in masters.clients:
+        await client.config_resetstat()
+    slot = "{sem:minority-grant}:sem:0"
+    queue, expiry = "{sem:minority-grant}:sem:queue", "{sem:minority-grant}:sem:queue:expiry"
+    for client in masters.clients[:3]:
+        await client.set(slot, "someone-else", px=60_000)
+    if fair:  # a later waiter queued everywhere: the queue stays while the attempt runs
+        for client in masters.clients:
+            await client.zadd(queue, {"s:later:0": 2**50})
+            await client.zadd(expiry, {"s:later:0": 2**50})
+    async with AsyncRedlock(masters.urls) as redlock:
+        semaphore = redlock.semaphore("sem:minority-grant", 1, fair=fair, timeout=0)
+        with pytest.raises(LockTimeoutError) as caught:
+            await semaphore.acquire()
+        assert sum(outcome.ok for outcome in caught.value.outcomes) <= 2
+        await redlock.settle()
+    values = [await client.get(slot) for client in masters.clients]
+    assert values == [b"someone-else"] * 3 + [None] * 2  # given back where granted
+    if fair:  # the later waiter is still queued; this one's entry is gone
+        for client in masters.clients:
+            assert await client.zrange(queue, 0, -1) == [b"s:later:0"]
+    for client in masters.clients:  # and no script failed on the way
+        assert not any(key.startswith("errorstat_") for key in await client.info("errorstats"))
+    for client in masters.clients:
+        await client.delete(slot, queue, expiry)
+    assert await masters.keys() == [[] for _ in masters.urls]
