@@ -14,7 +14,7 @@ import anyio
 
 from ._config import LockSpec
 from ._core import Core
-from ._errors import LockTimeoutError, NodeOutcome, QuorumUnavailableError, RedlockError
+from ._errors import NodeOutcome, RedlockError
 from ._keys import channel, holder_value
 from ._lease import Lease
 from ._log import log_acquired
@@ -28,7 +28,7 @@ from ._protocol import (
     holder_expires_in,
 )
 from ._quorum import Decision, Round
-from ._refusal import refusal, why_unavailable
+from ._refusal import acquisition_error, refusal
 from ._stats import LockCounters, Taken
 from ._telemetry import note_attempts
 from ._wakeup import Ticket, waiter_id
@@ -396,27 +396,15 @@ class Acquisition:
         return decision, tokens
 
     def _failure(self, failed: _Failed) -> RedlockError:
-        decision, spec = failed.decision, self.spec
-        counters = self.core.counters
-        name = spec.target.label
-        if decision.unavailable:
-            counters.unavailable += 1
-            return QuorumUnavailableError(
-                f"could not lock {name!r}: {why_unavailable(decision)}",
-                resource=name,
-                outcomes=decision.outcomes,
-            )
-        counters.timeouts += 1
-        wait = "one attempt" if spec.timeout == 0 else f"{spec.timeout:g} s"
-        why = (
-            "the masters answered too slowly for the TTL"
-            if failed.expired
-            else "held by another holder"
-        )
-        return LockTimeoutError(
-            f"could not lock {name!r} within {wait}: {why}",
+        name = self.spec.target.label
+        slow = "the masters answered too slowly for the TTL"
+        return acquisition_error(
+            failed.decision,
+            self.core.counters,
             resource=name,
-            outcomes=decision.outcomes,
+            doing=f"lock {name!r}",
+            timeout=self.spec.timeout,
+            why=slow if failed.expired else "held by another holder",
         )
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._errors import LockTimeoutError, QuorumUnavailableError, RedlockError
 from ._tls import REFUSED as CERTIFICATE_REFUSED
 
 if TYPE_CHECKING:
     from ._quorum import Decision
+    from ._stats import Counters
 
-__all__ = ["refusal", "why_unavailable"]
+__all__ = ["acquisition_error", "refusal", "why_unavailable"]
 
 #: How a master says a command, key or channel is not the user's to use: ``NOPERM``
 #: for a command sent; for one a script calls, ``ACL failure in script`` (Valkey,
@@ -66,3 +68,24 @@ def why_unavailable(decision: Decision) -> str:
     if tls:
         reasons.append(f"TLS certificates refused (see ssl_ca_certs, the host names): {tls[0]}")
     return "; ".join(reasons) or "too many masters failed or did not answer"
+
+
+def acquisition_error(
+    decision: Decision, counters: Counters, *, resource: str, doing: str, timeout: float, why: str
+) -> RedlockError:
+    """The error of an ``acquire()`` that ends without the lock, counted: an outage
+    (`QuorumUnavailableError`, naming the refusal that made it one, if any), else
+    ``why`` what it was ``doing`` stayed out of reach for ``timeout`` seconds
+    (`LockTimeoutError`)."""
+    if decision.unavailable:
+        counters.unavailable += 1
+        return QuorumUnavailableError(
+            f"could not {doing}: {why_unavailable(decision)}",
+            resource=resource,
+            outcomes=decision.outcomes,
+        )
+    counters.timeouts += 1
+    wait = "one attempt" if timeout == 0 else f"{timeout:g} s"
+    return LockTimeoutError(
+        f"could not {doing} within {wait}: {why}", resource=resource, outcomes=decision.outcomes
+    )

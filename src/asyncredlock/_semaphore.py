@@ -28,7 +28,7 @@ import anyio
 
 from ._attempt import refuse_if_closing
 from ._core import Core
-from ._errors import LockTimeoutError, QuorumUnavailableError, RedlockError
+from ._errors import LockTimeoutError, RedlockError
 from ._keys import Resources, aux_key, channel, holder_value
 from ._lease import Lease
 from ._lock import Lock
@@ -36,7 +36,7 @@ from ._log import log_acquired
 from ._node import Reply
 from ._protocol import classify_acquire, granted, holder_expires_in, ms
 from ._quorum import Decision, NodeSkippedError, Round
-from ._refusal import refusal, why_unavailable
+from ._refusal import acquisition_error, refusal
 from ._scripts import SEM_ACQUIRE, SEM_DEQUEUE, SEM_UNDO
 from ._stats import Taken
 from ._telemetry import note_attempts
@@ -379,22 +379,14 @@ class _Acquisition:
         )
 
     def _failure(self, decision: Decision) -> RedlockError:
-        semaphore, counters = self.semaphore, self.core.counters
-        name = semaphore.name
-        if decision.unavailable:
-            counters.unavailable += 1
-            return QuorumUnavailableError(
-                f"could not acquire semaphore {name!r}: {why_unavailable(decision)}",
-                resource=name,
-                outcomes=decision.outcomes,
-            )
-        counters.timeouts += 1
-        wait = "one attempt" if semaphore.timeout == 0 else f"{semaphore.timeout:g} s"
-        return LockTimeoutError(
-            f"could not acquire semaphore {name!r} within {wait}: its"
-            f" {semaphore.limit} slot(s) were held, or no quorum agreed on a free one",
-            resource=name,
-            outcomes=decision.outcomes,
+        semaphore = self.semaphore
+        return acquisition_error(
+            decision,
+            self.core.counters,
+            resource=semaphore.name,
+            doing=f"acquire semaphore {semaphore.name!r}",
+            timeout=semaphore.timeout,
+            why=f"its {semaphore.limit} slot(s) were held, or no quorum agreed on a free one",
         )
 
 

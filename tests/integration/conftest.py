@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -11,7 +12,7 @@ import anyio
 import pytest
 from redis.asyncio import Redis, RedisCluster
 
-from asyncredlock import AsyncRedlock
+from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, QuorumUnavailableError
 from asyncredlock.testing import ServerGroup, Waits
 
 
@@ -124,6 +125,34 @@ async def clients(
 async def queues(masters: Masters, name: str) -> list[list[bytes]]:
     """The queue of the lock ``name`` on each master, first waiter first."""
     return [await client.zrange(f"{{{name}}}:queue", 0, -1) for client in masters.clients]
+
+
+async def end_model_run(
+    group: ServerGroup, clients: Sequence[AsyncRedlock], open_leases: Sequence[Lease]
+) -> None:
+    """The end of a model test's run: every master running again, the leases still
+    open released, every call answered."""
+    for server in group:
+        if not server.running:
+            server.start()
+    for lease in open_leases:
+        with contextlib.suppress(LockNotOwnedError, QuorumUnavailableError):
+            await lease.release()
+    for client in clients:
+        await client.settle()
+
+
+async def assert_every_key_expires(group: ServerGroup, *, but: tuple[bytes, ...] = ()) -> None:
+    """What a stopped master missed (an undo, a release) stays there, and expires:
+    every key left has a TTL (keys ending with one of ``but`` excepted)."""
+    for server in group:
+        client = Redis.from_url(server.url)
+        try:
+            for key in await client.keys("*"):
+                if not key.endswith(but):
+                    assert await client.pttl(key) > 0, key
+        finally:
+            await client.aclose()
 
 
 def library_tasks() -> list[asyncio.Task[object]]:

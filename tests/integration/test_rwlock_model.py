@@ -28,6 +28,8 @@ from asyncredlock import (
 from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
+from .conftest import assert_every_key_expires, end_model_run
+
 pytestmark = pytest.mark.anyio
 
 STEPS = 200
@@ -138,23 +140,8 @@ async def test_random_interleavings_never_mix_a_writer_with_anyone(
         for _ in range(STEPS):
             await _step(rng, group, (first, second), MODES[mode], model)
             model.check()
-        for server in group:
-            if not server.running:
-                server.start()
-        for lease in model.open:
-            with contextlib.suppress(LockNotOwnedError, QuorumUnavailableError):
-                await lease.release()
-        for client in (first, second):
-            await client.settle()
+        await end_model_run(group, (first, second), model.open)
     # every kind of step ran, and locks were taken both ways
     assert set(model.steps) == {"read", "write", "extend", "release", "expire", "node"}
     assert set(model.acquired) == {"read", "write"}
-    # What a stopped master missed (an undo, a release) stays there, and expires.
-    for server in group:
-        client = Redis.from_url(server.url)
-        try:
-            for key in await client.keys("*"):
-                if not key.endswith(b":fence"):
-                    assert await client.pttl(key) > 0, key
-        finally:
-            await client.aclose()
+    await assert_every_key_expires(group, but=(b":fence",))

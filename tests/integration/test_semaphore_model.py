@@ -28,6 +28,8 @@ from asyncredlock import (
 from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
+from .conftest import assert_every_key_expires, end_model_run
+
 pytestmark = pytest.mark.anyio
 
 STEPS = 200
@@ -138,23 +140,9 @@ async def test_random_interleavings_never_exceed_the_limit(
         for _ in range(STEPS):
             await _step(rng, group, (first, second), model, fair)
             model.check()
-        for server in group:
-            if not server.running:
-                server.start()
-        for lease in model.open:
-            with contextlib.suppress(LockNotOwnedError, QuorumUnavailableError):
-                await lease.release()
-        for client in (first, second):
-            await client.settle()
+        await end_model_run(group, (first, second), model.open)
     # every kind of step ran, and the semaphore was full at some point
     assert set(model.steps) == {"acquire", "burst", "extend", "release", "expire", "node"}
     assert model.acquired > LIMIT
     assert model.most == LIMIT
-    # What a stopped master missed (a give-back, a release) stays there, and expires.
-    for server in group:
-        client = Redis.from_url(server.url)
-        try:
-            for key in await client.keys("*"):
-                assert await client.pttl(key) > 0, key
-        finally:
-            await client.aclose()
+    await assert_every_key_expires(group)
