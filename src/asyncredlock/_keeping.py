@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -88,7 +89,7 @@ class Keeping(ABC):
         self._max_hold = spec.max_hold
         self._bound = record.taken_at + spec.max_hold
         core.held.add(self)
-        if spec.max_hold != float("inf"):
+        if spec.max_hold != math.inf:
             delay = max(0.0, self._bound - core.clock())
             self._limit = asyncio.get_running_loop().call_later(delay, self._reach_bound)
 

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import math
 import random
 import secrets
 import time
@@ -193,6 +194,22 @@ class _Turns:
 _TURNS: weakref.WeakKeyDictionary[Core, _Turns] = weakref.WeakKeyDictionary()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Place:
+    """A fair semaphore waiter's place in the masters' queue: its id, its arrival
+    score (this client's clock when ``acquire()`` began), the queue's keys."""
+
+    waiter: str
+    arrival: int
+    keys: tuple[str, str]
+
+    @classmethod
+    def new(cls, core: Core, key: str) -> _Place:
+        waiter = f"s:{core.waker.client}:{secrets.token_hex(8)}"
+        keys = (aux_key(key, "sem:queue"), aux_key(key, "sem:queue:expiry"))
+        return cls(waiter, time.time_ns() // 1000, keys)
+
+
 class _Acquisition:
     """The attempts of one ``acquire()`` of a semaphore."""
 
@@ -206,15 +223,10 @@ class _Acquisition:
         self.granted: int | None = None
         self.preferred = random.randrange(semaphore.limit)
         self.channels = tuple(channel(key) for key in semaphore.slot_keys)
-        self.free_in = float("inf")
+        self.free_in = math.inf
         self.acquired = False
-        # a fair semaphore's waiter: its id and arrival score in the masters' queue
-        self.waiter = f"s:{self.core.waker.client}:{secrets.token_hex(8)}"
-        self.arrival = time.time_ns() // 1000
-        self.queue = (
-            aux_key(semaphore.key, "sem:queue"),
-            aux_key(semaphore.key, "sem:queue:expiry"),
-        )
+        # a fair semaphore's place in the masters' queue (none for an unfair one)
+        self.place = _Place.new(self.core, semaphore.key) if semaphore.fair else None
 
     async def run(self, span: Span | None) -> Lease:
         try:
@@ -222,10 +234,10 @@ class _Acquisition:
         finally:
             if self.ticket is not None:
                 self.core.waker.leave(self.ticket, acquired=self.acquired)
-            if self.semaphore.fair and not self.core.closed:
+            if self.place is not None and not self.core.closed:
                 # out of the queue where it is still listed (granted or not)
                 for node in self.core.nodes:
-                    node.call(SEM_DEQUEUE, self.queue, (self.waiter,))
+                    node.call(SEM_DEQUEUE, self.place.keys, (self.place.waiter,))
             note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1:
             log_acquired(lease, self.attempts, self.core.clock() - self.started)
@@ -274,8 +286,11 @@ class _Acquisition:
         undo_keys = (*semaphore.slot_keys, aux_key(semaphore.key, f"sem:undo:{value}"))
         keys: tuple[str, ...] = undo_keys
         args: tuple[object, ...] = (value, ms(ttl), self.preferred + 1)
-        if semaphore.fair:
-            keys, args = (*keys, *self.queue), (*args, self.waiter, self.arrival, self._entry_ms())
+        if (place := self.place) is not None:
+            keys, args = (
+                (*keys, *place.keys),
+                (*args, place.waiter, place.arrival, self._entry_ms()),
+            )
         rnd = core.fan_out(lambda _, node: node.call(SEM_ACQUIRE, keys, args), skip_silent=True)
         try:
             decision = await core.decide(rnd, classify_acquire)
