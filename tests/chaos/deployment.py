@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from asyncredlock.fencing import FencedStore
 from asyncredlock.testing import FakeClock, FaultProxy, ServerGroup
-from asyncredlock.testing._support import resp_call
+from asyncredlock.testing._support import connected_clients
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .harness import Event, Outcome, Worker, check
@@ -106,21 +106,11 @@ async def _no_connection_left(masters: ServerGroup) -> None:
         if not server.running or server.paused:
             continue
         for _ in range(CLOSE_POLLS):  # polls the server's count, a bounded number of times
-            left = await anyio.to_thread.run_sync(_clients_of, server.port)
+            left = await anyio.to_thread.run_sync(connected_clients, server.port)
             if left == 0:
                 break
             await anyio.sleep(0.05)
         assert left == 0, f"{left} client connections left on {server.url}"
-
-
-def _clients_of(port: int) -> int:
-    """Connections open on the server at ``port``, not counting the one asking."""
-    text = resp_call(port, "INFO", "clients", timeout=2.0)
-    assert isinstance(text, bytes)
-    for line in text.decode().splitlines():
-        if line.startswith("connected_clients:"):
-            return int(line.split(":", 1)[1]) - 1
-    raise AssertionError(f"no connected_clients in INFO of :{port}")
 
 
 @asynccontextmanager

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from asyncredlock import AsyncRedlock, Lease
 from asyncredlock.__main__ import main
 from asyncredlock.testing import SentinelProcess, ServerGroup, ServerProcess, Waits
-from asyncredlock.testing._support import resp_call
+from asyncredlock.testing._support import connected_clients
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 pytestmark = pytest.mark.anyio
@@ -33,15 +33,6 @@ def sentinel(make_servers: MakeServers) -> Iterator[tuple[SentinelProcess, Serve
     process = SentinelProcess(dict(zip(SERVICES, group, strict=True)))
     with process:
         yield process, group
-
-
-def clients_on(port: int) -> int:
-    """Connections open on the server or sentinel at ``port``, not counting the
-    one that asks."""
-    text = resp_call(port, "INFO", "clients", timeout=2.0)
-    assert isinstance(text, bytes)
-    fields = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
-    return int(fields["connected_clients"]) - 1
 
 
 class TestURL:
@@ -116,13 +107,13 @@ class TestThroughSentinels:
     ) -> None:
         process, group = sentinel
         # the sentinel's own links to the masters it monitors count too: measured first
-        before = [clients_on(server.port) for server in group]
-        sentinel_before = clients_on(process.port)
+        before = [connected_clients(server.port) for server in group]
+        sentinel_before = connected_clients(process.port)
         redlock = AsyncRedlock([process.master_url(service) for service in SERVICES])
         async with redlock, redlock.lock("sentinel:closed"):
-            assert clients_on(process.port) > sentinel_before
-        assert clients_on(process.port) == sentinel_before
-        assert [clients_on(server.port) for server in group] == before
+            assert connected_clients(process.port) > sentinel_before
+        assert connected_clients(process.port) == sentinel_before
+        assert [connected_clients(server.port) for server in group] == before
 
     async def test_the_cli_takes_sentinel_urls_from_the_environment(
         self,

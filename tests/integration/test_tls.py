@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncredlock import AsyncRedlock, Lease, QuorumUnavailableError
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state, whole_retry_delay
-from asyncredlock.testing._support import resp_call
+from asyncredlock.testing._support import connected_clients
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .test_cli import cli, master_args
@@ -139,18 +139,10 @@ def urls(fronts: Sequence[FaultProxy], **query: str | Path) -> list[str]:
     return [f"{front.url}?{urlencode(query)}" for front in fronts]
 
 
-def clients_on(port: int) -> int:
-    """Connections open on the server at ``port``, not counting the one asking."""
-    text = resp_call(port, "INFO", "clients", timeout=2.0)
-    assert isinstance(text, bytes)
-    fields = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
-    return int(fields["connected_clients"]) - 1
-
-
 async def through_fronts_only(group: ServerGroup, fronts: Sequence[FaultProxy]) -> list[int]:
     """Each server's open connections, once checked to be exactly its front's (every
     one came through TLS: none reached the plain port directly)."""
-    counts = [await anyio.to_thread.run_sync(clients_on, server.port) for server in group]
+    counts = [await anyio.to_thread.run_sync(connected_clients, server.port) for server in group]
     assert counts == [front.connections for front in fronts]
     return counts
 
@@ -160,7 +152,9 @@ async def no_connection_left(group: ServerGroup, fronts: Sequence[FaultProxy]) -
     number of times: a server notices a closed socket on its next loop turn)."""
     for _ in range(CLOSE_POLLS):
         if not any(front.connections for front in fronts):
-            counts = [await anyio.to_thread.run_sync(clients_on, server.port) for server in group]
+            counts = [
+                await anyio.to_thread.run_sync(connected_clients, server.port) for server in group
+            ]
             if counts == [0, 0, 0]:
                 return
         await anyio.sleep(0.02)

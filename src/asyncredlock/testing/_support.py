@@ -162,6 +162,15 @@ def resp_call(port: int, *args: str | bytes, timeout: float, password: str | Non
         return read_reply(stream)
 
 
+def connected_clients(port: int) -> int:
+    """Connections open on the server (or sentinel) at ``127.0.0.1:port``, not
+    counting the one asking (``INFO clients``)."""
+    text = resp_call(port, "INFO", "clients", timeout=2.0)
+    assert isinstance(text, bytes)
+    fields = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
+    return int(fields["connected_clients"]) - 1
+
+
 def encode(args: Sequence[str | bytes]) -> bytes:
     parts = [f"*{len(args)}\r\n".encode()]
     for arg in args:
