@@ -18,9 +18,10 @@ its own ``FaultProxy`` (hosted in a separate process) that adds a one-way delay:
 - **asyncredlock fenced, counters apart**: the same, but before each acquisition
   (outside the timed region, over direct connections that bypass the proxies) the
   key's fence counter on master ``i`` is set to ``top + 1 + i`` (``top``: the largest
-  of them), so no two masters count the same token and the commit round runs, as after
-  contention, on a master that missed rounds, or for a new resource. Not measured with
-  one master, whose count is always the token (a quorum of one).
+  of them, kept ahead of the clock floor), so no two masters count the same token and
+  the commit round runs, as after contention, on a master that missed rounds, or for a
+  new resource. Not measured with one master, whose count is always the token (a
+  quorum of one).
 
 The four alternate in blocks within each case. Each case also records the fencing
 cost of each fenced method: its p50 minus the unfenced p50, in ms and in round trips
@@ -272,14 +273,19 @@ class CommitRounds:
         return counted
 
 
+_AHEAD = 3600  # seconds: how far ahead of the clock FenceSkewer puts the counters
+
+
 class FenceSkewer:
     """Sets a key's fence counters apart on every master, over direct connections.
 
     Master ``i``'s counter becomes ``top + 1 + i``, ``top`` being the largest counter
-    there (or the first server's clock in microseconds if there is none yet, as a new
-    counter starts). The counters only go up, so tokens still increase; and after the
-    next first round (which adds the same block to each) no two masters return the
-    same count, so no quorum returned the token itself and the commit round runs.
+    there, and at least an hour ahead of the first server's clock (in microseconds):
+    the clock floor of ``fence.lua``, which lifts a count below the clock's second,
+    would set them in step again. The counters only go up, so tokens still increase;
+    and after the next first round (which adds the same block to each) no two masters
+    return the same count, so no quorum returned the token itself and the commit
+    round runs.
 
     Args:
         urls: The servers themselves, not the proxies in front of them.
@@ -292,12 +298,9 @@ class FenceSkewer:
         """Set the fence counters of the lock key ``key`` apart."""
         fence = aux_key(key, "fence")
         counts = await asyncio.gather(*(client.get(fence) for client in self.clients))
-        known = [int(count) for count in counts if count is not None]
-        if known:
-            top = max(known)
-        else:
-            seconds, micros = await self.clients[0].time()
-            top = seconds * 1_000_000 + micros
+        seconds, micros = await self.clients[0].time()
+        ahead = (seconds + _AHEAD) * 1_000_000 + micros
+        top = max([ahead, *(int(count) for count in counts if count is not None)])
         await asyncio.gather(
             *(client.set(fence, top + 1 + i) for i, client in enumerate(self.clients))
         )

@@ -15,6 +15,10 @@ from redis.asyncio import Redis, RedisCluster
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, QuorumUnavailableError
 from asyncredlock.testing import ServerGroup, Waits
 
+#: A fence count far above the masters' clocks (microseconds in the year 2223): the
+#: clock floor of ``fence.lua`` never lifts a counter set there.
+ABOVE_CLOCK = 8 * 10**15
+
 
 class Masters:
     """Plain redis clients to each master, to look at and tamper with keys directly.
@@ -51,11 +55,23 @@ class Masters:
         values = [await client.get(f"{{{name}}}:fence") for client in self.clients]
         return [None if value is None else int(value) for value in values]
 
+    async def line_up_fences(self, name: str) -> int:
+        """Set the fence counters of ``name`` to one count on every master, above
+        any count so far and above the masters' clocks (the clock floor of
+        ``fence.lua`` then leaves them alone): the next fenced acquisition gets the
+        same count from every master. Returns that count."""
+        counts = [count for count in await self.fences(name) if count is not None]
+        top = max([*counts, ABOVE_CLOCK])
+        for client in self.clients:
+            await client.set(f"{{{name}}}:fence", top)
+        return top
+
     async def skew_fences(self, name: str) -> None:
         """Make the fence counters of ``name`` differ on every master (each one
-        more than the last, all above any count so far): no quorum of them can then
-        return the same count, and a fenced acquisition must run its commit round."""
-        top = max((count for count in await self.fences(name) if count is not None), default=0)
+        more than the last, all above any count so far and above the clocks): no
+        quorum of them can then return the same count, and a fenced acquisition
+        must run its commit round."""
+        top = await self.line_up_fences(name)
         for i, client in enumerate(self.clients):
             await client.set(f"{{{name}}}:fence", top + 1 + i)
 

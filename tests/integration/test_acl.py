@@ -241,6 +241,23 @@ async def test_a_refused_clock_leaves_no_fence_counter_behind(make_servers: Make
             await lease.release()
     assert lease.token is not None
     assert lease.token > 10**15  # from the clock in microseconds, not from the block
+    # Every later count needs the clock too (its floor): refused, the counter untouched
+    before = await fences(group, "{orders:fresh}:fence")
+    await add_user(group, "clockless", rules)
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls, timeout=NEVER) as redlock:
+            with pytest.raises(QuorumUnavailableError, match="time"):
+                await redlock.lock("orders:fresh").acquire()
+    assert await fences(group, "{orders:fresh}:fence") == before
+    assert await exists_anywhere(group, "orders:fresh") == 0
+
+
+async def fences(group: ServerGroup, key: str) -> list[bytes | None]:
+    values = []
+    for url in group.urls:
+        async with Redis.from_url(url) as client:
+            values.append(await client.get(key))
+    return values
 
 
 async def test_a_permission_refused_in_the_handshake_ends_the_acquisition_at_once(

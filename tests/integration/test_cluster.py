@@ -578,20 +578,21 @@ class TestFailover:
         assert after.token is not None
         assert earlier.token < lease.token < after.token
 
-    async def test_a_counter_set_back_by_a_failover_can_repeat_a_token(
+    async def test_a_counter_set_back_by_a_failover_is_lifted_by_the_clock(
         self, mixed: Masters, replicated: ServerCluster
     ) -> None:
-        """What does not hold. Fencing assumes that a master never sets a counter
-        back; a failover to a replica that missed the last counts does (unlike a
-        master restarted empty, whose counter starts again from its clock). When
-        the next quorum shares only that master with the last one, a token
-        repeats (or goes back): the first holder is granted by the first cluster
-        (before its failover) and the second (the third refuses: another holder's
-        key), the next one by the failed-over first cluster and the third (the
-        second refuses)."""
+        """A failover to a replica that missed the last counts sets a counter back
+        (unlike a master restarted empty, whose counter starts again from its
+        clock). Here the next quorum shares only that master with the last one:
+        the first holder is granted by the first cluster (before its failover) and
+        the second (the third refuses: another holder's key), the next one by the
+        failed-over first cluster and the third (the second refuses). Neither of
+        those remembers the first token; what keeps the next one larger is the
+        clock floor: a count is never below the master's clock in whole seconds,
+        and the failover took longer than a second (the node timeout)."""
         shard = _shard(replicated, "stale")
         _, primary, _ = shard
-        start = 10**15  # every counter at one count, the replica's too
+        start = 10**15  # every counter at one count (microseconds in 2001), the replica's too
         for client in mixed.clients[1:]:
             await client.set("{stale}:fence", start)
         direct = Redis.from_url(primary.url)
@@ -608,12 +609,16 @@ class TestFailover:
             await _fail_over(replicated, shard)
             fences = await mixed.fences("stale")
             assert (fences[0], fences[2]) == (start, start)  # set back; never counted
+            seconds, _ = await mixed.clients[2].time()
+            assert first.token is not None
+            assert seconds * 10**6 > first.token  # the clocks are a second further on
             await mixed.clients[1].set("stale", "another holder", px=HANG_GUARD * 1000)
             second = await rival.lock("stale", timeout=0).acquire()  # one attempt
             await second.release()
-        assert second.token == start + TOKEN_BLOCK
-        assert first.token is not None
-        assert second.token <= first.token  # the same, or less if first took attempts
+        assert first.token > start + TOKEN_BLOCK  # lifted by the floor
+        assert second.token is not None
+        assert second.token > first.token
+        assert second.token % 10**6 == 0  # the floor: the clock in whole seconds
 
 
 def _shard(cluster: ServerCluster, name: str) -> Shard:

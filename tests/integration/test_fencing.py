@@ -7,7 +7,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -23,6 +23,7 @@ from asyncredlock._scripts import ACQUIRE, COMMIT
 from asyncredlock.testing import ServerGroup, hold_calls
 from asyncredlock.testing.pytest_plugin import MakeServers
 
+from .conftest import ABOVE_CLOCK as B
 from .conftest import Masters
 
 pytestmark = pytest.mark.anyio
@@ -192,40 +193,42 @@ class TestProtocolSteps:
 
     Each scenario is the shortest one where dropping one rule of the commit
     phase hands out a token that is not larger than an earlier committed one.
+    The counters are ``B`` plus small numbers (B far above the masters' clocks), so
+    the clock floor never lifts them: the commit rules alone are at work.
     """
 
     async def test_a_late_commit_never_sets_a_counter_back(self, make_servers: MakeServers) -> None:
         a, b, c = await self._nodes(make_servers)
         try:
-            await self._set_counters([a, b, c], 100)
-            assert await self._first_phase([a, b], "Z") == [101, 101]  # Z decides: t=101
+            await self._set_counters([a, b, c], B + 100)
+            assert await self._first_phase([a, b], "Z") == [B + 101, B + 101]  # Z decides: t=101
             await self._delete_key([a, b])  # Z's keys expire before its commit
-            assert await self._first_phase([b, c], "X") == [102, 101]
-            assert await self._commit([b, c], "X", 102) == [1, 1]  # X committed t=102
+            assert await self._first_phase([b, c], "X") == [B + 102, B + 101]
+            assert await self._commit([b, c], "X", B + 102) == [1, 1]  # X committed t=102
             await self._delete_key([b, c])  # X released
-            assert await self._first_phase([c], "Z") == [103]  # Z's late reply from c
+            assert await self._first_phase([c], "Z") == [B + 103]  # Z's late reply from c
             # Z's commit with t=101 reaches c, which holds Z's key: refused, since
             # c's counter (103) is past 101. Accepting it would set c back to 101
             # and let Y, below, reuse X's token 102.
-            assert await self._commit([c], "Z", 101) == [-1]
+            assert await self._commit([c], "Z", B + 101) == [-1]
             await self._delete_key([c])
             y = await self._first_phase([a, c], "Y")
-            assert max(y) > 102
+            assert max(y) > B + 102
         finally:
             await self._close([a, b, c])
 
     async def test_the_commit_writes_the_token_back(self, make_servers: MakeServers) -> None:
         a, b, c = await self._nodes(make_servers)
         try:
-            await self._set_counters([a, c], 100)
-            await self._set_counters([b], 200)
-            assert await self._first_phase([a, b], "X") == [101, 201]
-            assert await self._commit([a, b], "X", 201) == [1, 1]
+            await self._set_counters([a, c], B + 100)
+            await self._set_counters([b], B + 200)
+            assert await self._first_phase([a, b], "X") == [B + 101, B + 201]
+            assert await self._commit([a, b], "X", B + 201) == [1, 1]
             await self._delete_key([a, b])
             # Without the write-back a would still say 101 and Y (on a and c)
             # would get 102, far below X's 201.
             y = await self._first_phase([a, c], "Y")
-            assert max(y) > 201
+            assert max(y) > B + 201
         finally:
             await self._close([a, b, c])
 
@@ -300,6 +303,72 @@ class TestWipedMaster:
         assert first < x < y
 
 
+class TestSetBackCounter:
+    """A master whose counter went back (a failover to a replica that had missed the
+    last counts) while its data stayed: X commits on a and b; then a's counter goes
+    back to what it was before X, and Y is granted by a and c. Y's quorum shares
+    only a with X's, and neither a nor c remembers X's token."""
+
+    OLD = 10**15  # every counter's count before X: microseconds in 2001
+
+    async def _x_then_y(self, group: ServerGroup, between: Callable[[], None]) -> tuple[int, int]:
+        a, b, c = (Redis.from_url(url) for url in group.urls)
+        try:
+            for client in (a, b, c):
+                await client.set("{set-back}:fence", self.OLD)
+            async with AsyncRedlock(group.urls) as redlock:
+                await c.set("set-back", "another holder", px=HANG_GUARD * 1000)
+                x = await redlock.lock("set-back", timeout=0).acquire()  # a and b
+                await x.release()
+                await redlock.settle()
+                await c.delete("set-back")
+                await a.set("{set-back}:fence", self.OLD)  # the failover's loss
+                await b.set("set-back", "another holder", px=HANG_GUARD * 1000)
+                between()
+                y = await redlock.lock("set-back", timeout=0).acquire()  # a and c
+                await y.release()
+        finally:
+            for client in (a, b, c):
+                await client.aclose()
+        assert x.token is not None
+        assert y.token is not None
+        return x.token, y.token
+
+    @pytest.mark.usefixtures("fake_clock_available")
+    async def test_the_clock_floor_lifts_it_above_the_tokens_of_earlier_seconds(
+        self, make_servers: MakeServers
+    ) -> None:
+        """The masters' clocks reach a later second before Y (a failover takes
+        longer than that): each count is at least the clock in whole seconds, so
+        Y's token is larger. Without the floor both would count from the old
+        counters and Y would get X's token again."""
+        group = make_servers(3, fake_clock=True)
+
+        def later_second() -> None:
+            for server in group:
+                server.clock.jump(2)
+
+        x, y = await self._x_then_y(group, later_second)
+        assert x >= self.OLD + 10**6  # lifted by the floor, not counted from OLD
+        assert y > x
+
+    @pytest.mark.usefixtures("fake_clock_available")
+    async def test_a_clock_behind_by_more_than_the_time_since_lets_a_token_go_back(
+        self, make_servers: MakeServers
+    ) -> None:
+        """What does not hold: the floor is only as good as the clocks. With a and
+        c five seconds behind b (and X's token from b's second), Y's counts are
+        below X's token."""
+        group = make_servers(3, fake_clock=True)
+
+        def clocks_behind() -> None:
+            group[0].clock.jump(-5)
+            group[2].clock.jump(-5)
+
+        x, y = await self._x_then_y(group, clocks_behind)
+        assert y < x
+
+
 class TestCommitRound:
     """The second round runs only where the first left the counters apart."""
 
@@ -315,9 +384,7 @@ class TestCommitRound:
             await redlock.settle()
             # A new resource's counters start apart (each master's clock), and a
             # master that granted late may keep a count above the token: line them up.
-            top = max(count for count in await masters.fences("rounds") if count is not None)
-            for client in masters.clients:
-                await client.set("{rounds}:fence", top)
+            top = await masters.line_up_fences("rounds")
             if skewed:
                 await masters.skew_fences("rounds")
             before = redlock.statistics().commits
