@@ -1,12 +1,12 @@
 """Masters named by Sentinel URLs (``redis-sentinel://host:port,.../service``), against
 real Sentinel processes (``valkey-server --sentinel`` from the same binary): the URL
 checked at construction, a lock cycle, wake-ups and inspection through sentinels, the
-CLI, nothing left open, and the next connection after a failover going to the new
-master."""
+CLI, nothing left open, the next connection after a failover going to the new
+master, and a failover while a lock is held (the key lost, the counter set back)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
@@ -14,15 +14,16 @@ import anyio.to_thread
 import pytest
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock, Lease
+from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock.__main__ import main
 from asyncredlock.testing import SentinelProcess, ServerGroup, ServerProcess, Waits
-from asyncredlock.testing._support import connected_clients
+from asyncredlock.testing._support import connected_clients, resp_call
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+DOWN_AFTER = 1.0  # seconds of silence before the sentinel counts a master down
 SERVICES = ("s0", "s1", "s2")
 
 
@@ -160,6 +161,135 @@ class TestFailover:
                     await direct.aclose()
                 await lease.release()
             await events.aclose()
+
+
+class Replicated:
+    """Three masters: a Sentinel-managed one (``servers[0]`` its primary, with a
+    replica) and two standalone ones (``servers[1]``, ``servers[2]``)."""
+
+    def __init__(self, servers: ServerGroup, replica: ServerProcess, sentinel: SentinelProcess):
+        self.servers, self.replica, self.sentinel = servers, replica, sentinel
+        self.urls = [sentinel.master_url("svc"), servers[1].url, servers[2].url]
+
+    async def set_everywhere(self, key: str, value: int) -> None:
+        """Set ``key`` on every master, the replica's copy included."""
+        for server in self.servers:
+            async with Redis(port=server.port) as client:
+                await client.set(key, value)
+                if server is self.servers[0]:
+                    assert await client.wait(1, HANG_GUARD * 1000) == 1
+
+    def cut_off(self) -> None:
+        """Freeze the replica and drop its link: the primary's writes from now on
+        reach it no more (it cannot reconnect while frozen)."""
+        self.replica.pause()
+        resp_call(self.servers[0].port, "CLIENT", "KILL", "TYPE", "replica", timeout=2.0)
+
+    async def fail_over(self) -> None:
+        """Kill the primary, let the replica go on, wait until the sentinel has
+        switched the service to it."""
+        async with Redis(port=self.sentinel.port) as client:
+            events = client.pubsub()
+            await events.subscribe("+switch-master")
+            self.servers[0].kill()
+            self.replica.resume()
+            with anyio.fail_after(HANG_GUARD):
+                switched = await _next_message(events)
+            await events.aclose()
+        assert switched.split()[-1] == str(self.replica.port).encode()
+
+    async def on_replica(self, key: str) -> bytes | None:
+        async with Redis(port=self.replica.port) as client:
+            value: bytes | None = await client.get(key)
+            return value
+
+
+@pytest.fixture
+async def replicated(make_servers: MakeServers) -> AsyncIterator[Replicated]:
+    """`Replicated`, the sentinel knowing the replica (so that it can fail over)."""
+    servers = make_servers(3)
+    primary = servers[0]
+    replica = ServerProcess(extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
+    with replica, SentinelProcess({"svc": primary}, down_after=DOWN_AFTER) as sentinel:
+        async with Redis(port=sentinel.port) as client:
+            events = client.pubsub()
+            await events.subscribe("+slave")
+            if not await client.execute_command("SENTINEL", "REPLICAS", "svc"):
+                with anyio.fail_after(HANG_GUARD):
+                    await _next_message(events)
+            await events.aclose()
+        yield Replicated(servers, replica, sentinel)
+
+
+class TestFailoverWhileHeld:
+    """A failover of a Sentinel-managed master while its replica lagged: replication
+    is asynchronous, so the promoted replica may lack the lock key and hold an older
+    fence counter (here for certain: it was cut off before the acquisitions)."""
+
+    async def test_a_lease_outlives_a_failover_that_lost_its_key(
+        self, replicated: Replicated
+    ) -> None:
+        """The master that failed over lost the lock, as a master restarted empty
+        would: one of the failures the quorum tolerates. The lease extends on the
+        others, a rival is refused, and the next token is larger (the others kept
+        the count)."""
+        replicated.cut_off()
+        async with (
+            AsyncRedlock(replicated.urls) as holder,
+            AsyncRedlock(replicated.urls) as rival,
+        ):
+            lease = await holder.lock("held", auto_extend=False).acquire()
+            await holder.settle()  # every master answered: no call is retried later
+            await replicated.fail_over()
+            assert await replicated.on_replica("held") is None  # lost in the failover
+            await lease.extend()  # on the two masters that still hold it
+            assert lease.held
+            with pytest.raises(LockTimeoutError):
+                await rival.lock("held", timeout=0).acquire()
+            await lease.release()
+            after = await rival.lock("held", timeout=0).acquire()
+            await after.release()
+        assert lease.token is not None
+        assert after.token is not None
+        assert after.token > lease.token
+
+    async def test_a_counter_set_back_by_the_failover_is_lifted_by_the_clock(
+        self, replicated: Replicated
+    ) -> None:
+        """The next quorum shares only the failed-over master with the last one:
+        the first holder is granted by it (before the failover) and the first
+        standalone master (the second refuses: another holder's key), the next by
+        the promoted replica and the second standalone master (the first refuses).
+        Neither of those has the first token; the clock floor keeps the next one
+        larger, since the failover took longer than a second (``down_after``)."""
+        start = 10**15  # every counter at one count (microseconds in 2001)
+        await replicated.set_everywhere("{stale}:fence", start)
+        replicated.cut_off()
+        standalone = [Redis(port=server.port) for server in replicated.servers[1:]]
+        try:
+            async with (
+                AsyncRedlock(replicated.urls) as holder,
+                AsyncRedlock(replicated.urls) as rival,
+            ):
+                await standalone[1].set("stale", "another holder", px=HANG_GUARD * 1000)
+                first = await holder.lock("stale", auto_extend=False).acquire()
+                await first.release()
+                await holder.settle()
+                await standalone[1].delete("stale")
+                await replicated.fail_over()
+                assert await replicated.on_replica("{stale}:fence") == str(start).encode()
+                await standalone[0].set("stale", "another holder", px=HANG_GUARD * 1000)
+                seconds, _ = await standalone[1].time()
+                assert first.token is not None
+                assert seconds * 10**6 > first.token  # the clocks are a second further on
+                second = await rival.lock("stale", timeout=0).acquire()  # one attempt
+                await second.release()
+        finally:
+            for client in standalone:
+                await client.aclose()
+        assert first.token > start + 10**6  # lifted by the floor
+        assert second.token is not None
+        assert second.token > first.token
 
 
 async def _next_message(pubsub: Any) -> bytes:
