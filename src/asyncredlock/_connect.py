@@ -21,7 +21,7 @@ from ._sentinel import OwnedClient, display_name, parse_sentinel_url
 from ._tls import certificate_error
 from ._transport import Stream
 
-__all__ = ["RedisPyOpener", "make_node", "make_nodes"]
+__all__ = ["ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
 
 _SCHEMES = ("redis", "rediss", "unix")
 
@@ -75,6 +75,37 @@ class RedisPyOpener:
             transport.resume_reading()
 
 
+class ClusterOpener:
+    """Opens the wake-up subscription of a Redis Cluster master: a connection to
+    one node of the cluster, with that node's settings from the cluster client.
+
+    A ``PUBLISH`` (a release's announcement) in a cluster is passed to every node
+    over the cluster bus, so a subscription on any one node hears the releases of
+    every slot. Each call takes the next node the client knows of, so that after a
+    node is lost the listener comes back on another one.
+
+    Args:
+        client: The ``RedisCluster`` (or ``ValkeyCluster``) client of the master.
+        connect_timeout: Connect timeout when the client sets none.
+    """
+
+    def __init__(self, client: Any, connect_timeout: float) -> None:
+        self.client = client
+        self.connect_timeout = connect_timeout
+        self.turn = 0
+
+    async def __call__(self, protocol: Stream) -> None:
+        nodes = self.client.get_nodes()
+        if not nodes:
+            raise ConnectionError("the cluster client knows no node yet")
+        node = nodes[self.turn % len(nodes)]
+        self.turn += 1
+        kwargs = dict(node.connection_kwargs)
+        if kwargs.get("socket_connect_timeout") is None:
+            kwargs["socket_connect_timeout"] = self.connect_timeout
+        await RedisPyOpener(node.connection_class, {**kwargs, **_OWN_CONNECTION})(protocol)
+
+
 def _address(connection: Any) -> str:
     """``host:port`` of a redis-py TCP or TLS connection (its master, once a
     Sentinel-managed one has connected), for errors."""
@@ -114,7 +145,8 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
     kind = _valkey_kind(master)
     client: Any = master  # a redis-py client, or valkey-py's fork with the same API
     if isinstance(master, RedisCluster) or kind == "cluster":
-        node = Node(_client_name(client), client=client, owned=False)
+        listen = ClusterOpener(client, settings.socket_timeout)
+        node = Node(_client_name(client), client=client, owned=False, listen_opener=listen)
         return node, id(master)
     if isinstance(master, Redis) or kind == "client":
         pool = client.connection_pool

@@ -29,6 +29,8 @@ class Node:
         name: Display name used in errors and inspection.
         opener: Opens a connection to the master (``None`` for a cluster client).
         client: The cluster client, when there is no opener.
+        listen_opener: Opens the connection for wake-up subscriptions; ``opener``
+            when ``None`` (a cluster client's comes from `ClusterOpener`).
         owned: Whether asyncredlock made ``client`` and must close it.
         node_timeout: Silence after which the master counts as silent.
         socket_timeout: Silence after which a connection is dropped.
@@ -40,12 +42,14 @@ class Node:
         *,
         opener: Opener | None = None,
         client: Any = None,
+        listen_opener: Opener | None = None,
         owned: bool = False,
         node_timeout: float = 0.1,
         socket_timeout: float = 5.0,
     ) -> None:
         self.name = name
         self.opener = opener
+        self.listen_opener = listen_opener or opener
         self.client = client
         self.owned = owned
         self.link: Link | None = None

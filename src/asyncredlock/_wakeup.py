@@ -10,7 +10,9 @@ comes first: a lost message costs at most one retry delay.
 
 The subscriptions have a connection of their own per master, opened like the
 command connection (redis-py's settings, then a hiredis protocol owns the socket),
-never one taken from the command path.
+never one taken from the command path. For a Redis Cluster master it goes to one
+node of the cluster, any node: a ``PUBLISH`` there reaches every node (see
+``ClusterOpener``).
 
 A waiter of one resource that was refused is queued on the masters (see
 ``acquire.lua``) under an id that names its client (``w:<client>:<random>``). Each
@@ -124,10 +126,10 @@ class _Listener:
         on_message: Callable[[int, str, bytes], None],
         on_lost: Callable[[str | None], None],
     ) -> None:
-        assert node.opener is not None
+        assert node.listen_opener is not None
         self.index = index
         self.name = node.name
-        self.opener = node.opener
+        self.opener = node.listen_opener
         self.on_message = on_message
         self.on_lost = on_lost
         self.unconfirmed: set[str] = set()  # resubscribed after a loss, not confirmed
@@ -209,8 +211,8 @@ class Waker:
     """Subscriptions, queues of waiting acquisitions, and wake-ups for one redlock.
 
     Args:
-        nodes: The masters; cluster masters get no listener (their waiters rely
-            on the retry delay).
+        nodes: The masters; one listener each, on the connection its
+            ``listen_opener`` opens (for a cluster master, one of its nodes).
         confirm_within: How long `enroll` waits for masters to confirm a subscription.
         quorum: How many confirmations `enroll` waits for: a release deletes on
             a quorum of masters, so a quorum of subscriptions shares a master
@@ -224,7 +226,9 @@ class Waker:
         self.confirm_within = confirm_within
         self.quorum = quorum
         self.listeners = [
-            _Listener(node, i, self._on_message, self._on_lost) if node.opener is not None else None
+            _Listener(node, i, self._on_message, self._on_lost)
+            if node.listen_opener is not None
+            else None
             for i, node in enumerate(nodes)
         ]
         self.queues: dict[str, Line[Ticket]] = {}

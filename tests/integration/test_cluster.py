@@ -27,6 +27,7 @@ from asyncredlock.testing import (
     Waits,
     client_state,
 )
+from asyncredlock.testing._slots import wait_until
 from asyncredlock.testing._support import resp_call
 
 from . import test_fencing, test_lock, test_rwlock
@@ -37,6 +38,10 @@ pytestmark = pytest.mark.anyio
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 CLUSTERS = 3  # masters, each a cluster of SHARDS primaries
 SHARDS = 3
+PATIENT = 60.0  # a retry delay no test waits out: only a wake-up moves the waiter
+#: node_timeout of a waiter that must be handed the key: it sends hand-over terms only
+#: once its inbox subscription is confirmed, which it waits for up to node_timeout
+CONFIRM = 5.0
 NODE_TIMEOUT = 1.0  # seconds; the clusters with replicas, which the tests fail over
 SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}
 
@@ -272,16 +277,15 @@ class TestLock:
             for client in (first, second):
                 await client.settle()
 
-    async def test_a_waiter_gets_the_lock_by_retrying_after_the_release(
-        self, masters: Masters
-    ) -> None:
-        """Cluster masters give waiters no subscription: no release is heard, the
-        waiter's next retry finds the lock free."""
+    async def test_a_waiter_is_woken_by_the_release(self, masters: Masters) -> None:
+        """A waiter subscribes on one node of each cluster: a release's PUBLISH
+        reaches every node, so it is woken by the release, not by a retry."""
         async with (
             AsyncRedlock(masters.given) as holder,
-            AsyncRedlock(masters.given, retry_delay=0.05) as waiter,
+            AsyncRedlock(masters.given, retry_delay=PATIENT) as waiter,
         ):
             lease = await holder.lock("wait").acquire()
+            await holder.settle()  # held on every cluster, not only a quorum
             got: list[Lease] = []
             with Waits(waiter) as waits, anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
@@ -290,21 +294,52 @@ class TestLock:
                         got.append(await waiter.lock("wait", timeout=HANG_GUARD).acquire())
 
                     tg.start_soon(take)
-                    await waits.reach(1)  # refused once: it waits for its retry
-                    assert client_state(waiter).subscribed == (False,) * CLUSTERS
+                    await waits.reach(1)  # refused once: it listens for the release
+                    await waiter.settle()  # its attempt reached every cluster
+                    assert client_state(waiter).subscribed == (True,) * CLUSTERS
                     await lease.release()
             assert got[0].token is not None
             assert lease.token is not None
             assert got[0].token > lease.token
-            assert waiter.statistics().wakeups == 0  # its retry, not a wake-up
+            assert waits.woken == 1  # the release, not its retry delay
             await got[0].release()
+
+    async def test_a_queued_waiter_of_another_client_is_handed_the_key(
+        self, masters: Masters
+    ) -> None:
+        """The release hands the key to the first queued waiter on each cluster
+        and tells its inbox: it holds the lease with no attempt of its own."""
+        async with (
+            AsyncRedlock(masters.given) as holder,
+            AsyncRedlock(masters.given, retry_delay=PATIENT, node_timeout=CONFIRM) as waiter,
+        ):
+            lease = await holder.lock("handed").acquire()
+            await holder.settle()  # held on every cluster, not only a quorum
+            got: list[Lease] = []
+            with Waits(waiter) as waits, anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        got.append(await waiter.lock("handed", timeout=HANG_GUARD).acquire())
+
+                    tg.start_soon(take)
+                    await waits.reach(1)
+                    await waiter.settle()  # queued on every cluster, not only a quorum
+                    await lease.release()
+            assert got[0].statistics().source == "hand-over"
+            for client in (holder, waiter):
+                await client.settle()  # the release's and the hand-over's last calls
+            assert await masters.holding("handed") == CLUSTERS
+            await got[0].release()
+            await waiter.settle()
+            assert await masters.holding("handed") == 0
 
     async def test_a_waiting_writer_gets_the_lock_after_the_readers_leave(
         self, masters: Masters
     ) -> None:
         async with (
             AsyncRedlock(masters.given) as readers,
-            AsyncRedlock(masters.given, retry_delay=0.05) as writers,
+            AsyncRedlock(masters.given, retry_delay=PATIENT) as writers,
         ):
             held = [await readers.rwlock("page").read().acquire() for _ in range(2)]
             got: list[Lease] = []
@@ -320,8 +355,55 @@ class TestLock:
                     assert got == []  # one reader is left
                     await held[1].release()
             assert not got[0].shared
-            assert writers.statistics().wakeups == 0
+            assert waits.woken >= 1  # the last reader's release, not a retry
             await got[0].release()
+
+    async def test_a_subscription_whose_node_is_lost_moves_to_another_node(
+        self, mixed: Masters, replicated: ServerCluster
+    ) -> None:
+        """The node that carries a waiter's subscription to a cluster dies: the
+        listener subscribes again on another node of that cluster, and the
+        release is heard there."""
+        async with (
+            AsyncRedlock(mixed.given) as holder,
+            AsyncRedlock(mixed.given, retry_delay=PATIENT) as waiter,
+        ):
+            lease = await holder.lock("resubscribed").acquire()
+            await holder.settle()  # held on every cluster, not only a quorum
+            got: list[Lease] = []
+            with Waits(waiter) as waits, anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        got.append(await waiter.lock("resubscribed", timeout=HANG_GUARD).acquire())
+
+                    tg.start_soon(take)
+                    await waits.reach(1)
+                    await waiter.settle()
+                    (listening,) = [n for n in replicated.nodes if _subscribed(n)]
+                    listening.kill()
+
+                    def elsewhere() -> str | None:
+                        subscribed = any(_subscribed(n) for n in replicated.nodes)
+                        return None if subscribed else "no node has a subscription"
+
+                    # no event says when the listener is back: a bounded poll
+                    await anyio.to_thread.run_sync(
+                        wait_until, elsewhere, HANG_GUARD, "the listener on another node"
+                    )
+                    await lease.release()
+            assert waits.woken >= 1
+            await got[0].release()
+
+
+def _subscribed(node: ServerProcess) -> bool:
+    """Whether a pub/sub connection is open on ``node`` (a running one)."""
+    if not node.running:
+        return False
+    listed = resp_call(node.port, "CLIENT", "LIST", "TYPE", "pubsub", timeout=2.0)
+    if isinstance(listed, bytes):
+        listed = listed.decode()
+    return isinstance(listed, str) and bool(listed.strip())
 
 
 class _Late(RedisCluster):

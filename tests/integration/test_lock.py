@@ -127,7 +127,10 @@ class TestLease:
                     order.append("holder done")
                 order.append("holder released")
             stats = holder.statistics()
-        assert order == ["holder done", "holder released", "other acquired"]
+        # The other acquires only after the holder's work; it may do so before the
+        # holder's release() returns (the masters may hand it the key first).
+        assert order[0] == "holder done"
+        assert sorted(order[1:]) == ["holder released", "other acquired"]
         assert stats.extensions >= 6
         assert stats.lost == 0
 
