@@ -163,9 +163,10 @@ class _Listener:
     async def _run(self) -> None:
         while self.channels:
             connection = _Subscription(self)
+            opened = False
             try:
                 await self.opener(connection)
-                self.connection = connection
+                self.connection, opened = connection, True
                 connection.send("SUBSCRIBE", *self.channels)
                 await connection.closed
             except Exception as exc:
@@ -178,7 +179,8 @@ class _Listener:
                 self.confirmed = {}
                 if connection.transport is not None:
                     connection.transport.abort()
-            self.on_lost(None)
+            if opened:  # a failed reconnection lost nothing more: it wakes nobody
+                self.on_lost(None)
             await asyncio.sleep(RECONNECT_DELAY)
             loop = asyncio.get_running_loop()
             for channel in self.channels:

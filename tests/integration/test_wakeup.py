@@ -6,12 +6,16 @@ guard was woken, not its timer. The counters in ``statistics()`` say by what.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
+from asyncredlock._transport import Stream
 from asyncredlock.testing import ServerGroup, Waits, client_state
+from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
 
@@ -155,6 +159,39 @@ class TestSubscriptions:
             assert len(got) == 1
             await got[0].release()
 
+    async def test_a_master_that_stays_down_wakes_its_waiters_once(
+        self, make_servers: MakeServers
+    ) -> None:
+        """A master goes down while a waiter waits: losing its subscription wakes
+        the waiter (a release may have gone unheard), but the reconnections that
+        fail after it wake nobody, or the waiter would retry at each one (every
+        0.2 s) instead of waiting for a release or its retry delay."""
+        group = make_servers(3)
+        async with (
+            AsyncRedlock(group.urls) as holder,
+            AsyncRedlock(group.urls, retry_delay=NEVER) as waiter,
+        ):
+            probe = Waits(waiter)
+            lease = await holder.lock("down", ttl=NEVER).acquire()
+            failures = _FailedReconnections(waiter, 2, count=5)
+            got: list[Lease] = []
+
+            async def wait() -> None:
+                got.append(await waiter.lock("down", timeout=HANG_GUARD).acquire())
+
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait)
+                    await probe.reach(1)
+                    before = waiter.statistics().attempts
+                    group[2].kill()
+                    await failures.reached.wait()
+                    attempts = waiter.statistics().attempts - before
+                    await lease.release()
+            assert attempts == 1  # woken by the loss, not by each failed reconnection
+            assert len(got) == 1  # woken by the release on the other two
+            await got[0].release()
+
     async def test_closing_the_redlock_closes_its_subscriptions(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
@@ -179,3 +216,23 @@ class TestSubscriptions:
             await waiter.aclose()
             assert await direct.client_list(_type="pubsub") == []
             await lease.release()
+
+
+class _FailedReconnections:
+    """Counts the failed connection attempts of ``redlock``'s subscription to
+    master ``index``; `reached` is set once ``count`` of them failed."""
+
+    def __init__(self, redlock: AsyncRedlock, index: int, *, count: int) -> None:
+        listener: Any = redlock._core.waker.listeners[index]
+        self.opener, listener.opener = listener.opener, self
+        self.left = count
+        self.reached = anyio.Event()
+
+    async def __call__(self, protocol: Stream) -> None:
+        try:
+            await self.opener(protocol)
+        except Exception:
+            self.left -= 1
+            if self.left == 0:
+                self.reached.set()
+            raise
