@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any, cast
@@ -81,8 +82,10 @@ class ClusterOpener:
 
     A ``PUBLISH`` (a release's announcement) in a cluster is passed to every node
     over the cluster bus, so a subscription on any one node hears the releases of
-    every slot. Each call takes the next node the client knows of, so that after a
-    node is lost the listener comes back on another one.
+    every slot. The first call takes a node at random (so that the clients of a
+    cluster spread their subscriptions over its nodes), each later one the next
+    node the client knows of, so that after a node is lost the listener comes back
+    on another one.
 
     Args:
         client: The ``RedisCluster`` (or ``ValkeyCluster``) client of the master.
@@ -92,7 +95,7 @@ class ClusterOpener:
     def __init__(self, client: Any, connect_timeout: float) -> None:
         self.client = client
         self.connect_timeout = connect_timeout
-        self.turn = 0
+        self.turn = secrets.randbelow(1 << 16)
 
     async def __call__(self, protocol: Stream) -> None:
         nodes = self.client.get_nodes()
