@@ -13,7 +13,8 @@ import pytest
 from redis.asyncio import Redis, RedisCluster
 
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, QuorumUnavailableError
-from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing import ServerGroup, ServerProcess, Waits
+from asyncredlock.testing._support import resp_call
 
 #: A fence count far above the masters' clocks (microseconds in the year 2223): the
 #: clock floor of ``fence.lua`` never lifts a counter set there.
@@ -191,3 +192,10 @@ class Heard(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith(self.prefix):
             self.event.set()
+
+
+def cut_off_replica(primary: ServerProcess, replica: ServerProcess) -> None:
+    """Freeze ``replica`` and drop its link: ``primary``'s writes from now on reach
+    it no more (it cannot reconnect while frozen), so a failover to it loses them."""
+    replica.pause()
+    resp_call(primary.port, "CLIENT", "KILL", "TYPE", "replica", timeout=2.0)

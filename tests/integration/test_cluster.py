@@ -31,7 +31,7 @@ from asyncredlock.testing._slots import wait_until
 from asyncredlock.testing._support import resp_call
 
 from . import test_fencing, test_lock, test_rwlock
-from .conftest import Masters
+from .conftest import Masters, cut_off_replica
 
 pytestmark = pytest.mark.anyio
 
@@ -656,7 +656,7 @@ class TestFailover:
             earlier = await holder.lock("failing").acquire()
             await earlier.release()
             await holder.settle()
-            _cut_off(shard)
+            cut_off_replica(*shard[1:])
             lease = await holder.lock("failing", auto_extend=False).acquire()
             await holder.settle()  # every master answered: no SET is retried later
             await _fail_over(replicated, shard)
@@ -694,7 +694,7 @@ class TestFailover:
         await direct.set("{stale}:fence", start)
         assert await direct.wait(1, HANG_GUARD * 1000) == 1
         await direct.aclose()
-        _cut_off(shard)
+        cut_off_replica(*shard[1:])
         async with AsyncRedlock(mixed.given) as holder, AsyncRedlock(mixed.given) as rival:
             await mixed.clients[2].set("stale", "another holder", px=HANG_GUARD * 1000)
             first = await holder.lock("stale", auto_extend=False).acquire()
@@ -722,14 +722,6 @@ def _shard(cluster: ServerCluster, name: str) -> Shard:
     primary = cluster.primary_for(slot)
     (replica,) = cluster.replicas_of(primary)
     return slot, primary, replica
-
-
-def _cut_off(shard: Shard) -> None:
-    """Freeze the replica and drop its link: the primary's writes from now on reach
-    it no more (it cannot reconnect while frozen)."""
-    _, primary, replica = shard
-    replica.pause()
-    resp_call(primary.port, "CLIENT", "KILL", "TYPE", "replica", timeout=2.0)
 
 
 async def _fail_over(cluster: ServerCluster, shard: Shard) -> None:

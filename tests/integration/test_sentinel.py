@@ -17,8 +17,10 @@ from redis.asyncio import Redis
 from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock.__main__ import main
 from asyncredlock.testing import SentinelProcess, ServerGroup, ServerProcess, Waits
-from asyncredlock.testing._support import connected_clients, resp_call
+from asyncredlock.testing._support import connected_clients
 from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .conftest import cut_off_replica
 
 pytestmark = pytest.mark.anyio
 
@@ -180,10 +182,8 @@ class Replicated:
                     assert await client.wait(1, HANG_GUARD * 1000) == 1
 
     def cut_off(self) -> None:
-        """Freeze the replica and drop its link: the primary's writes from now on
-        reach it no more (it cannot reconnect while frozen)."""
-        self.replica.pause()
-        resp_call(self.servers[0].port, "CLIENT", "KILL", "TYPE", "replica", timeout=2.0)
+        """The replica misses the primary's writes from now on (`cut_off_replica`)."""
+        cut_off_replica(self.servers[0], self.replica)
 
     async def fail_over(self) -> None:
         """Kill the primary, let the replica go on, wait until the sentinel has
