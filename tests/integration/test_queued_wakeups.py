@@ -69,7 +69,8 @@ class TestAnnouncement:
         try:
             async with (
                 AsyncRedlock(servers.urls) as holder,
-                clients(servers.urls, 3, retry_delay=PATIENT) as waiters,
+                # each waiter must be handed the key: its inbox confirmed in time (CONFIRM)
+                clients(servers.urls, 3, retry_delay=PATIENT, node_timeout=CONFIRM) as waiters,
             ):
                 held = await holder.lock("line").acquire()
                 waiting = Waiting(waiters)
