@@ -25,7 +25,9 @@ from ._protocol import (
     classify_acquire,
     classify_commit,
     fence_tokens,
+    handed_already,
     holder_expires_in,
+    settled_grant,
 )
 from ._quorum import Decision, Round
 from ._refusal import acquisition_error, refusal
@@ -97,6 +99,7 @@ class Acquisition:
         "counters",
         "deadline",
         "entry",
+        "found",
         "granted",
         "handed_by",
         "inbox_only",
@@ -131,6 +134,9 @@ class Acquisition:
         self.inbox_only = not spec.shared and (spec.fair or not spec.queued)
         self.acquired = False
         self.handed_by: frozenset[int] = frozenset()  # the masters that handed it the lease
+        # masters whose attempt reply said they had handed it the key (a release it
+        # did not hear of): until when the key surely lives there, and its count
+        self.found: dict[int, tuple[float, int]] = {}
         self.attempts = 0  # rounds sent to the masters
         self.granted: int | None = None  # masters that granted the latest round
 
@@ -170,9 +176,9 @@ class Acquisition:
             first = False
             if refusal(outcome.decision) is not None:
                 raise self._failure(outcome)  # an ACL or a certificate: retrying cannot help
+            if self._was_handed():
+                continue  # handed the lock (heard, or found by the attempt): take it
             if self.deadline - core.clock() <= 0:
-                if self._was_handed():
-                    continue  # handed the lock meanwhile: take it (top of the loop)
                 raise self._failure(outcome)
             refuse_if_closing(core)
             self._contended()
@@ -182,7 +188,9 @@ class Acquisition:
             await self._pause(outcome)
 
     def _was_handed(self) -> bool:
-        return self.ticket is not None and len(self.ticket.handed) >= self.core.quorum
+        ticket = self.ticket
+        handed = self.found.keys() if ticket is None else ticket.handed.keys() | self.found
+        return len(handed) >= self.core.quorum
 
     async def _enroll_early(self) -> None:
         """Its inbox is listened to already: a release after the next attempt
@@ -275,9 +283,11 @@ class Acquisition:
         A master hands the key over (``release.lua``) with the terms of the last
         attempt it queued the waiter with, so after that attempt was sent: the key
         lives there at least until that attempt's start plus the hand-over TTL, by
-        this client's clock (less the drift allowance). The validity is the
-        quorum-th longest of those. With fencing, the token is the largest count a
-        master returned, committed in a second round unless a quorum returned it.
+        this client's clock (less the drift allowance); where an attempt found it
+        handed already (the announcement unheard), that attempt's start plus the
+        key's PTTL read back. The validity is the quorum-th longest of those. With
+        fencing, the token is the largest count a master returned (or, found,
+        holds), committed in a second round unless a quorum returned it.
         """
         if not self._was_handed():
             return None
@@ -288,9 +298,9 @@ class Acquisition:
         live = self._live_hand_overs(entry, ticket)
         if len(live) < core.quorum:
             return None  # the others may still hand it over
-        ticket.handed = {}
+        ticket.handed, self.found = {}, {}
         expiries = sorted((expiry for expiry, _ in live.values()), reverse=True)
-        acquired = [_granted() for _ in core.nodes]
+        acquired = [settled_grant() for _ in core.nodes]
         tokens: tuple[int, ...] | None = None
         usable = True
         if self.spec.fencing:
@@ -321,13 +331,14 @@ class Acquisition:
         forgotten, or as good as expired) are given back."""
         core = self.core
         now = core.clock()
-        live: dict[int, tuple[float, int]] = {}
+        self.found = {i: found for i, found in self.found.items() if found[0] > now}
+        live = dict(self.found)
         for i, (attempt, count) in ticket.handed.items():
             start = self.starts.get(attempt)
             if start is not None and (expiry := core.expiry(start, entry.handover_ttl)) > now:
-                live[i] = (expiry, count)
+                live[i] = max(live.get(i, (expiry, count)), (expiry, count))
         core.drop_handed(self.key, entry, [i for i in ticket.handed if i not in live])
-        ticket.handed = {i: ticket.handed[i] for i in live}
+        ticket.handed = {i: each for i, each in ticket.handed.items() if i in live}
         return live
 
     async def _attempt(self, queue: bool, *, terms: bool) -> Lease | _Failed:
@@ -366,11 +377,17 @@ class Acquisition:
             return make_lease(core, spec, value, expires_at, rnd.tasks, tokens, taken=taken)
         core.counters.failed_attempts += 1
         core.undo(spec.target.keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
-        free_in = holder_expires_in(rnd.tasks)
-        if decision.reached:
+        self._note_handed(rnd.tasks, start)
+        expired = decision.reached
+        if expired:
             decision = _expired(decision, core.clock() - start, spec.ttl)
-            return _Failed(decision, expired=True, free_in=free_in)
-        return _Failed(decision, expired=False, free_in=free_in)
+        return _Failed(decision, expired=expired, free_in=holder_expires_in(rnd.tasks))
+
+    def _note_handed(self, replies: Sequence[asyncio.Future[Reply]], start: float) -> None:
+        """The masters whose reply to the attempt sent at ``start`` says they
+        handed it the key already (a release it did not hear of)."""
+        for i, (pttl, count) in handed_already(replies).items():
+            self.found[i] = (self.core.expiry(start, pttl / 1000), count)
 
     def _remember(self, value: str, start: float) -> None:
         """When the attempt holding ``value`` was sent: it may leave hand-over terms."""
@@ -412,15 +429,6 @@ def refuse_if_closing(core: Core) -> None:
     """No lease is made once ``aclose()`` began (it would never be released)."""
     if core.closing:
         raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
-
-
-def _granted() -> asyncio.Future[Reply]:
-    """A settled "granted" reply: what a lease handed over by the masters records
-    for every master, so that its release and extension go to all of them (the
-    scripts change nothing where the key does not hold its value)."""
-    future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-    future.set_result(Reply([1]))
-    return future
 
 
 def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:

@@ -22,9 +22,11 @@ __all__ = [
     "classify_flag",
     "fence_tokens",
     "granted",
+    "handed_already",
     "holder_expires_in",
     "may_be_queued",
     "ms",
+    "settled_grant",
 ]
 
 
@@ -61,6 +63,15 @@ def ms(seconds: float) -> int:
 def granted(reply: Reply) -> bool:
     """Whether an acquire reply says the master took the lock."""
     return reply.error is None and int(reply.value[0]) == 1
+
+
+def settled_grant() -> asyncio.Future[Reply]:
+    """A settled "granted" reply: what a lease handed over by the masters records
+    for every master, so that its release and extension go to all of them (the
+    scripts change nothing where the key does not hold its value)."""
+    future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    future.set_result(Reply([1]))
+    return future
 
 
 def fence_tokens(
@@ -116,6 +127,21 @@ def holder_expires_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
     if not pttls:
         return math.inf
     return pttls[len(pttls) // 2] / 1000
+
+
+def handed_already(replies: Sequence[asyncio.Future[Reply]]) -> dict[int, tuple[int, int]]:
+    """From an acquisition round's replies: the masters that had handed the key to
+    this waiter in a release it did not hear of ("already handed to this waiter"),
+    each with the key's time to live in ms and the fence count it was handed."""
+    found: dict[int, tuple[int, int]] = {}
+    for index, future in enumerate(replies):
+        reply = future.result() if future.done() else None
+        if reply is None or reply.error is not None or len(reply.value) < 5:
+            continue
+        code, pttl, _, why, count = reply.value[:5]
+        if int(code) == 0 and int(why) == _HANDED and int(pttl) > 0:
+            found[index] = (int(pttl), int(count))
+    return found
 
 
 def may_be_queued(future: asyncio.Future[Reply]) -> bool:

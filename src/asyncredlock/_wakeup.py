@@ -6,8 +6,8 @@ master through one shared pub/sub connection per master (per ``AsyncRedlock``), 
 it retries once right after the subscriptions are confirmed, so a release that came
 before them is seen by that attempt and one that comes after is announced. Between
 later attempts it waits for a notification or its jittered retry delay, whichever
-comes first: a lost message costs at most one retry delay (a lost hand-over message,
-up to the handed key's first PX: see ``docs/algorithm.md``).
+comes first: a lost message costs at most one retry delay (a lost hand-over message
+too: the next attempt finds the key handed, see ``docs/algorithm.md``).
 
 The subscriptions have a connection of their own per master, opened like the
 command connection (redis-py's settings, then a hiredis protocol owns the socket),

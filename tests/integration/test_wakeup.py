@@ -128,17 +128,18 @@ class TestSubscriptions:
         assert stats.wakeups == 1
         assert (stats.acquisitions, stats.handoffs) == (1, 9)
 
+    @pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
     async def test_a_lost_subscription_still_acquires_and_listens_again(
-        self, servers: ServerGroup, masters: Masters
+        self, servers: ServerGroup, masters: Masters, fair: bool
     ) -> None:
         """The subscription connections are killed on every master while a waiter
         waits, with no retry timer to save it: the loss wakes it, and so does each
         new subscription once confirmed. The release here comes while nobody
         listens, and it hands the key to the queued waiter, whose announcement is
-        lost: the waiter's own attempts are then refused ("already handed to this
-        waiter") until the handed key expires (at most its lock's ttl), and it gets
-        the lock at that expiry, not at the release. A known limit: a hand-over
-        unheard costs up to the waiter's ttl."""
+        lost: the waiter's next attempt finds the key handed to it ("already handed
+        to this waiter", with the key's PTTL and fence count) and takes the lease
+        from those answers, long before the handed key (its lock's ttl here, an
+        hour) would expire."""
         async with (
             AsyncRedlock(servers.urls) as holder,
             AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
@@ -148,7 +149,8 @@ class TestSubscriptions:
             got: list[Lease] = []
 
             async def wait() -> None:
-                got.append(await waiter.lock("killed", ttl=2.0, timeout=HANG_GUARD).acquire())
+                lock = waiter.lock("killed", ttl=NEVER, timeout=HANG_GUARD, fair=fair)
+                got.append(await lock.acquire())
 
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
@@ -161,7 +163,15 @@ class TestSubscriptions:
             stats = waiter.statistics()
             assert stats.failed_attempts >= 2  # it did wait, and was woken without a timer
             assert len(got) == 1
-            await got[0].release()
+            handed = got[0]
+            assert handed.statistics().source == "hand-over"
+            assert handed.token is not None
+            assert lease.token is not None
+            assert handed.token > lease.token
+            values = [await client.get("killed") for client in masters.clients]
+            assert values.count(handed.value.encode()) > len(values) // 2  # a quorum holds it
+            await handed.release()
+            assert sum([await client.exists("killed") for client in masters.clients]) == 0
 
     async def test_a_master_that_stays_down_wakes_its_waiters_once(
         self, make_servers: MakeServers

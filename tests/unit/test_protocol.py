@@ -12,6 +12,7 @@ from asyncredlock._protocol import (
     classify_acquire,
     classify_flag,
     fence_tokens,
+    handed_already,
     holder_expires_in,
 )
 from asyncredlock._quorum import NodeSkippedError, Verdict
@@ -80,3 +81,24 @@ class TestReplies:
         replies = settled(Reply([0, 300]), Reply([0, 100]), Reply([0, 200]), Reply([1, 5]))
         assert holder_expires_in(replies) == 0.2
         assert holder_expires_in(settled(Reply([1, 5]), Reply([0, -1]))) == float("inf")
+
+    def test_masters_that_handed_the_key_already_give_its_pttl_and_count(self) -> None:
+        """Code 4 ("already handed to this waiter") with a live key counts; other
+        refusals, grants, a key without time left, errors and calls still out do not."""
+        loop = asyncio.new_event_loop()
+        try:
+            out: asyncio.Future[Reply] = loop.create_future()
+        finally:
+            loop.close()
+        replies = [
+            *settled(
+                Reply([0, 900, 0, 4, b"1795825684000064"]),
+                Reply([0, 900, 0, 3]),
+                Reply([1, 7]),
+                Reply([0, 0, 0, 4, b"5"]),
+                Reply(error=RedisConnectionError("reset")),
+                Reply([0, 450, 0, 4, b"0"]),
+            ),
+            out,
+        ]
+        assert handed_already(replies) == {0: (900, 1795825684000064), 5: (450, 0)}

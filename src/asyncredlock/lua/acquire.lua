@@ -22,8 +22,9 @@
 -- when another holder has one of the resources, {0, ms, queued, 2} when readers hold
 -- one (ms until the last entry lapses), {0, -1, queued, 3} when the lock is free but
 -- an earlier waiter is queued, {-1} when the attempt was already undone here (its SET
--- arrived late), {0, pttl, 0, 4} when the key was already handed to this waiter (see
--- release.lua; left alone). queued is 1 when the waiter's entry is in the queue.
+-- arrived late), {0, pttl, 0, 4, count} when the key was already handed to this waiter
+-- (see release.lua; left alone; count is its fence counter, '0' without fencing).
+-- queued is 1 when the waiter's entry is in the queue.
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
@@ -91,7 +92,13 @@ if queue and redis.call('EXISTS', expiries) == 1 then
   purge(queue, expiries, terms, clock())
 end
 if handover and redis.call('GET', KEYS[1]) == handover then
-  return {0, redis.call('PTTL', KEYS[1]), 0, 4}
+  -- with the fence count the release handed it (nothing counts it on while the key
+  -- is held): the waiter that missed the announcement takes the lease from these
+  local count = '0'
+  if ARGV[3] ~= '0' then
+    count = redis.call('GET', KEYS[3]) or '0'
+  end
+  return {0, redis.call('PTTL', KEYS[1]), 0, 4, count}
 end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then

@@ -20,9 +20,9 @@
 -- Returns {1} when granted ({1, counter} with fencing), {0, ms left, queued, why}
 -- when refused (why: 1 a writer holds the key, 2 readers hold it (ms until the last
 -- entry lapses), 3 an earlier writer is queued (ms left -1)), {-1} when the attempt
--- was already undone here (it arrived late), {0, pttl, 0, 4} when the key was already
--- handed to this writer (left alone). queued is 1 when the waiter's entry is
--- in the queue. Both queue keys and the readers key expire with their latest entry.
+-- was already undone here (it arrived late), {0, pttl, 0, 4, count} when the key was
+-- already handed to this writer (left alone; count is its fence counter, '0' without
+-- fencing). queued is 1 when the waiter's entry is in the queue. Both queue keys and the readers key expire with their latest entry.
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
 -- fence_count() (fence.lua).
 if redis.replicate_commands then
@@ -38,7 +38,13 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 purge(KEYS[5], KEYS[6], KEYS[7], now)
 local handover = not reader and ARGV[9]
 if handover and redis.call('GET', KEYS[1]) == handover then
-  return {0, redis.call('PTTL', KEYS[1]), 0, 4}
+  -- with the fence count the release handed it (nothing counts it on while the key
+  -- is held): the waiter that missed the announcement takes the lease from these
+  local count = '0'
+  if ARGV[3] ~= '0' then
+    count = redis.call('GET', KEYS[3]) or '0'
+  end
+  return {0, redis.call('PTTL', KEYS[1]), 0, 4, count}
 end
 local queued = ARGV[8] == '1' or redis.call('EXISTS', KEYS[5]) == 1
 local q = 0
