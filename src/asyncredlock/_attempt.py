@@ -14,7 +14,7 @@ import anyio
 
 from ._config import LockSpec
 from ._core import Core
-from ._errors import NodeOutcome, RedlockError
+from ._errors import RedlockError
 from ._keys import channel, holder_value
 from ._lease import Lease
 from ._log import log_acquired
@@ -24,6 +24,7 @@ from ._protocol import (
     QueueTrace,
     classify_acquire,
     classify_commit,
+    expired_decision,
     fence_tokens,
     handed_already,
     holder_expires_in,
@@ -188,9 +189,8 @@ class Acquisition:
             await self._pause(outcome)
 
     def _was_handed(self) -> bool:
-        ticket = self.ticket
-        handed = self.found.keys() if ticket is None else ticket.handed.keys() | self.found
-        return len(handed) >= self.core.quorum
+        ticket = self.ticket  # terms (so hand-overs) only once enrolled
+        return ticket is not None and len(ticket.handed.keys() | self.found) >= self.core.quorum
 
     async def _enroll_early(self) -> None:
         """Its inbox is listened to already: a release after the next attempt
@@ -377,17 +377,27 @@ class Acquisition:
             return make_lease(core, spec, value, expires_at, rnd.tasks, tokens, taken=taken)
         core.counters.failed_attempts += 1
         core.undo(spec.target.keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
-        self._note_handed(rnd.tasks, start)
+        await self._note_handed(rnd.tasks, start)
         expired = decision.reached
         if expired:
-            decision = _expired(decision, core.clock() - start, spec.ttl)
+            decision = expired_decision(decision, core.clock() - start, spec.ttl)
         return _Failed(decision, expired=expired, free_in=holder_expires_in(rnd.tasks))
 
-    def _note_handed(self, replies: Sequence[asyncio.Future[Reply]], start: float) -> None:
+    async def _note_handed(self, replies: Sequence[asyncio.Future[Reply]], start: float) -> None:
         """The masters whose reply to the attempt sent at ``start`` says they
-        handed it the key already (a release it did not hear of)."""
+        handed it the key already (a release it did not hear of). The round was
+        decided without some replies: when those could make a quorum of such
+        masters, they are waited for (up to ``node_timeout``), or a waiter whose
+        quick masters refuse would miss the hand-over every time."""
+        core, out = self.core, [reply for reply in replies if not reply.done()]
+        known = self.found.keys() | handed_already(replies).keys()
+        if self.ticket is not None:
+            known |= self.ticket.handed.keys()
+        if known and out and len(known) < core.quorum <= len(known) + len(out):
+            await asyncio.wait(out, timeout=core.settings.node_timeout)
         for i, (pttl, count) in handed_already(replies).items():
-            self.found[i] = (self.core.expiry(start, pttl / 1000), count)
+            if (expiry := core.expiry(start, pttl / 1000)) > core.clock():
+                self.found[i] = (expiry, count)
 
     def _remember(self, value: str, start: float) -> None:
         """When the attempt holding ``value`` was sent: it may leave hand-over terms."""
@@ -429,17 +439,3 @@ def refuse_if_closing(core: Core) -> None:
     """No lease is made once ``aclose()`` began (it would never be released)."""
     if core.closing:
         raise RuntimeError("this AsyncRedlock was closed while acquire() waited")
-
-
-def _expired(decision: Decision, elapsed: float, ttl: float) -> Decision:
-    """A quorum that came too late: say so in every granting master's outcome."""
-    note = f"granted, but validity was used up ({elapsed:.3f} s elapsed of ttl {ttl:g} s)"
-    outcomes = tuple(NodeOutcome(o.node, False, note) if o.ok else o for o in decision.outcomes)
-    return Decision(
-        0,
-        decision.yes + decision.no,
-        decision.failed,
-        outcomes,
-        decision.pending,
-        quorum=decision.quorum,
-    )

@@ -8,8 +8,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ._errors import NodeOutcome
 from ._node import Reply
-from ._quorum import NodeSkippedError, Verdict
+from ._quorum import Decision, NodeSkippedError, Verdict
 from ._quorum import describe_error as _describe_error
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "classify_commit",
     "classify_deleted",
     "classify_flag",
+    "expired_decision",
     "fence_tokens",
     "granted",
     "handed_already",
@@ -216,3 +218,17 @@ class QueueTrace:
                 elif may_be_queued(call):
                     self.queued[i] = True
             self.pending[i] = still_out
+
+
+def expired_decision(decision: Decision, elapsed: float, ttl: float) -> Decision:
+    """A quorum that came too late: say so in every granting master's outcome."""
+    note = f"granted, but validity was used up ({elapsed:.3f} s elapsed of ttl {ttl:g} s)"
+    outcomes = tuple(NodeOutcome(o.node, False, note) if o.ok else o for o in decision.outcomes)
+    return Decision(
+        0,
+        decision.yes + decision.no,
+        decision.failed,
+        outcomes,
+        decision.pending,
+        quorum=decision.quorum,
+    )

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
 from asyncredlock._transport import Stream
-from asyncredlock.testing import ServerGroup, Waits, client_state
+from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
@@ -171,7 +171,45 @@ class TestSubscriptions:
             values = [await client.get("killed") for client in masters.clients]
             assert values.count(handed.value.encode()) > len(values) // 2  # a quorum holds it
             await handed.release()
+            await waiter.settle()  # release() returns at quorum: the others' replies too
             assert sum([await client.exists("killed") for client in masters.clients]) == 0
+
+    async def test_a_hand_over_found_on_the_slow_masters_is_waited_for(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Four masters (a quorum of three), two of them 20 ms away: the attempt
+        after the lost announcement is decided by the two quick ones' refusals
+        ("already handed"), before the slow ones say the same. Their replies are
+        waited for (they could make the quorum), or the waiter would miss the
+        hand-over at every attempt, the quick masters answering first each time."""
+        async with (
+            FaultProxy("127.0.0.1", servers[2].port) as far,
+            FaultProxy("127.0.0.1", servers[3].port) as farther,
+        ):
+            urls = [*servers.urls[:2], far.url, farther.url]
+            async with (
+                AsyncRedlock(servers.urls[:4]) as holder,
+                AsyncRedlock(urls, retry_delay=NEVER) as waiter,
+            ):
+                probe = Waits(waiter)
+                lease = await holder.lock("slow", ttl=60.0).acquire()
+                got: list[Lease] = []
+
+                async def wait() -> None:
+                    lock = waiter.lock("slow", ttl=NEVER, timeout=HANG_GUARD)
+                    got.append(await lock.acquire())
+
+                with anyio.fail_after(HANG_GUARD):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(wait)
+                        await probe.reach(1)
+                        far.delay = farther.delay = 0.02
+                        for client in masters.clients[:4]:
+                            await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                        await lease.release()
+                assert len(got) == 1
+                assert got[0].statistics().source == "hand-over"
+                await got[0].release()
 
     async def test_a_master_that_stays_down_wakes_its_waiters_once(
         self, make_servers: MakeServers

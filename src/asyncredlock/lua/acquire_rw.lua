@@ -22,7 +22,8 @@
 -- entry lapses), 3 an earlier writer is queued (ms left -1)), {-1} when the attempt
 -- was already undone here (it arrived late), {0, pttl, 0, 4, count} when the key was
 -- already handed to this writer (left alone; count is its fence counter, '0' without
--- fencing). queued is 1 when the waiter's entry is in the queue. Both queue keys and the readers key expire with their latest entry.
+-- fencing). queued is 1 when the waiter's entry is in the queue. Both queue keys and
+-- the readers key expire with their latest entry.
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
 -- fence_count() (fence.lua).
 if redis.replicate_commands then
