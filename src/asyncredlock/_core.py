@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 from ._config import Settings
@@ -150,10 +150,10 @@ class Core:
         elif loop is not self.loop:
             raise RuntimeError(_OTHER_LOOP)
 
-    async def decide(
+    def decide(
         self, rnd: Round, classify: Classify, *, wait: float | None = None
-    ) -> Decision:
-        """Wait for ``rnd`` until its outcome is decided.
+    ) -> Coroutine[Any, Any, Decision]:
+        """Wait for ``rnd`` until decided (``rnd.decide()``: no coroutine of its own).
 
         With ``wait=None`` (acquisition), a master reported silent (nothing heard
         for ``node_timeout`` with calls out) counts as failed; one that is slow
@@ -167,7 +167,7 @@ class Core:
             timing = self.patient
         else:
             timing = Timing(give_up_silent=False, max_wait=wait)
-        return await rnd.decide(self.quorum, classify, timing)
+        return rnd.decide(self.quorum, classify, timing)
 
     def acquire_round(
         self,

@@ -242,7 +242,10 @@ class Round:
         """
         waiter = _Tally(self, quorum, classify, timing)
         try:
-            await waiter.run()
+            decided = waiter.start()
+            if not decided.done():
+                timing.rounds.add(waiter, decided.get_loop())
+                await decided
         finally:
             waiter.stop()
         return waiter.decision()
@@ -333,7 +336,9 @@ class _Tally:
         self.yes = self.no = self.failed = 0
         self.decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def run(self) -> None:
+    def start(self) -> asyncio.Future[None]:
+        """Count the replies in, hear of the others as they come; the future that
+        is done once the round is decided."""
         nodes = self.rnd.nodes
         for i, task in enumerate(self.rnd.tasks):
             if task.done():
@@ -343,9 +348,7 @@ class _Tally:
         if self.timing.give_up_silent:
             self.on_silent()
         self.check()
-        if not self.decided.done():
-            self.timing.rounds.add(self, self.decided.get_loop())
-            await self.decided
+        return self.decided
 
     def stop(self) -> None:
         self.timing.rounds.discard(self)
