@@ -189,7 +189,8 @@ class TestSubscriptions:
             urls = [*servers.urls[:2], far.url, farther.url]
             async with (
                 AsyncRedlock(servers.urls[:4]) as holder,
-                AsyncRedlock(urls, retry_delay=NEVER) as waiter,
+                # slow, never silent: a busy machine must not turn 20 ms into a skip
+                AsyncRedlock(urls, retry_delay=NEVER, node_timeout=5.0) as waiter,
             ):
                 probe = Waits(waiter)
                 lease = await holder.lock("slow", ttl=60.0).acquire()
