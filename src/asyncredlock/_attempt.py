@@ -390,12 +390,14 @@ class Acquisition:
         masters, they are waited for (up to ``node_timeout``), or a waiter whose
         quick masters refuse would miss the hand-over every time."""
         core, out = self.core, [reply for reply in replies if not reply.done()]
-        known = self.found.keys() | handed_already(replies).keys()
+        found = handed_already(replies)
+        known = self.found.keys() | found.keys()
         if self.ticket is not None:
             known |= self.ticket.handed.keys()
         if known and out and len(known) < core.quorum <= len(known) + len(out):
             await asyncio.wait(out, timeout=core.settings.node_timeout)
-        for i, (pttl, count) in handed_already(replies).items():
+            found = handed_already(replies)
+        for i, (pttl, count) in found.items():
             if (expiry := core.expiry(start, pttl / 1000)) > core.clock():
                 self.found[i] = (expiry, count)
 

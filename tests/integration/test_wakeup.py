@@ -6,6 +6,7 @@ guard was woken, not its timer. The counters in ``statistics()`` say by what.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -144,26 +145,11 @@ class TestSubscriptions:
             AsyncRedlock(servers.urls) as holder,
             AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
         ):
-            probe = Waits(waiter)
-            lease = await holder.lock("killed", ttl=60.0).acquire()
-            got: list[Lease] = []
-
-            async def wait() -> None:
-                lock = waiter.lock("killed", ttl=NEVER, timeout=HANG_GUARD, fair=fair)
-                got.append(await lock.acquire())
-
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(wait)
-                    await probe.reach(1)
-                    for client in masters.clients:
-                        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-                    await lease.release()
-                assert waiter.statistics().held == 1
+            lease, handed = await _hand_over_unheard(
+                holder, waiter, "killed", masters.clients, fair=fair
+            )
             stats = waiter.statistics()
             assert stats.failed_attempts >= 2  # it did wait, and was woken without a timer
-            assert len(got) == 1
-            handed = got[0]
             assert handed.statistics().source == "hand-over"
             assert handed.token is not None
             assert lease.token is not None
@@ -192,25 +178,15 @@ class TestSubscriptions:
                 # slow, never silent: a busy machine must not turn 20 ms into a skip
                 AsyncRedlock(urls, retry_delay=NEVER, node_timeout=5.0) as waiter,
             ):
-                probe = Waits(waiter)
-                lease = await holder.lock("slow", ttl=60.0).acquire()
-                got: list[Lease] = []
 
-                async def wait() -> None:
-                    lock = waiter.lock("slow", ttl=NEVER, timeout=HANG_GUARD)
-                    got.append(await lock.acquire())
+                def slow_down() -> None:
+                    far.delay = farther.delay = 0.02
 
-                with anyio.fail_after(HANG_GUARD):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(wait)
-                        await probe.reach(1)
-                        far.delay = farther.delay = 0.02
-                        for client in masters.clients[:4]:
-                            await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-                        await lease.release()
-                assert len(got) == 1
-                assert got[0].statistics().source == "hand-over"
-                await got[0].release()
+                _, handed = await _hand_over_unheard(
+                    holder, waiter, "slow", masters.clients[:4], then=slow_down
+                )
+                assert handed.statistics().source == "hand-over"
+                await handed.release()
 
     async def test_a_master_that_stays_down_wakes_its_waiters_once(
         self, make_servers: MakeServers
@@ -289,3 +265,37 @@ class _FailedReconnections:
             if self.left == 0:
                 self.reached.set()
             raise
+
+
+async def _hand_over_unheard(
+    holder: AsyncRedlock,
+    waiter: AsyncRedlock,
+    name: str,
+    clients: list[Redis],
+    *,
+    fair: bool = False,
+    then: Callable[[], object] = lambda: None,
+) -> tuple[Lease, Lease]:
+    """``holder`` holds ``name``; a task of ``waiter`` (whose lock would live an
+    hour) waits for it until refused once; ``then()``; the subscriptions are killed
+    on the masters of ``clients``, and the release comes while nobody listens, so
+    the hand-over's announcement is lost. The holder's lease and the waiter's."""
+    probe = Waits(waiter)
+    lease = await holder.lock(name, ttl=60.0).acquire()
+    got: list[Lease] = []
+
+    async def wait() -> None:
+        lock = waiter.lock(name, ttl=NEVER, timeout=HANG_GUARD, fair=fair)
+        got.append(await lock.acquire())
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await probe.reach(1)
+            then()
+            for client in clients:
+                await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await lease.release()
+        assert waiter.statistics().held == 1
+    assert len(got) == 1
+    return lease, got[0]
