@@ -124,6 +124,15 @@ class TestServerProcess:
         server.restart(kill=kill)
         assert client(server).get("k") == b"v"
 
+    def test_a_restart_returns_once_the_aof_is_loaded(self, make_servers: MakeServers) -> None:
+        """A server loading its AOF answers INFO but refuses data commands (LOADING):
+        restart() waits until the dataset is loaded."""
+        server = make_servers(1, appendonly=True)[0]
+        fill = "for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'k' .. i, 'v') end"
+        client(server).eval(fill, 0, 300_000)
+        server.restart()
+        assert client(server).get("k300000") == b"v"
+
     def test_restart_can_switch_appendonly_on(self, make_servers: MakeServers) -> None:
         server = make_servers(1)[0]
         server.restart(appendonly=True)

@@ -35,6 +35,7 @@ from ._support import (
     RespError,
     ServerStartError,
     answering_pid,
+    dataset_loaded,
     find_server_binary,
     in_group,
     pick_port,
@@ -175,7 +176,7 @@ class ServerProcess:
         return self._clock
 
     def start(self, timeout: float = 10.0) -> None:
-        """Start the process and wait until it answers on its port.
+        """Start the process and wait until it answers on its port, its dataset loaded.
 
         Does nothing if the process is already running.
 
@@ -250,8 +251,8 @@ class ServerProcess:
     ) -> None:
         """Stop (or kill) the process and start it again on the same port and directory.
 
-        With ``appendonly=True`` before the stop, the AOF brings the data back; without
-        it the server comes back empty.
+        With ``appendonly=True`` before the stop, the AOF brings the data back (it
+        returns once the data is loaded); without it the server comes back empty.
 
         Args:
             appendonly: New AOF setting for the restarted server; None keeps it.
@@ -348,10 +349,11 @@ class ServerProcess:
         registry.processes[self._proc.pid] = self._proc
 
     def _await_ready(self, timeout: float) -> None:
-        """Poll until *our* process answers on the port.
+        """Poll until *our* process answers on the port, its dataset loaded.
 
         Checking the answering ``process_id`` (or its process group) guards against a
-        foreign server that holds the port while ours fails to bind.
+        foreign server that holds the port while ours fails to bind. A server still
+        loading its AOF answers ``INFO`` but refuses data commands (``LOADING``).
         """
         proc = self._require_running_or_exited()
         deadline = time.monotonic() + timeout
@@ -362,7 +364,7 @@ class ServerProcess:
             answering = answering_pid(self._port, timeout=0.1, password=self._password)
             answered = answering is not None and in_group(answering, proc.pid)
             self._check_clock(proc.pid, answered=answered)
-            if answered:
+            if answered and dataset_loaded(self._port, timeout=0.1, password=self._password):
                 self._started_once = True
                 return
             time.sleep(POLL_INTERVAL)

@@ -211,6 +211,19 @@ def answering_pid(port: int, timeout: float, password: str | None = None) -> int
     return None
 
 
+def dataset_loaded(port: int, timeout: float, password: str | None = None) -> bool:
+    """Whether the server on `port` is done loading its dataset (``INFO persistence``
+    does not say ``loading:1``; a sentinel has none). A server loading its AOF or RDB
+    answers ``INFO``, but refuses data commands with ``LOADING`` until then."""
+    try:
+        info = resp_call(port, "INFO", "persistence", timeout=timeout, password=password)
+    except RespError:  # no such section here: nothing to load
+        return True
+    except OSError:
+        return False
+    return not (isinstance(info, bytes) and b"loading:1" in info.splitlines())
+
+
 def in_group(pid: int, group: int) -> bool:
     """Whether process `pid` belongs to the process group `group`."""
     try:
