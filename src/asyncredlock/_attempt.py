@@ -157,10 +157,11 @@ class Acquisition:
         core, spec = self.core, self.spec
         first = True  # the first attempt of this acquire()
         while True:
-            handed = await self._take_handed()
-            if handed is not None:
-                return handed
-            await self._enroll_early()
+            if self.entry is not None:  # a waiter: handed the lock, or to enroll first?
+                handed = await self._take_handed()
+                if handed is not None:
+                    return handed
+                await self._enroll_early()
             # A writer out of patience queues: readers that come later wait for it.
             impatient = not spec.shared and core.clock() - self.started >= spec.patience
             # hand-over terms only once enrolled: a hand-over is then always heard

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
-from ._config import Settings
+from ._config import LockSpec, Settings
 from ._gate import Gates
 from ._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
 from ._node import Node, Reply
@@ -73,9 +73,10 @@ class Core:
         self.settings = settings
         self.quorum = quorum_of(len(self.nodes))
         self.tracker = TaskTracker()
-        # the last release built by _delete: its keys, value, marker TTL, shared,
-        # waiter, then the script, its keys and its arguments
+        # the last release built by _delete (keys, value, marker TTL, shared, waiter,
+        # script, its keys and arguments); the specs of lock() calls (see Lock.make)
         self._last_delete: tuple[Any, ...] = (None,) * 8
+        self.specs: dict[tuple[Any, ...], LockSpec] = {}
         self.counters, self.timings = Counters(), Timings()  # totals; wait and hold times
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closing = self.closed = False  # closing: aclose() began; no new acquire()
@@ -93,10 +94,9 @@ class Core:
         self.contended: dict[str, None] = {}
         self.gates = Gates(self.clock)
         # called with "queued", "waiting" or "woken" as an acquire() starts waiting
-        # behind a task of this client, starts waiting between attempts (for a
-        # release, or its retry delay), or is woken by a release; "ahead" once an
-        # attempt kept a writer's (or a fair lock's) place in the masters' queue
-        # (asyncredlock.testing.Waits: tests wait for a waiter to be parked)
+        # behind a task of this client, starts waiting between attempts (for a release,
+        # or its retry delay), or is woken by a release; "ahead" once an attempt kept a
+        # writer's (or a fair lock's) place in the masters' queue (for tests)
         self.watchers: list[Callable[[str], None]] = []
 
     def note(self, event: str) -> None:

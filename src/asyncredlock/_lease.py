@@ -202,9 +202,12 @@ class Lease(Keeping):
         ``wait_lost()`` wakes only once that is known (or the release is cancelled).
         """
         core = self._core
-        self._finish(State.RELEASED, announce=False)
         try:
-            deciding = core.decide(self._send_release(), classify_flag, wait=core.timing.max_wait)
+            rnd = self._send_release()
+        finally:  # (after the send: while the masters work)
+            self._finish(State.RELEASED, announce=False)
+        try:
+            deciding = core.decide(rnd, classify_flag, wait=core.timing.max_wait)
             core.counters.releases += 1
             decision = await traced(RELEASE, self, deciding)
             if not decision.reached and not decision.unavailable:

@@ -21,7 +21,10 @@ from ._telemetry import ACQUIRE, end_span, holder_span, record_acquire, start_sp
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["Lock"]
+__all__ = ["SPECS_KEPT", "Lock"]
+
+#: How many lock specs an ``AsyncRedlock`` keeps (see `Lock.make`).
+SPECS_KEPT = 1024
 
 
 class Lock:
@@ -71,7 +74,8 @@ class Lock:
         self.fencing = spec.fencing
         self.fair = spec.fair
         self.shared = spec.shared
-        self._entered: dict[asyncio.Task[Any] | None, list[Lease]] = {}
+        # the leases of its async with blocks, by task (made by the first block)
+        self._entered: dict[asyncio.Task[Any] | None, list[Lease]] | None = None
 
     @classmethod
     def make(
@@ -90,27 +94,26 @@ class Lock:
         counters: LockCounters | None = None,
     ) -> Self:
         """Check the settings, fill in ``core``'s defaults, and make the lock
-        (counting its acquisitions in ``counters``, its own if omitted)."""
-        settings = core.settings
+        (counting its acquisitions in ``counters``, its own if omitted).
+
+        The spec is kept per set of arguments (their types included: ``ttl=True``
+        is refused, not taken for ``ttl=1``), so that the same ``lock()`` call
+        again is not checked and built again; the ``SPECS_KEPT`` latest are kept."""
         if core.closing:
             raise RuntimeError("this AsyncRedlock is closed")
-        keys = tuple(lock_key(settings.prefix, each) for each in names)
-        if len(keys) > 1 and any(node.cluster for node in core.nodes):
-            _check_one_slot(names, keys)
-        options = LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)
-        ttl, timeout, auto_extend, fencing, max_hold = options.spec_values(settings)
-        ttl = min(ttl, max_hold)  # no key set for longer than a lease may be held
-        spec = LockSpec(
-            Resources(names, keys),
-            ttl=ttl,
-            timeout=timeout,
-            auto_extend=auto_extend,
-            fencing=fencing,
-            fair=fair,
-            role=role,
-            patience=patience,
-            max_hold=max_hold,
-        )
+        options = (ttl, timeout, auto_extend, fencing, fair, max_hold)
+        key = (names, role, patience, *options, *map(type, options))
+        specs = core.specs
+        try:
+            spec, keep = specs.get(key), True
+        except TypeError:  # unhashable: LockOptions says what is wrong with it
+            spec, keep = None, False
+        if spec is None:
+            spec = _spec(core, names, LockOptions(*options), role, patience)
+            if keep:
+                specs[key] = spec
+                if len(specs) > SPECS_KEPT:
+                    del specs[next(iter(specs))]
         return cls(core, spec, counters)
 
     def __repr__(self) -> str:
@@ -260,6 +263,8 @@ class Lock:
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
         lease._enter_block()
+        if self._entered is None:
+            self._entered = {}
         self._entered.setdefault(asyncio.current_task(), []).append(lease)
         return lease
 
@@ -270,11 +275,36 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         task = asyncio.current_task()
-        stack = self._entered[task]
+        entered = {} if self._entered is None else self._entered
+        stack = entered[task]
         lease = stack.pop()
         if not stack:
-            del self._entered[task]
+            del entered[task]
         await lease._exit_block(exc_type, exc, tb)
+
+
+def _spec(
+    core: Core, names: tuple[str, ...], options: LockOptions, role: Role, patience: float
+) -> LockSpec:
+    """The spec of a lock on ``names`` with ``options`` (checked), ``core``'s defaults
+    filled in."""
+    settings = core.settings
+    keys = tuple(lock_key(settings.prefix, each) for each in names)
+    if len(keys) > 1 and any(node.cluster for node in core.nodes):
+        _check_one_slot(names, keys)
+    ttl, timeout, auto_extend, fencing, max_hold = options.spec_values(settings)
+    ttl = min(ttl, max_hold)  # no key set for longer than a lease may be held
+    return LockSpec(
+        Resources(names, keys),
+        ttl=ttl,
+        timeout=timeout,
+        auto_extend=auto_extend,
+        fencing=fencing,
+        fair=options.fair,
+        role=role,
+        patience=patience,
+        max_hold=max_hold,
+    )
 
 
 def _check_one_slot(names: tuple[str, ...], keys: tuple[str, ...]) -> None:

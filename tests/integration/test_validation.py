@@ -22,6 +22,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError
+from asyncredlock._lock import SPECS_KEPT
 from asyncredlock.testing import ServerGroup
 
 from .conftest import Masters
@@ -238,6 +239,36 @@ class TestLockArguments:
                 redlock.lock("bad", **kwargs)
             assert redlock.statistics().attempts == 0
             await assert_still_works(redlock, masters)
+
+    @pytest.mark.parametrize(
+        ("good", "bad", "pattern"),
+        [
+            ({"ttl": 1}, {"ttl": True}, r"^ttl must be a number"),
+            ({"ttl": 5}, {"ttl": [5]}, r"^ttl must be a number"),
+            ({"auto_extend": True}, {"auto_extend": 1}, r"^auto_extend must be a bool"),
+            ({"fencing": False}, {"fencing": 0}, r"^fencing must be a bool"),
+            ({"fair": False}, {"fair": 0}, r"^fair must be a bool"),
+        ],
+    )
+    async def test_settings_equal_to_ones_already_used_are_still_checked(
+        self, servers: ServerGroup, good: dict[str, Any], bad: dict[str, Any], pattern: str
+    ) -> None:
+        """lock() keeps the spec of each set of arguments: one that compares equal
+        (True == 1) but has the wrong type is refused all the same."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            first, again = redlock.lock("same", **good), redlock.lock("same", **good)
+            assert first._spec is again._spec  # kept
+            with pytest.raises(TypeError, match=pattern):
+                redlock.lock("same", **bad)
+
+    async def test_the_lock_specs_kept_are_bounded(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            first = redlock.lock("name-0")
+            for i in range(SPECS_KEPT + 10):
+                redlock.lock(f"name-{i}", ttl=7)
+            assert len(redlock._core.specs) == SPECS_KEPT
+            assert redlock.lock("name-0")._spec is not first._spec  # the oldest went
+            assert redlock.lock(f"name-{SPECS_KEPT + 9}", ttl=7).ttl == 7
 
     @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5", 1e20])
     async def test_a_bad_extend_ttl_keeps_the_lease(
