@@ -62,6 +62,9 @@ class TestMutualExclusion:
             AsyncRedlock(masters.given) as second,
         ):
             lease = await first.lock("res").acquire()
+            # acquire() returns at quorum: the last master's call may still be out (on
+            # cluster masters, not even sent), and the second client's could overtake it
+            await first.settle()
             with pytest.raises(LockTimeoutError) as caught:
                 await second.lock("res", timeout=0).acquire()
             assert caught.value.resource == "res"
