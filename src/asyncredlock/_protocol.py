@@ -41,6 +41,10 @@ TOKEN_BLOCK = 64
 
 #: Why ``acquire.lua`` and ``acquire_rw.lua`` refused (the 4th element of a refusal).
 _WRITER, _READERS, _QUEUE, _HANDED = 1, 2, 3, 4
+# the verdicts of the common replies, made once (one per reply on the hot path)
+_GRANTED = (Verdict.YES, "granted")
+_DONE = (Verdict.YES, "done")
+_NOT_HELD = (Verdict.NO, "not held by this lease")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +92,7 @@ def fence_tokens(
     phase is then the commit, and the second round is skipped.
     """
     counts = [
-        tuple(int(count) for count in future.result().value[1:])
+        tuple(map(int, future.result().value[1:]))
         for future in replies
         if future.done() and granted(future.result())
     ]
@@ -102,7 +106,7 @@ def classify_acquire(reply: Reply) -> tuple[Verdict, str]:
         return Verdict.FAILED, _describe_error(reply)
     code = int(reply.value[0])
     if code == 1:
-        return Verdict.YES, "granted"
+        return _GRANTED
     if code == 0:
         left = int(reply.value[1])
         why = int(reply.value[3]) if len(reply.value) > 3 else _WRITER
@@ -180,9 +184,7 @@ def classify_flag(reply: Reply) -> tuple[Verdict, str]:
     """Count a 1/0 script reply (release, extend) toward the quorum."""
     if reply.error is not None:
         return Verdict.FAILED, _describe_error(reply)
-    if int(reply.value) == 1:
-        return Verdict.YES, "done"
-    return Verdict.NO, "not held by this lease"
+    return _DONE if int(reply.value) == 1 else _NOT_HELD
 
 
 def classify_deleted(reply: Reply) -> tuple[Verdict, str]:

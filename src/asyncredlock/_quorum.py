@@ -339,11 +339,11 @@ class _Tally:
     def start(self) -> asyncio.Future[None]:
         """Count the replies in, hear of the others as they come; the future that
         is done once the round is decided."""
-        nodes = self.rnd.nodes
+        nodes, arrived = self.rnd.nodes, self.arrived
         for i, task in enumerate(self.rnd.tasks):
             if task.done():
-                self.arrived(i, task.result())
-            elif not nodes[i].listen(task, self.arrived, i):
+                arrived(i, task.result())
+            elif not nodes[i].listen(task, arrived, i):
                 task.add_done_callback(self.done)
         if self.timing.give_up_silent:
             self.on_silent()
@@ -370,7 +370,10 @@ class _Tally:
         self.replies[i] = reply
         if self.given_up.pop(i, None) is not None:
             self.failed -= 1
-        verdict = _judge(self.classify, reply)[0]
+        try:
+            verdict = self.classify(reply)[0]
+        except Exception:  # a reply it cannot read (see _judge)
+            verdict = Verdict.FAILED
         if verdict is Verdict.YES:
             self.yes += 1
         elif verdict is Verdict.NO:
