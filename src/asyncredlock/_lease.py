@@ -203,10 +203,10 @@ class Lease(Keeping):
         """
         core = self._core
         try:
-            rnd = self._send_release()
-        finally:  # (after the send: while the masters work)
-            self._finish(State.RELEASED, announce=False)
-        try:
+            try:
+                rnd = self._send_release()
+            finally:  # (after the send: while the masters work)
+                self._finish(State.RELEASED, announce=False)
             deciding = core.decide(rnd, classify_flag, wait=core.timing.max_wait)
             core.counters.releases += 1
             decision = await traced(RELEASE, self, deciding)
