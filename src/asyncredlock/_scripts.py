@@ -54,8 +54,8 @@ def _load(name: str, *, needs: tuple[str, ...] = ()) -> Script:
     return Script(name, "".join(_read(helper) for helper in needs) + _read(name))
 
 
-ACQUIRE = _load("acquire", needs=("clock", "queue", "fence"))
-ACQUIRE_RW = _load("acquire_rw", needs=("clock", "queue", "fence"))
+ACQUIRE = _load("acquire", needs=("clock", "queue", "fence", "handed"))
+ACQUIRE_RW = _load("acquire_rw", needs=("clock", "queue", "fence", "handed"))
 DEQUEUE = _load("dequeue", needs=("clock", "queue"))
 COMMIT = _load("commit", needs=("decimal",))
 RELEASE = _load("release", needs=("clock", "queue", "fence"))

@@ -28,7 +28,7 @@
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
--- fence_count() (fence.lua).
+-- fence_count() (fence.lua), handed_already() (handed.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -92,13 +92,7 @@ if queue and redis.call('EXISTS', expiries) == 1 then
   purge(queue, expiries, terms, clock())
 end
 if handover and redis.call('GET', KEYS[1]) == handover then
-  -- with the fence count the release handed it (nothing counts it on while the key
-  -- is held): the waiter that missed the announcement takes the lease from these
-  local count = '0'
-  if ARGV[3] ~= '0' then
-    count = redis.call('GET', KEYS[3]) or '0'
-  end
-  return {0, redis.call('PTTL', KEYS[1]), 0, 4, count}
+  return handed_already(KEYS[1], KEYS[3], ARGV[3])
 end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then

@@ -25,7 +25,7 @@
 -- fencing). queued is 1 when the waiter's entry is in the queue. Both queue keys and
 -- the readers key expire with their latest entry.
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
--- fence_count() (fence.lua).
+-- fence_count() (fence.lua), handed_already() (handed.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -39,13 +39,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 purge(KEYS[5], KEYS[6], KEYS[7], now)
 local handover = not reader and ARGV[9]
 if handover and redis.call('GET', KEYS[1]) == handover then
-  -- with the fence count the release handed it (nothing counts it on while the key
-  -- is held): the waiter that missed the announcement takes the lease from these
-  local count = '0'
-  if ARGV[3] ~= '0' then
-    count = redis.call('GET', KEYS[3]) or '0'
-  end
-  return {0, redis.call('PTTL', KEYS[1]), 0, 4, count}
+  return handed_already(KEYS[1], KEYS[3], ARGV[3])
 end
 local queued = ARGV[8] == '1' or redis.call('EXISTS', KEYS[5]) == 1
 local q = 0
