@@ -32,9 +32,9 @@ d. contention: 10 workers on one key, each holding it 1 ms then trying again at 
    acquisitions per second, wait p50/p99, how often the releasing worker took the lock
    again next, and the fraction of the time the lock was held. The workers share one
    client (tasks of one process), or each has its own (as separate processes would),
-   or they are 4 OS processes of 5 tasks each (one client per process), which also
-   count their holds on a separate server (GET then SET, a lost update is a
-   mutual-exclusion violation);
+   or they are OS processes with a client each (4 of 5 tasks each, and 10 of one task
+   each, as web workers are), which also count their holds on a separate server (GET
+   then SET, a lost update is a mutual-exclusion violation);
 e. wake-up: one holder, one waiter blocked in acquire; time from the holder's release()
    returning to the waiter's acquire() returning.
 
@@ -151,8 +151,9 @@ HERE = Path(__file__).resolve().parent
 SEED = 1729
 FAULTY = SERVERS - 1  # the master blackholed or stopped in scenario b
 CONTENTION_HOLD = 0.001  # seconds each contention worker holds the lock
-PROCESSES = 4  # d: OS processes in the multi-process case…
+PROCESSES = 4  # d: OS processes in the first multi-process case…
 PROCESS_TASKS = 5  # …and workers (tasks of one client) in each
+LONE_PROCESSES = 10  # d: the second, one worker per process (as web workers are)
 
 
 # --- what to run -----------------------------------------------------------------------
@@ -203,8 +204,10 @@ class Case:
     rtt_ms: float = 0.0
     fault: str | None = None  # "blackhole" or "down" (scenario b)
     # d: "shared" (one client for every worker), "each" (a client per worker) or
-    # "processes" (PROCESSES OS processes, a client each, PROCESS_TASKS workers each)
+    # "processes" (`processes` OS processes, a client each, `tasks` workers each)
     clients: str = "shared"
+    processes: int = 0
+    tasks: int = 0
 
 
 def via_proxy(case: Case) -> bool:
@@ -263,6 +266,15 @@ CONTENTION = Scenario(
             f"N={SERVERS}, {PROCESSES} processes x {PROCESS_TASKS} tasks",
             SERVERS,
             clients="processes",
+            processes=PROCESSES,
+            tasks=PROCESS_TASKS,
+        ),
+        Case(
+            f"N={SERVERS}, {LONE_PROCESSES} processes x 1 task",
+            SERVERS,
+            clients="processes",
+            processes=LONE_PROCESSES,
+            tasks=1,
         ),
     ),
     "acquisitions per second",
@@ -628,9 +640,9 @@ COUNTER_KEY = "peers:d:counter"
 async def processes_case(
     case: Case, peer: Peer, urls: list[str], plan: Plan
 ) -> ProcessesResult | NoAcquisition | Outcome:
-    """Scenario d with ``PROCESSES`` OS processes of ``PROCESS_TASKS`` workers each (one
-    client per process), started together; every hold is also counted on a separate
-    server. A child that fails, or outlasts its guard, fails the case."""
+    """Scenario d with ``case.processes`` OS processes of ``case.tasks`` workers each
+    (one client per process), started together; every hold is also counted on a
+    separate server. A child that fails, or outlasts its guard, fails the case."""
     guard = plan.duration + WAIT + 4 * plan.op_guard + 30
     with ServerGroup(1) as counter_server:
         counter = counter_server.urls[0]
@@ -641,9 +653,10 @@ async def processes_case(
                 key=f"peers:d:{case.name}:{peer.id}",
                 counter=counter,
                 op_guard=plan.op_guard,
-                first=i * PROCESS_TASKS,
+                first=i * case.tasks,
+                tasks=case.tasks,
             )
-            for i in range(PROCESSES)
+            for i in range(case.processes)
         ]
         children = [await start_child(spec) for spec in specs]
         try:
@@ -660,7 +673,7 @@ async def processes_case(
         if not isinstance(records, list):
             return records
         found = await count_of(counter)
-    return processes_result(records, start, deadline, found)
+    return processes_result(records, start, deadline, found, case.tasks)
 
 
 async def start_child(spec: ChildSpec) -> asyncio.subprocess.Process:
@@ -702,20 +715,21 @@ async def count_of(url: str) -> int:
 
 
 def processes_result(
-    records: Sequence[ChildRecord], start: float, deadline: float, found: int
+    records: Sequence[ChildRecord], start: float, deadline: float, found: int, tasks: int
 ) -> ProcessesResult | NoAcquisition:
-    """The children's holds over the window, with the count ``found`` on the counter."""
+    """The children's holds over the window (``tasks`` workers in each), with the
+    count ``found`` on the counter."""
     holds = [Hold(*each) for record in records for each in record["holds"]]
     failures = Failures()
     for record in records:
         failures.count += record["failures"]
         failures.examples.extend(record["failure_examples"][: 3 - len(failures.examples)])
-    acquired = contention_result(holds, start, deadline, PROCESSES * PROCESS_TASKS)
+    acquired = contention_result(holds, start, deadline, len(records) * tasks)
     if acquired is None:
         return no_acquisition(start, deadline)
     return {
         **acquired,
-        "processes": PROCESSES,
+        "processes": len(records),
         "counter": {"holds": len(holds), "counted": found},
         **failures.counts(),
         **summed_statistics(records),
@@ -760,13 +774,13 @@ async def child_run(spec: ChildSpec) -> ChildRecord | Outcome:
     for the parent (as the last line printed)."""
     quiet_loggers()
     peer = next(p for p in PEERS if p.id == spec["peer"])
-    mode = Mode("contended", waiting=True, workers=PROCESS_TASKS)
+    mode = Mode("contended", waiting=True, workers=spec["tasks"])
     info = probe(peer)  # what Run records the settings into
     failures = Failures()
     counter = Redis.from_url(spec["counter"])
     try:
         async with Run(peer, info, spec["urls"], mode) as session:
-            handles = [session.handle(spec["key"]) for _ in range(PROCESS_TASKS)]
+            handles = [session.handle(spec["key"]) for _ in range(spec["tasks"])]
             await guarded(cycle(handles[0], spec["op_guard"]), 2 * spec["op_guard"] + 1, "warm-up")
             await counter.ping()
             print("ready", flush=True)
@@ -1022,8 +1036,7 @@ def settings_record(plan: Plan) -> RunSettings:
         "throughput_workers": THROUGHPUT_WORKERS,
         "contention_workers": CONTENTION_WORKERS,
         "contention_hold_s": CONTENTION_HOLD,
-        "processes": PROCESSES,
-        "process_tasks": PROCESS_TASKS,
+        "process_cases": [[PROCESSES, PROCESS_TASKS], [LONE_PROCESSES, 1]],
         "wake_hold_s": list(plan.wake_hold),
         "faulty_master": FAULTY,
         "pool": POOL,

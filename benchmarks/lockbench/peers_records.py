@@ -214,6 +214,7 @@ class ChildSpec(TypedDict):
     counter: str  # the URL of the server the holds are counted on
     op_guard: float  # seconds the warm-up cycle may take per operation
     first: int  # the number of its first worker
+    tasks: int  # its workers (tasks of its one client)
 
 
 class ChildWindow(TypedDict):
@@ -244,8 +245,7 @@ class RunSettings(TypedDict):
     throughput_workers: int
     contention_workers: int
     contention_hold_s: float
-    processes: int
-    process_tasks: int
+    process_cases: list[list[int]]  # d: [OS processes, workers in each] per case
     wake_hold_s: list[float]  # [low, high] of the holder's uniform hold
     faulty_master: int  # the index of the master failing in b
     pool: int  # connections per master
