@@ -190,7 +190,7 @@ class Plan:
 
 
 # The guard is above redis-py's default 5 s socket timeout, so a library that waits
-# out a silent master is measured, not called hung. A full run takes about 9 minutes.
+# out a silent master is measured, not called hung. A full run takes about 11 minutes.
 FULL = Plan({0.0: 1000, 2.0: 300}, 20, 25, 50, 30.0, 10.0, 60, (0.02, 0.12), 8.0, 100)
 QUICK = Plan({0.0: 5, 2.0: 4}, 2, 3, 3, 3.0, 0.3, 3, (0.02, 0.04), 1.0, 5)
 
