@@ -314,15 +314,33 @@ _INTERRUPTED_RUN = textwrap.dedent(
     group = ServerGroup(2)
     group.start()
     print(*(server.pid for server in group), *(server.workdir for server in group), flush=True)
-    sys.stdin.read()  # wait for the Ctrl-C
+    sys.stdin.read()  # wait for the signal
     """
 )
 
+#: An application's own SIGTERM handler, installed before any server starts.
+_APP_HANDLER = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\n"
 
-def test_ctrl_c_to_the_runner_leaves_no_server_behind() -> None:
-    """SIGINT to the runner's process group: the runner's atexit kills its servers."""
+
+@pytest.mark.parametrize(
+    ("sig", "prelude", "status"),
+    [
+        # SIGINT to the runner's process group (a Ctrl-C): KeyboardInterrupt, atexit
+        pytest.param(signal.SIGINT, "", -signal.SIGINT, id="ctrl-c"),
+        # SIGTERM (`timeout`, a CI job cancelled): atexit does not run, the handler
+        # installed with the first server kills them, then the runner dies of SIGTERM
+        pytest.param(signal.SIGTERM, "", -signal.SIGTERM, id="sigterm"),
+        # an application's handler is kept: its exit runs atexit
+        pytest.param(signal.SIGTERM, _APP_HANDLER, 3, id="sigterm-app-handler"),
+    ],
+)
+def test_a_signal_to_the_runner_leaves_no_server_behind(
+    sig: signal.Signals, prelude: str, status: int
+) -> None:
+    """The runner's servers are in a session of their own (a Ctrl-C does not reach
+    them), so the runner must kill them however it is stopped."""
     runner = subprocess.Popen(
-        [sys.executable, "-c", _INTERRUPTED_RUN],
+        [sys.executable, "-c", prelude + _INTERRUPTED_RUN],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -334,13 +352,14 @@ def test_ctrl_c_to_the_runner_leaves_no_server_behind() -> None:
     pids = [int(pid_a), int(pid_b)]
     try:
         assert all(alive(pid) for pid in pids)
-        os.killpg(runner.pid, signal.SIGINT)
+        os.killpg(runner.pid, sig)
         _, stderr = runner.communicate(timeout=30)
-        assert "KeyboardInterrupt" in stderr
+        assert runner.returncode == status, stderr
+        assert ("KeyboardInterrupt" in stderr) == (sig == signal.SIGINT)
         assert not any(alive(pid) for pid in pids)
         assert not Path(dir_a).exists()
         assert not Path(dir_b).exists()
-    finally:  # if the atexit handler failed, do not leak its servers into the machine
+    finally:  # if the runner failed to, do not leak its servers into the machine
         for pid in filter(alive, pids):
             os.kill(pid, signal.SIGKILL)
         runner.kill()

@@ -346,7 +346,7 @@ class ServerProcess:
             except OSError as exc:
                 raise ServerStartError(f"cannot run {self._binary}: {exc}") from exc
         self._paused = False
-        registry.processes[self._proc.pid] = self._proc
+        registry.add(self._proc)
 
     def _await_ready(self, timeout: float) -> None:
         """Poll until *our* process answers on the port, its dataset loaded.

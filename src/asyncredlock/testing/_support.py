@@ -1,6 +1,6 @@
 """What the server processes of `asyncredlock.testing` share: the server binary,
 free ports, a minimal RESP client (no event loop, no redis-py), and the registry that
-kills every live process at exit."""
+kills every live process at exit, or when this process is sent SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,27 @@ class Registry:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.tempdirs: set[Path] = set()
         self.ports: set[int] = set()
+        self.on_sigterm = False  # whether a SIGTERM reaps them (see `watch_sigterm`)
+
+    def add(self, proc: subprocess.Popen[bytes]) -> None:
+        """Record a live server process (and reap on SIGTERM from now on, if may)."""
+        self.processes[proc.pid] = proc
+        self.watch_sigterm()
+
+    def watch_sigterm(self) -> None:
+        """Kill the servers on SIGTERM too, then die of it as before (``atexit``
+        handlers do not run when a signal ends the process: a test runner stopped by
+        ``timeout`` or a CI job would leave its servers running).
+
+        Only over the default disposition, and only from the main thread (where
+        Python runs signal handlers): an application's own handler is kept, and
+        its exit runs ``atexit``.
+        """
+        if self.on_sigterm or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _reap_and_die)
+        self.on_sigterm = True
 
     def reap(self) -> None:
         """Kill every live process and remove every private directory."""
@@ -68,6 +90,14 @@ class Registry:
 
 registry = Registry()
 atexit.register(registry.reap)
+
+
+def _reap_and_die(signum: int, frame: object) -> None:
+    """The SIGTERM handler of `Registry.watch_sigterm`: the servers killed, the
+    signal's default action (the exit status says SIGTERM, as without it)."""
+    registry.reap()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
