@@ -364,3 +364,33 @@ def test_a_signal_to_the_runner_leaves_no_server_behind(
             os.kill(pid, signal.SIGKILL)
         runner.kill()
         runner.communicate()
+
+
+_FORKING_RUN = textwrap.dedent(
+    """
+    import os, signal, sys
+    from asyncredlock.testing import ServerGroup
+    group = ServerGroup(2)
+    group.start()
+    for how in ("exit", "sigterm"):
+        child = os.fork()
+        if child == 0:
+            if how == "sigterm":  # as multiprocessing's terminate() does
+                os.kill(os.getpid(), signal.SIGTERM)
+            sys.exit(0)  # runs atexit
+        _, status = os.waitpid(child, 0)
+        kept = all(s.running and s.workdir.is_dir() for s in group)
+        print(how, os.waitstatus_to_exitcode(status), kept, flush=True)
+    """
+)
+
+
+def test_a_forked_child_leaves_the_parents_servers_alone() -> None:
+    """A child forked by the runner (a multiprocessing worker) owns none of its
+    servers: neither its exit nor a SIGTERM to it kills them or removes their
+    directories."""
+    runner = subprocess.run(
+        [sys.executable, "-c", _FORKING_RUN], capture_output=True, text=True, timeout=60
+    )
+    assert runner.returncode == 0, runner.stderr
+    assert runner.stdout.split("\n")[:2] == ["exit 0 True", f"sigterm {-signal.SIGTERM} True"]

@@ -76,6 +76,13 @@ class Registry:
             signal.signal(signal.SIGTERM, _reap_and_die)
         self.on_sigterm = True
 
+    def forget(self) -> None:
+        """Drop every record, killing nothing (in a forked child: they are the
+        parent's)."""
+        self.processes.clear()
+        self.tempdirs.clear()
+        self.ports.clear()
+
     def reap(self) -> None:
         """Kill every live process and remove every private directory."""
         for proc in list(self.processes.values()):
@@ -90,6 +97,10 @@ class Registry:
 
 registry = Registry()
 atexit.register(registry.reap)
+# A forked child owns none of its parent's servers: its exit (atexit) or a SIGTERM to
+# it (multiprocessing's terminate()) must not kill them.
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=registry.forget)
 
 
 def _reap_and_die(signum: int, frame: object) -> None:
