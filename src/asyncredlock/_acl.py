@@ -11,8 +11,8 @@ __all__ = ["acl_rules"]
 
 #: Commands sent on asyncredlock's own connections (the scripts, preloaded and run by
 #: SHA1, or sent whole when a master lost its script cache; the wake-up
-#: subscriptions). AUTH (and HELLO) need no permission.
-_DIRECT = ("evalsha", "eval", "script|load", "subscribe", "unsubscribe")
+#: subscriptions, and their PING when quiet). AUTH (and HELLO) need no permission.
+_DIRECT = ("evalsha", "eval", "script|load", "subscribe", "unsubscribe", "ping")
 
 #: Commands the Lua scripts in ``lua/`` call (ACLs check these too).
 _IN_SCRIPTS = (

@@ -149,7 +149,13 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
     client: Any = master  # a redis-py client, or valkey-py's fork with the same API
     if isinstance(master, RedisCluster) or kind == "cluster":
         listen = ClusterOpener(client, settings.socket_timeout)
-        node = Node(_client_name(client), client=client, owned=False, listen_opener=listen)
+        node = Node(
+            _client_name(client),
+            client=client,
+            owned=False,
+            listen_opener=listen,
+            socket_timeout=settings.socket_timeout,
+        )
         return node, id(master)
     if isinstance(master, Redis) or kind == "client":
         pool = client.connection_pool

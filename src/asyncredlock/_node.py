@@ -52,6 +52,7 @@ class Node:
         self.listen_opener = listen_opener or opener
         self.client = client
         self.owned = owned
+        self.socket_timeout = socket_timeout
         self.link: Link | None = None
         if opener is not None:
             preload = [("SCRIPT", "LOAD", script.source) for script in SCRIPTS]

@@ -29,7 +29,6 @@ import asyncio
 import collections
 import contextlib
 import math
-import select
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,6 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._liveness import readable
 from ._log import log_master_readmitted, log_master_silent
 from ._telemetry import master_error, master_silent
 
@@ -153,19 +153,7 @@ class _Connection(Stream):
     def unread(self) -> bool:
         """Whether bytes from the master wait in the socket, unread: this process's
         loop is behind, the master is not silent."""
-        transport = self.transport
-        sock = None if transport is None else transport.get_extra_info("socket")
-        if sock is None or self.lost:
-            return False
-        try:
-            if hasattr(select, "poll"):  # no limit on descriptor numbers, unlike select()
-                poller = select.poll()
-                poller.register(sock.fileno(), select.POLLIN)
-                return bool(poller.poll(0))
-            readable, _, _ = select.select([sock.fileno()], [], [], 0)
-        except (OSError, ValueError):
-            return False
-        return bool(readable)
+        return not self.lost and readable(self.transport)
 
     def fail(self, error: Exception) -> None:
         """Fail every request still in flight and drop the socket."""

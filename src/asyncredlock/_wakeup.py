@@ -9,11 +9,11 @@ later attempts it waits for a notification or its jittered retry delay, whicheve
 comes first: a lost message costs at most one retry delay (a lost hand-over message
 too: the next attempt finds the key handed, see ``docs/algorithm.md``).
 
-The subscriptions have a connection of their own per master, opened like the
-command connection (redis-py's settings, then a hiredis protocol owns the socket),
-never one taken from the command path. For a Redis Cluster master it goes to one
-node of the cluster, any node: a ``PUBLISH`` there reaches every node (see
-``ClusterOpener``).
+The subscriptions have a connection of their own per master (``_listener``), opened
+like the command connection (redis-py's settings, then a hiredis protocol owns the
+socket), never one taken from the command path, and PINGed when quiet. For a Redis
+Cluster master it goes to one node of the cluster, any node: a ``PUBLISH`` there
+reaches every node (see ``ClusterOpener``).
 
 A waiter of one resource that was refused is queued on the masters (see
 ``acquire.lua``) under an id that names its client (``w:<client>:<random>``). Each
@@ -44,21 +44,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Sequence
-from typing import cast
-
-import hiredis
+from collections.abc import Iterable, Sequence
 
 from ._line import Line
+from ._listener import Listener
 from ._node import Node
-from ._transport import Stream, pack
 
 __all__ = ["INBOX_PREFIX", "Ticket", "Waker", "waiter_id"]
 
 logger = logging.getLogger("asyncredlock")
-
-#: Pause before a listener reconnects after losing its connection (seconds).
-RECONNECT_DELAY = 0.2
 
 #: The channel of a client's inbox is this prefix and the client's id (the scripts
 #: build it from a queued waiter's id, in ``lua/queue.lua``).
@@ -87,129 +81,6 @@ class Ticket:
         self.handed: dict[int, tuple[str, int]] = {}
 
 
-class _Subscription(Stream):
-    """One subscriber connection: parses what the master pushes."""
-
-    def __init__(self, listener: _Listener) -> None:
-        self.listener = listener
-        self.transport: asyncio.Transport | None = None
-        self.reader = hiredis.Reader()
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not subclasses of asyncio's: no isinstance check
-        self.transport = cast(asyncio.Transport, transport)
-
-    def send(self, *command: str) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(pack(*command))
-
-    def data_received(self, data: bytes) -> None:
-        self.reader.feed(data)
-        while (reply := self.reader.gets()) is not False:
-            if isinstance(reply, list) and len(reply) == 3:
-                self.listener.handle(_text(reply[0]), _text(reply[1]), reply[2])
-            else:
-                logger.debug("subscription to %s: unexpected reply %r", self.listener.name, reply)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-class _Listener:
-    """The subscription connection to one master, reopened when lost."""
-
-    def __init__(
-        self,
-        node: Node,
-        index: int,
-        on_message: Callable[[int, str, bytes], None],
-        on_lost: Callable[[str | None], None],
-    ) -> None:
-        assert node.listen_opener is not None
-        self.index = index
-        self.name = node.name
-        self.opener = node.listen_opener
-        self.on_message = on_message
-        self.on_lost = on_lost
-        self.unconfirmed: set[str] = set()  # resubscribed after a loss, not confirmed
-        self.channels: set[str] = set()
-        self.confirmed: dict[str, asyncio.Future[None]] = {}
-        self.connection: _Subscription | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    def subscribe(self, channel: str) -> asyncio.Future[None]:
-        """Add ``channel``; the future completes when the master confirmed it."""
-        self.channels.add(channel)
-        future = self.confirmed.get(channel)
-        if future is None:
-            future = asyncio.get_running_loop().create_future()
-            self.confirmed[channel] = future
-            if self.task is None:
-                self.task = asyncio.get_running_loop().create_task(self._run())
-            elif self.connection is not None:
-                self.connection.send("SUBSCRIBE", channel)
-        return future
-
-    def unsubscribe(self, channel: str) -> None:
-        """Drop ``channel`` (nothing waits on it any more)."""
-        self.channels.discard(channel)
-        future = self.confirmed.pop(channel, None)
-        if future is not None and not future.done():
-            future.cancel()
-        if self.connection is not None:
-            self.connection.send("UNSUBSCRIBE", channel)
-
-    async def _run(self) -> None:
-        while self.channels:
-            connection = _Subscription(self)
-            opened = False
-            try:
-                await self.opener(connection)
-                self.connection, opened = connection, True
-                connection.send("SUBSCRIBE", *self.channels)
-                await connection.closed
-            except Exception as exc:
-                logger.debug("subscription to %s lost: %r", self.name, exc)
-            finally:
-                self.connection = None
-                for future in self.confirmed.values():
-                    if not future.done():
-                        future.cancel()
-                self.confirmed = {}
-                if connection.transport is not None:
-                    connection.transport.abort()
-            if opened:  # a failed reconnection lost nothing more: it wakes nobody
-                self.on_lost(None)
-            await asyncio.sleep(RECONNECT_DELAY)
-            loop = asyncio.get_running_loop()
-            for channel in self.channels:
-                self.confirmed.setdefault(channel, loop.create_future())
-            self.unconfirmed = set(self.channels)
-        self.task = None
-
-    def handle(self, kind: str, channel: str, data: object) -> None:
-        """One message pushed by the master."""
-        if kind == "subscribe":
-            future = self.confirmed.get(channel)
-            if future is not None and not future.done():
-                future.set_result(None)
-            if channel in self.unconfirmed:
-                # A release between the loss and now went unheard: retry now.
-                self.unconfirmed.discard(channel)
-                self.on_lost(channel)
-        elif kind == "message":
-            value = data if isinstance(data, bytes) else str(data).encode()
-            self.on_message(self.index, channel, value)
-
-    async def aclose(self) -> None:
-        task, self.task = self.task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task], timeout=RECONNECT_DELAY * 5)
-
-
 class Waker:
     """Subscriptions, queues of waiting acquisitions, and wake-ups for one redlock.
 
@@ -229,7 +100,7 @@ class Waker:
         self.confirm_within = confirm_within
         self.quorum = quorum
         self.listeners = [
-            _Listener(node, i, self._on_message, self._on_lost)
+            Listener(node, i, self._on_message, self._on_lost)
             if node.listen_opener is not None
             else None
             for i, node in enumerate(nodes)
@@ -437,7 +308,3 @@ async def _wait_for_some(futures: Sequence[asyncio.Future[None]], need: int, wit
         if not pending or remaining <= 0:
             return
         await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

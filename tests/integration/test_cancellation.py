@@ -470,7 +470,7 @@ async def _waves(one: Callable[[int], Awaitable[None]], waves: int, size: int) -
 
 
 def _is_listener(task: asyncio.Task[object]) -> bool:
-    return getattr(task.get_coro(), "__qualname__", "") == "_Listener._run"
+    return getattr(task.get_coro(), "__qualname__", "") == "Listener._run"
 
 
 async def _warm_up(redlock: AsyncRedlock, n: int) -> None:

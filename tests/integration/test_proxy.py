@@ -164,6 +164,28 @@ async def test_idle_connection_survives_blackhole(proxy: FaultProxy) -> None:
     writer.close()
 
 
+async def test_forget_connections_cuts_open_ones_silently(proxy: FaultProxy) -> None:
+    """Open connections go dead telling neither end (as a NAT that forgot them): no
+    reply and no reset; new connections are served; heal() resets the forgotten."""
+    reader, writer = await raw_connection(proxy)
+    assert await raw_ping(reader, writer) == b"+PONG\r\n"
+    assert proxy.forget_connections() == 1
+    assert proxy.forget_connections() == 0  # forgotten already
+    writer.write(PING)
+    await writer.drain()
+    with anyio.move_on_after(DELAY) as scope:
+        await reader.read(1)
+    assert scope.cancelled_caught
+    other_reader, other_writer = await raw_connection(proxy)
+    assert await raw_ping(other_reader, other_writer) == b"+PONG\r\n"
+    proxy.heal()
+    with pytest.raises(ConnectionResetError):
+        await reader.read(1)
+    assert await raw_ping(other_reader, other_writer) == b"+PONG\r\n"  # never forgotten
+    writer.close()
+    other_writer.close()
+
+
 async def test_reset_connections_fails_open_client(proxy: FaultProxy) -> None:
     async with aclosing(client(proxy.url)) as redis:
         assert await redis.ping()

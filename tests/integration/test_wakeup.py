@@ -6,6 +6,7 @@ guard was woken, not its timer. The counters in ``statistics()`` say by what.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -221,6 +222,44 @@ class TestSubscriptions:
             assert len(got) == 1  # woken by the release on the other two
             await got[0].release()
 
+    async def test_a_quiet_subscription_pings_and_stays(self, servers: ServerGroup) -> None:
+        """Quiet for ``socket_timeout``, a subscription PINGs its master; answered,
+        it stays open (a second PING comes after another quiet spell, on the same
+        connection)."""
+        async with (
+            AsyncRedlock(servers.urls[:3]) as holder,
+            AsyncRedlock(servers.urls[:3], socket_timeout=0.2) as waiter,
+        ):
+            await _subscribed(holder, waiter)
+            before = _subscriptions(waiter)
+            assert await _polled(lambda: all(c.heartbeat.pings >= 2 for c in before))
+            assert _subscriptions(waiter) == before
+
+    async def test_a_subscription_cut_silently_is_reopened(self, make_servers: MakeServers) -> None:
+        """A NAT or load balancer that forgets idle connections cuts the client's
+        connections without a word to either end: each subscription's PING goes
+        unanswered, and it is dropped and reopened (a release announced meanwhile
+        would otherwise go unheard for as long as the client runs)."""
+        group = make_servers(3)
+        async with contextlib.AsyncExitStack() as stack:
+            proxies = [
+                await stack.enter_async_context(FaultProxy(server.host, server.port))
+                for server in group
+            ]
+            holder = await stack.enter_async_context(AsyncRedlock(group.urls))
+            waiter = await stack.enter_async_context(
+                AsyncRedlock([p.url for p in proxies], socket_timeout=0.2)
+            )
+            await _subscribed(holder, waiter)
+            before = _subscriptions(waiter)
+            # per master: the command connection and the subscription
+            assert [proxy.forget_connections() for proxy in proxies] == [2, 2, 2]
+            assert await _polled(
+                lambda: all(c not in (None, *before) for c in _subscriptions(waiter))
+            )
+            assert all(c.heartbeat.pings == 1 for c in before)  # one PING, unanswered
+            assert [proxy.connections for proxy in proxies] == [3, 3, 3]  # + the new one
+
     async def test_closing_the_redlock_closes_its_subscriptions(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
@@ -299,3 +338,39 @@ async def _hand_over_unheard(
         assert waiter.statistics().held == 1
     assert len(got) == 1
     return lease, got[0]
+
+
+async def _subscribed(holder: AsyncRedlock, waiter: AsyncRedlock) -> None:
+    """Make ``waiter`` subscribe on every master: it waits for ``holder``'s release
+    once (its inbox then stays subscribed until it is closed)."""
+    probe = Waits(waiter)
+    lease = await holder.lock("subscribe", ttl=NEVER).acquire()
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+
+            async def wait() -> None:
+                taken = await waiter.lock("subscribe", timeout=HANG_GUARD).acquire()
+                await taken.release()
+
+            tg.start_soon(wait)
+            await probe.reach(1)
+            await lease.release()
+    assert client_state(waiter).subscribed == (True,) * len(client_state(waiter).subscribed)
+
+
+def _subscriptions(redlock: AsyncRedlock) -> list[Any]:
+    """The subscription connection of each master (None while reconnecting)."""
+    return [
+        None if listener is None else listener.connection
+        for listener in redlock._core.waker.listeners
+    ]
+
+
+async def _polled(condition: Callable[[], bool], polls: int = 400) -> bool:
+    """Whether ``condition`` holds within ``polls`` looks, 0.025 s apart (a bound on
+    a wait, never a measure)."""
+    for _ in range(polls):
+        if condition():
+            return True
+        await anyio.sleep(0.025)
+    return condition()

@@ -1,4 +1,4 @@
-"""A fault-injection TCP proxy: delay, blackhole, reset and refuse, switched at run time.
+"""A fault-injection TCP proxy: delay, blackhole, reset, forget, refuse, switched at run time.
 
 Put a `FaultProxy` between a client and one server to make that server slow, silent or
 unreachable without touching the server process::
@@ -8,6 +8,7 @@ unreachable without touching the server process::
         proxy.delay = 0.005        # +5 ms each way
         proxy.blackhole = True     # nothing gets through, nothing answers
         proxy.reset_connections()  # RST every open connection
+        proxy.forget_connections()  # open connections silently dead (a NAT's idle timeout)
         proxy.heal()
 
 With ``ssl_context`` (a server-side `ssl.SSLContext`) the proxy is a TLS front: it
@@ -141,6 +142,7 @@ class _Pair:
         self.task: asyncio.Task[None] | None = None
         self.closed = False
         self.corrupted = False  # bytes were dropped by a blackhole
+        self.forgotten = False  # by forget_connections(): it forwards nothing, ever
 
     async def run(self) -> None:
         """Wait out a blackhole, connect upstream, pump both ways until both ends close."""
@@ -177,7 +179,7 @@ class _Pair:
             chunk = await src.next_chunk()
             if (wait := chunk.due - loop.time()) > 0:
                 await asyncio.sleep(wait)
-            if self._proxy.blackhole:
+            if self._proxy.blackhole or self.forgotten:
                 self.corrupted = True
                 continue
             if not self._write(dst, chunk.data):
@@ -238,6 +240,8 @@ class FaultProxy:
       consistently), while connections that stayed idle carry on.
     - `refuse`: new connections are reset right after accept (open ones are untouched).
     - `reset_connections()`: every open connection is reset (RST) on both ends.
+    - `forget_connections()`: every open connection is cut silently (nothing forwarded
+      any more, neither end told), as by a NAT or load balancer past its idle timeout.
 
     When the target itself resets a connection, the proxy resets the client's side too;
     when it closes gracefully, the close is forwarded after any delayed bytes.
@@ -291,8 +295,6 @@ class FaultProxy:
 
     def __repr__(self) -> str:
         return f"<FaultProxy {self.url} -> {self._target[0]}:{self._target[1]}>"
-
-    # -- addresses --
 
     @property
     def host(self) -> str:
@@ -354,7 +356,7 @@ class FaultProxy:
             self._passable.clear()
             return
         for pair in list(self._pairs):
-            if pair.corrupted:
+            if pair.corrupted or pair.forgotten:
                 pair.abort()
         self._passable.set()
 
@@ -372,13 +374,19 @@ class FaultProxy:
         for pair in list(self._pairs):
             pair.abort()
 
+    def forget_connections(self) -> int:
+        """Forward nothing more on the open connections, telling neither end (new
+        connections are not affected; `heal()` resets these). How many were cut."""
+        cut = [pair for pair in self._pairs if not pair.forgotten]
+        for pair in cut:
+            pair.forgotten = True
+        return len(cut)
+
     def heal(self) -> None:
         """Clear every fault: no delay, no blackhole, no refusal."""
         self.delay = 0.0
         self.refuse = False
         self.blackhole = False
-
-    # -- lifecycle --
 
     async def start(self) -> None:
         """Start listening.

@@ -1,0 +1,163 @@
+"""The wake-up subscription to one master (see ``_wakeup``): its connection, opened
+like the command connection (redis-py's settings, then a hiredis protocol owns the
+socket), reopened when lost, and PINGed when it has been quiet (see ``_liveness``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import cast
+
+import hiredis
+
+from ._liveness import Heartbeat
+from ._node import Node
+from ._transport import Stream, pack
+
+__all__ = ["RECONNECT_DELAY", "Listener"]
+
+logger = logging.getLogger("asyncredlock")
+
+#: Pause before a listener reconnects after losing its connection (seconds).
+RECONNECT_DELAY = 0.2
+
+
+class _Subscription(Stream):
+    """One subscriber connection: parses what the master pushes; PINGs it when quiet."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.heartbeat: Heartbeat | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio's: no isinstance check
+        self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, *command: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(pack(*command))
+
+    def watch(self, interval: float) -> None:
+        """PING the master after ``interval`` of quiet; drop the connection when
+        that goes unanswered as long (see `Heartbeat`)."""
+        if self.transport is not None:
+            self.heartbeat = Heartbeat(self.transport, interval, lambda: self.send("PING"))
+
+    def data_received(self, data: bytes) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.heard()
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            if isinstance(reply, list) and len(reply) == 3:
+                self.listener.handle(_text(reply[0]), _text(reply[1]), reply[2])
+            elif not (isinstance(reply, list) and reply[:1] == [b"pong"]):  # a heartbeat's
+                logger.debug("subscription to %s: unexpected reply %r", self.listener.name, reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class Listener:
+    """The subscription connection to one master, reopened when lost."""
+
+    def __init__(
+        self,
+        node: Node,
+        index: int,
+        on_message: Callable[[int, str, bytes], None],
+        on_lost: Callable[[str | None], None],
+    ) -> None:
+        assert node.listen_opener is not None
+        self.index = index
+        self.name = node.name
+        self.opener = node.listen_opener
+        self.quiet = node.socket_timeout  # before a PING, then before a drop
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self.unconfirmed: set[str] = set()  # resubscribed after a loss, not confirmed
+        self.channels: set[str] = set()
+        self.confirmed: dict[str, asyncio.Future[None]] = {}
+        self.connection: _Subscription | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def subscribe(self, channel: str) -> asyncio.Future[None]:
+        """Add ``channel``; the future completes when the master confirmed it."""
+        self.channels.add(channel)
+        future = self.confirmed.get(channel)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self.confirmed[channel] = future
+            if self.task is None:
+                self.task = asyncio.get_running_loop().create_task(self._run())
+            elif self.connection is not None:
+                self.connection.send("SUBSCRIBE", channel)
+        return future
+
+    def unsubscribe(self, channel: str) -> None:
+        """Drop ``channel`` (nothing waits on it any more)."""
+        self.channels.discard(channel)
+        future = self.confirmed.pop(channel, None)
+        if future is not None and not future.done():
+            future.cancel()
+        if self.connection is not None:
+            self.connection.send("UNSUBSCRIBE", channel)
+
+    async def _run(self) -> None:
+        while self.channels:
+            connection = _Subscription(self)
+            opened = False
+            try:
+                await self.opener(connection)
+                self.connection, opened = connection, True
+                connection.watch(self.quiet)
+                connection.send("SUBSCRIBE", *self.channels)
+                await connection.closed
+            except Exception as exc:
+                logger.debug("subscription to %s lost: %r", self.name, exc)
+            finally:
+                self.connection = None
+                for future in self.confirmed.values():
+                    if not future.done():
+                        future.cancel()
+                self.confirmed = {}
+                if connection.transport is not None:
+                    connection.transport.abort()
+            if opened:  # a failed reconnection lost nothing more: it wakes nobody
+                self.on_lost(None)
+            await asyncio.sleep(RECONNECT_DELAY)
+            loop = asyncio.get_running_loop()
+            for channel in self.channels:
+                self.confirmed.setdefault(channel, loop.create_future())
+            self.unconfirmed = set(self.channels)
+        self.task = None
+
+    def handle(self, kind: str, channel: str, data: object) -> None:
+        """One message pushed by the master."""
+        if kind == "subscribe":
+            future = self.confirmed.get(channel)
+            if future is not None and not future.done():
+                future.set_result(None)
+            if channel in self.unconfirmed:
+                # A release between the loss and now went unheard: retry now.
+                self.unconfirmed.discard(channel)
+                self.on_lost(channel)
+        elif kind == "message":
+            value = data if isinstance(data, bytes) else str(data).encode()
+            self.on_message(self.index, channel, value)
+
+    async def aclose(self) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=RECONNECT_DELAY * 5)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
