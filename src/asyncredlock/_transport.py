@@ -376,6 +376,7 @@ class Link:
         """The connection was closed (by the master, the network, or us)."""
         if self._conn is conn:
             self._conn = None
+            self.silent = False  # no call out now: the next one, sent, is judged afresh
         reason = f"connection to {self.name} lost" + (f": {exc}" if exc else "")
         conn.fail(RedisConnectionError(reason))
 
@@ -384,6 +385,10 @@ class Link:
         if conn is not None:
             conn.fail(error)
         self._fail_queued(error)
+        # Its calls failed: it is not silent with calls out any more. Left silent, it
+        # would get no call from any acquisition (they skip silent masters) and so
+        # never a byte to readmit it: a quorum dropped so would be an outage for good.
+        self.silent = False
 
     def _fail_queued(self, error: Exception) -> None:
         queued, self._queued = self._queued, []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import anyio
@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, QuorumUnavailableError
 from asyncredlock.testing import FaultProxy, ServerGroup, ServerProcess, client_state
+from asyncredlock.testing.pytest_plugin import MakeServers
 
 pytestmark = pytest.mark.anyio
 
@@ -132,3 +133,41 @@ class TestSilentMaster:
                 assert not final.silent[4]
                 assert final.in_flight[4] == 0
                 assert redlock.statistics().unavailable == 0
+
+    async def test_masters_silent_past_socket_timeout_are_tried_again(
+        self, make_servers: MakeServers
+    ) -> None:
+        """Every master hangs past ``socket_timeout``: they turn silent, their calls
+        fail and their connections are dropped, so no call is out any more. The next
+        acquisitions send to them again (a new connection each), and once they answer
+        the client locks again. Left silent, they would be skipped by every
+        acquisition, never sent a call, never heard from: an outage for good."""
+        group = make_servers(3)
+        async with AsyncRedlock(group.urls, socket_timeout=0.5) as redlock:
+            await _cycle(redlock, "hung:warm")
+            for server in group:
+                server.pause()
+            try:
+                with pytest.raises(QuorumUnavailableError):
+                    await redlock.lock("hung", timeout=0).acquire()
+                assert all(client_state(redlock).silent)
+                assert await _polled(lambda: client_state(redlock).in_flight == (0, 0, 0))
+            finally:
+                for server in group:
+                    server.resume()
+            with anyio.fail_after(HANG_GUARD):
+                lease = await redlock.lock("hung", timeout=HANG_GUARD).acquire()
+                await lease.release()
+            state = client_state(redlock)
+            assert all(count >= 2 for count in state.connections)  # reopened
+            assert state.silent == (False, False, False)
+
+
+async def _polled(condition: Callable[[], bool], polls: int = 400) -> bool:
+    """Whether ``condition`` holds within ``polls`` looks, 0.025 s apart (a bound on
+    a wait, never a measure)."""
+    for _ in range(polls):
+        if condition():
+            return True
+        await anyio.sleep(0.025)
+    return condition()
