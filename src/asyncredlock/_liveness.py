@@ -61,9 +61,9 @@ class Heartbeat:
         self.pings = 0
         self._handle = loop.call_at(self.heard_at + interval, self._check)
 
-    def heard(self) -> None:
-        """Bytes arrived: the connection is alive."""
-        self.heard_at = asyncio.get_running_loop().time()
+    def heard(self, now: float | None = None) -> None:
+        """Bytes arrived (at ``now``, the loop's time, if known): it is alive."""
+        self.heard_at = asyncio.get_running_loop().time() if now is None else now
         self.pinged = False
 
     def stop(self) -> None:

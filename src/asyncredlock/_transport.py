@@ -1,26 +1,18 @@
 """The I/O engine: one multiplexed, pipelined connection per master.
 
-redis-py opens and authenticates each connection (URL parsing, TLS, AUTH and ACL
-users, ``SELECT``, unix sockets, Sentinel address resolution: every form a user can
-configure), then hands the socket over: a `Link` owns it from there through an
-``asyncio.Protocol`` that parses replies with hiredis. Every command for the master
-goes out on that one connection, in order:
+redis-py opens and authenticates each connection (every form a user can configure),
+then hands the socket to a `Link`, whose ``asyncio.Protocol`` parses replies with
+hiredis. Every command for the master goes out on that connection, in order: commands
+of one event-loop iteration leave in one write, replies resolve the callers' futures
+(no task per call), and an undo runs on the master after the ``SET`` it undoes.
 
-- commands issued in the same event-loop iteration leave in one write;
-- replies come back in order and resolve the callers' futures: no task per call;
-- a command sent after another runs after it on the master, which is what orders
-  an undo behind the ``SET`` it undoes.
-
-Liveness is judged from the connection, not from the callers: a master is
-*silent* when requests have been outstanding for ``node_timeout`` with not one
-byte received (bytes arriving mean it is alive, however slowly it answers). The
-judgement is made by a timer, and only by one that fired on time: a late timer
-means this process's own event loop was busy, with replies perhaps unread in the
-socket, which says nothing about the master. Any byte received readmits a silent
-master. After ``socket_timeout`` of silence the connection is dropped and its
-calls fail; the next call opens a new one. Concurrent callers share one
-connection attempt, so a cold burst opens one connection per master, not one per
-caller.
+A master is *silent* when requests have been out for ``node_timeout`` with not one byte
+back, judged only by a timer that fired on time and with nothing unread in the socket
+(a busy loop says nothing about the master); any byte readmits it. After
+``socket_timeout`` of silence the connection is dropped, its calls fail, and the
+silence ends with them: the next call opens a new connection, judged afresh. An idle
+connection PINGs after ``socket_timeout`` (one cut silently shows as silence).
+Concurrent callers share one connection attempt: a cold burst opens one per master.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._liveness import readable
+from ._liveness import Heartbeat, readable
 from ._log import log_master_readmitted, log_master_silent
 from ._telemetry import master_error, master_silent
 
@@ -76,10 +68,8 @@ Opener = Callable[[Stream], Awaitable[None]]
 Hook = Callable[[int, "Reply"], None]
 
 
-#: A request on the wire: the future its reply resolves (``None`` for a request
-#: of the link's own, whose reply nobody reads) and, for an ``EVALSHA``, its
-#: arguments and the script's source, to send it as ``EVAL`` if the master
-#: answers ``NOSCRIPT``.
+#: A request on the wire: the future its reply resolves (None: the link's own, unread)
+#: and, for an EVALSHA, its arguments and script source (sent as EVAL on NOSCRIPT).
 _Request = tuple["asyncio.Future[Reply] | None", "tuple[Any, ...]", "str | None"]
 
 
@@ -94,6 +84,7 @@ class _Connection(Stream):
         self.out: list[bytes] = []
         self.lost = False
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.heartbeat: Heartbeat | None = None  # PINGs the master when idle
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio's: no isinstance check
@@ -121,7 +112,7 @@ class _Connection(Stream):
 
     def data_received(self, data: bytes) -> None:
         link = self.link
-        link.heard()
+        link.heard(self)
         reader = self.reader
         reader.feed(data)
         pending = self.pending
@@ -146,6 +137,8 @@ class _Connection(Stream):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if not self.closed.done():
             self.closed.set_result(None)
         self.link.dropped(self, exc)
@@ -202,6 +195,7 @@ class Link:
         #: Called when the master turns silent (rounds waiting on it decide).
         self.watchers: set[Callable[[], None]] = set()
         self.connections = 0  # connections opened so far
+        self.pings = 0  # PINGs sent on an idle connection
         self.closed = False
         self._conn: _Connection | None = None
         self._queued: list[tuple[bytes, _Request]] = []
@@ -217,6 +211,11 @@ class Link:
 
     def __repr__(self) -> str:
         return f"<Link {self.name} outstanding={self.outstanding} silent={self.silent}>"
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open (calls go out on it now)."""
+        return self._conn is not None and not self._conn.lost
 
     # -- calls -------------------------------------------------------------------
 
@@ -297,10 +296,13 @@ class Link:
 
     # -- liveness ----------------------------------------------------------------
 
-    def heard(self) -> None:
-        """Bytes arrived: the master is alive."""
+    def heard(self, conn: _Connection) -> None:
+        """Bytes arrived on ``conn``: the master is alive."""
+        now = asyncio.get_running_loop().time()
+        if conn.heartbeat is not None:
+            conn.heartbeat.heard(now)
         if self.outstanding:
-            self._quiet_since = asyncio.get_running_loop().time()
+            self._quiet_since = now
         if self.silent:
             self.silent = False
             log_master_readmitted(self.name)
@@ -330,7 +332,7 @@ class Link:
             return
         quiet = now - self._quiet_since
         if quiet >= self.node_timeout and conn.unread():
-            self.heard()  # replies are there; our loop has not read them yet
+            self.heard(conn)  # replies are there; our loop has not read them yet
             quiet = 0.0
         if quiet >= self.socket_timeout:
             self._drop(RedisTimeoutError(f"no reply within {self.socket_timeout:g} s"))
@@ -366,11 +368,17 @@ class Link:
         self.connections += 1
         self._conn = conn
         self._quiet_since = asyncio.get_running_loop().time()  # the queued calls leave now
+        if conn.transport is not None:  # idle, it PINGs: a silent cut shows as silence
+            conn.heartbeat = Heartbeat(conn.transport, self.socket_timeout, self._ping)
         for packed in self.preload:
             conn.send(packed, (None, (), None))
         queued, self._queued = self._queued, []
         for packed, request in queued:
             conn.send(packed, request)
+
+    def _ping(self) -> None:
+        self.pings += 1
+        self.call(("PING",))  # its answer, or silence, is judged like any call's
 
     def dropped(self, conn: _Connection, exc: Exception | None) -> None:
         """The connection was closed (by the master, the network, or us)."""

@@ -3,6 +3,7 @@ master that went silent is readmitted once it answers again."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -161,6 +162,44 @@ class TestSilentMaster:
             state = client_state(redlock)
             assert all(count >= 2 for count in state.connections)  # reopened
             assert state.silent == (False, False, False)
+
+    async def test_an_idle_connection_pings_and_stays(self, servers: ServerGroup) -> None:
+        """Idle for ``socket_timeout``, each connection PINGs its master; answered, it
+        stays (the same connection PINGs again after another idle spell)."""
+        async with AsyncRedlock(servers.urls[:3], socket_timeout=0.2) as redlock:
+            await _cycle(redlock, "idle:ping")
+            links = [node.link for node in redlock._core.nodes]
+            assert await _polled(lambda: all(link and link.pings >= 2 for link in links))
+            state = client_state(redlock)
+            assert (state.connections, state.silent) == ((1, 1, 1), (False, False, False))
+
+    async def test_an_idle_connection_cut_silently_is_dropped_before_the_next_call(
+        self, servers: ServerGroup
+    ) -> None:
+        """A NAT or load balancer forgets the idle connections, telling neither end:
+        their PINGs go unanswered, so the connections are dropped while idle (the
+        masters silent meanwhile), and the next acquisition opens new ones at once
+        instead of finding every master silent."""
+        async with contextlib.AsyncExitStack() as stack:
+            proxies = [
+                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+                for server in list(servers)[:3]
+            ]
+            redlock = await stack.enter_async_context(
+                AsyncRedlock([proxy.url for proxy in proxies], socket_timeout=0.2)
+            )
+            await _cycle(redlock, "idle:cut:warm")
+            assert [proxy.forget_connections() for proxy in proxies] == [1, 1, 1]
+            links = [node.link for node in redlock._core.nodes]
+            # unanswered, the PINGs got the connections dropped: no call of ours was out
+            assert await _polled(
+                lambda: all(link and link.pings and not link.connected for link in links)
+            )
+            with anyio.fail_after(HANG_GUARD):
+                lease = await redlock.lock("idle:cut", timeout=HANG_GUARD).acquire()
+                await lease.release()
+            state = client_state(redlock)
+            assert (state.connections, state.silent) == ((2, 2, 2), (False, False, False))
 
 
 async def _polled(condition: Callable[[], bool], polls: int = 400) -> bool:
