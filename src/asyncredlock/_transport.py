@@ -165,13 +165,11 @@ class Link:
     Args:
         name: The master's display name, for errors.
         opener: Opens a connection and attaches the protocol to it.
-        node_timeout: Silence, with requests out, after which the master is
-            `silent`.
-        socket_timeout: Silence after which the connection is dropped and its
-            calls fail.
-        preload: Commands sent first on every new connection, whose replies are
-            not read (``SCRIPT LOAD`` of the scripts, so that ``EVALSHA`` finds
-            them and no ``NOSCRIPT`` reorders the calls behind it).
+        node_timeout: Silence, with requests out, after which the master is `silent`.
+        socket_timeout: Silence after which the connection is dropped and its calls
+            fail; also the idle time after which it PINGs.
+        preload: Commands sent first on every new connection, replies unread
+            (``SCRIPT LOAD`` of the scripts: no ``NOSCRIPT`` reorders the calls).
     """
 
     def __init__(
@@ -192,6 +190,7 @@ class Link:
         self.outstanding = 0
         #: Whether requests have been out for ``node_timeout`` with no byte back.
         self.silent = False
+        self._unheard = False  # dropped while silent, not heard from since
         #: Called when the master turns silent (rounds waiting on it decide).
         self.watchers: set[Callable[[], None]] = set()
         self.connections = 0  # connections opened so far
@@ -253,9 +252,8 @@ class Link:
 
     def listen(self, future: asyncio.Future[Reply], hook: Hook, index: int) -> bool:
         """Have ``hook(index, reply)`` called the moment ``future``'s reply is read,
-        before the future's own callbacks run. One hook per future, and only on a
-        future this link made and has not resolved: ``False`` otherwise (the caller
-        falls back to a done callback)."""
+        before its callbacks run. One hook per future, only on one this link made and
+        has not resolved: ``False`` otherwise (the caller falls back to a callback)."""
         if self._hooks.get(future, True) is not None:  # not ours, resolved or hooked
             return False
         self._hooks[future] = (hook, index)
@@ -303,8 +301,8 @@ class Link:
             conn.heartbeat.heard(now)
         if self.outstanding:
             self._quiet_since = now
-        if self.silent:
-            self.silent = False
+        if self.silent or self._unheard:
+            self.silent = self._unheard = False
             log_master_readmitted(self.name)
 
     def _arm(self, delay: float) -> None:
@@ -384,7 +382,7 @@ class Link:
         """The connection was closed (by the master, the network, or us)."""
         if self._conn is conn:
             self._conn = None
-            self.silent = False  # no call out now: the next one, sent, is judged afresh
+            self._unsilence()
         reason = f"connection to {self.name} lost" + (f": {exc}" if exc else "")
         conn.fail(RedisConnectionError(reason))
 
@@ -393,10 +391,12 @@ class Link:
         if conn is not None:
             conn.fail(error)
         self._fail_queued(error)
-        # Its calls failed: it is not silent with calls out any more. Left silent, it
-        # would get no call from any acquisition (they skip silent masters) and so
-        # never a byte to readmit it: a quorum dropped so would be an outage for good.
-        self.silent = False
+        self._unsilence()
+
+    def _unsilence(self) -> None:
+        # No call is out: left silent, it would get none from acquisitions (they skip
+        # it), so never a byte to readmit it. Its next call is judged afresh.
+        self._unheard, self.silent = self._unheard or self.silent, False
 
     def _fail_queued(self, error: Exception) -> None:
         queued, self._queued = self._queued, []

@@ -4,6 +4,7 @@ master that went silent is readmitted once it answers again."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -136,14 +137,16 @@ class TestSilentMaster:
                 assert redlock.statistics().unavailable == 0
 
     async def test_masters_silent_past_socket_timeout_are_tried_again(
-        self, make_servers: MakeServers
+        self, make_servers: MakeServers, caplog: pytest.LogCaptureFixture
     ) -> None:
         """Every master hangs past ``socket_timeout``: they turn silent, their calls
         fail and their connections are dropped, so no call is out any more. The next
         acquisitions send to them again (a new connection each), and once they answer
         the client locks again. Left silent, they would be skipped by every
-        acquisition, never sent a call, never heard from: an outage for good."""
+        acquisition, never sent a call, never heard from: an outage for good. The log
+        says each master turned silent, and that it answers again."""
         group = make_servers(3)
+        caplog.set_level(logging.INFO, logger="asyncredlock")
         async with AsyncRedlock(group.urls, socket_timeout=0.5) as redlock:
             await _cycle(redlock, "hung:warm")
             for server in group:
@@ -162,6 +165,10 @@ class TestSilentMaster:
             state = client_state(redlock)
             assert all(count >= 2 for count in state.connections)  # reopened
             assert state.silent == (False, False, False)
+        messages = [record.getMessage() for record in caplog.records]
+        for url in group.urls:
+            assert any(m.startswith(f"master {url} silent") for m in messages)
+            assert f"master {url} answers again" in messages
 
     async def test_an_idle_connection_pings_and_stays(self, servers: ServerGroup) -> None:
         """Idle for ``socket_timeout``, each connection PINGs its master; answered, it
