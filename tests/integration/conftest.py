@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
@@ -170,6 +170,16 @@ async def assert_every_key_expires(group: ServerGroup, *, but: tuple[bytes, ...]
                     assert await client.pttl(key) > 0, key
         finally:
             await client.aclose()
+
+
+async def polled(condition: Callable[[], bool], polls: int = 400) -> bool:
+    """Whether ``condition`` holds within ``polls`` looks, 0.025 s apart (a bound on
+    a wait, never a measure)."""
+    for _ in range(polls):
+        if condition():
+            return True
+        await anyio.sleep(0.025)
+    return condition()
 
 
 def library_tasks() -> list[asyncio.Task[object]]:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import anyio
@@ -17,6 +17,8 @@ from redis.asyncio import Redis
 from asyncredlock import AsyncRedlock, QuorumUnavailableError
 from asyncredlock.testing import FaultProxy, ServerGroup, ServerProcess, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .conftest import polled
 
 pytestmark = pytest.mark.anyio
 
@@ -155,7 +157,7 @@ class TestSilentMaster:
                 with pytest.raises(QuorumUnavailableError):
                     await redlock.lock("hung", timeout=0).acquire()
                 assert all(client_state(redlock).silent)
-                assert await _polled(lambda: client_state(redlock).in_flight == (0, 0, 0))
+                assert await polled(lambda: client_state(redlock).in_flight == (0, 0, 0))
             finally:
                 for server in group:
                     server.resume()
@@ -176,7 +178,7 @@ class TestSilentMaster:
         async with AsyncRedlock(servers.urls[:3], socket_timeout=0.2) as redlock:
             await _cycle(redlock, "idle:ping")
             links = [node.link for node in redlock._core.nodes]
-            assert await _polled(lambda: all(link and link.pings >= 2 for link in links))
+            assert await polled(lambda: all(link and link.pings >= 2 for link in links))
             state = client_state(redlock)
             assert (state.connections, state.silent) == ((1, 1, 1), (False, False, False))
 
@@ -199,7 +201,7 @@ class TestSilentMaster:
             assert [proxy.forget_connections() for proxy in proxies] == [1, 1, 1]
             links = [node.link for node in redlock._core.nodes]
             # unanswered, the PINGs got the connections dropped: no call of ours was out
-            assert await _polled(
+            assert await polled(
                 lambda: all(link and link.pings and not link.connected for link in links)
             )
             with anyio.fail_after(HANG_GUARD):
@@ -207,13 +209,3 @@ class TestSilentMaster:
                 await lease.release()
             state = client_state(redlock)
             assert (state.connections, state.silent) == ((2, 2, 2), (False, False, False))
-
-
-async def _polled(condition: Callable[[], bool], polls: int = 400) -> bool:
-    """Whether ``condition`` holds within ``polls`` looks, 0.025 s apart (a bound on
-    a wait, never a measure)."""
-    for _ in range(polls):
-        if condition():
-            return True
-        await anyio.sleep(0.025)
-    return condition()

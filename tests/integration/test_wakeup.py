@@ -19,7 +19,7 @@ from asyncredlock._transport import Stream
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters
+from .conftest import Masters, polled
 
 pytestmark = pytest.mark.anyio
 
@@ -232,7 +232,7 @@ class TestSubscriptions:
         ):
             await _subscribed(holder, waiter)
             before = _subscriptions(waiter)
-            assert await _polled(lambda: all(c.heartbeat.pings >= 2 for c in before))
+            assert await polled(lambda: all(c.heartbeat.pings >= 2 for c in before))
             assert _subscriptions(waiter) == before
 
     async def test_a_subscription_cut_silently_is_reopened(self, make_servers: MakeServers) -> None:
@@ -254,7 +254,7 @@ class TestSubscriptions:
             before = _subscriptions(waiter)
             # per master: the command connection and the subscription
             assert [proxy.forget_connections() for proxy in proxies] == [2, 2, 2]
-            assert await _polled(
+            assert await polled(
                 lambda: all(c not in (None, *before) for c in _subscriptions(waiter))
             )
             assert all(c.heartbeat.pings == 1 for c in before)  # one PING, unanswered
@@ -364,13 +364,3 @@ def _subscriptions(redlock: AsyncRedlock) -> list[Any]:
         None if listener is None else listener.connection
         for listener in redlock._core.waker.listeners
     ]
-
-
-async def _polled(condition: Callable[[], bool], polls: int = 400) -> bool:
-    """Whether ``condition`` holds within ``polls`` looks, 0.025 s apart (a bound on
-    a wait, never a measure)."""
-    for _ in range(polls):
-        if condition():
-            return True
-        await anyio.sleep(0.025)
-    return condition()
