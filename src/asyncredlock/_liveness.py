@@ -71,6 +71,8 @@ class Heartbeat:
         self._handle.cancel()
 
     def _check(self) -> None:
+        if self.transport.is_closing():  # dropped already: its connection_lost is due
+            return
         loop = asyncio.get_running_loop()
         now = loop.time()
         if now < self.heard_at + self.interval:  # heard meanwhile
