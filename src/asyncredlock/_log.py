@@ -5,9 +5,12 @@ handlers (JSON, structlog) get them as fields."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from redis.exceptions import ResponseError
 
 from ._errors import NodeOutcome
 from ._keys import identity_of
@@ -23,6 +26,7 @@ __all__ = [
     "log_lost",
     "log_master_readmitted",
     "log_master_silent",
+    "log_ping_refused",
     "log_release_short",
 ]
 
@@ -121,3 +125,23 @@ def log_master_readmitted(master: str) -> None:
         master,
         extra={"masters": {master: "answering"}, "reason": "answered"},
     )
+
+
+_PING_REFUSED: set[str] = set()  # the masters whose refusal was logged
+
+
+def log_ping_refused(master: str, ping: asyncio.Future[Any]) -> None:
+    """An idle connection's PING was refused (WARNING, once per master and process):
+    most likely an ACL user whose rules lack ``+ping``. The refusal still shows the
+    master alive (the connection stays), but every idle spell is refused again.
+    ``ping`` resolves with the PING's `Reply`."""
+    error = ping.result().error
+    if isinstance(error, ResponseError) and master not in _PING_REFUSED:
+        _PING_REFUSED.add(master)
+        logger.warning(
+            "master %s refuses the PING of idle connections (%s): grant +ping "
+            "(acl_rules() includes it)",
+            master,
+            error,
+            extra={"masters": {master: "refuses PING"}, "reason": str(error)},
+        )

@@ -7,12 +7,11 @@ of one event-loop iteration leave in one write, replies resolve the callers' fut
 (no task per call), and an undo runs on the master after the ``SET`` it undoes.
 
 A master is *silent* when requests have been out for ``node_timeout`` with not one byte
-back, judged only by a timer that fired on time and with nothing unread in the socket
-(a busy loop says nothing about the master); any byte readmits it. After
-``socket_timeout`` of silence the connection is dropped, its calls fail, and the
-silence ends with them: the next call opens a new connection, judged afresh. An idle
-connection PINGs after ``socket_timeout`` (one cut silently shows as silence).
-Concurrent callers share one connection attempt: a cold burst opens one per master.
+back, judged only by a timer that fired on time and with nothing unread in the socket (a
+busy loop says nothing about the master); any byte readmits it. After ``socket_timeout`` of
+silence the connection is dropped, its calls fail, and the silence ends with them: the next
+call opens a new connection, judged afresh. An idle connection PINGs after socket_timeout
+(a silent cut shows). A cold burst of callers opens one connection per master.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._liveness import Heartbeat, readable
-from ._log import log_master_readmitted, log_master_silent
+from ._log import log_master_readmitted, log_master_silent, log_ping_refused
 from ._telemetry import master_error, master_silent
 
 __all__ = ["ClosedError", "Link", "Opener", "Reply", "Stream", "pack"]
@@ -375,8 +375,8 @@ class Link:
             conn.send(packed, request)
 
     def _ping(self) -> None:
-        self.pings += 1
-        self.call(("PING",))  # its answer, or silence, is judged like any call's
+        self.pings += 1  # judged like any call (a refusal, an ACL without +ping, answers)
+        self.call(("PING",)).add_done_callback(functools.partial(log_ping_refused, self.name))
 
     def dropped(self, conn: _Connection, exc: Exception | None) -> None:
         """The connection was closed (by the master, the network, or us)."""

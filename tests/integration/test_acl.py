@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 
@@ -10,8 +11,10 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError, acl_rules
-from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing import ServerGroup, Waits, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
+
+from .conftest import polled
 
 pytestmark = pytest.mark.anyio
 
@@ -291,3 +294,36 @@ async def test_an_extension_and_a_release_refused_by_the_acl_say_so(
     assert str(extended.value).startswith("could not extend 'orders:revoked'")
     assert str(released.value).startswith("released 'orders:revoked' on too few masters")
     assert await exists_anywhere(group, "orders:revoked") == 3  # left to expire
+
+
+@pytest.mark.parametrize("ping", [True, False])
+async def test_idle_connections_ping_within_the_rules(
+    make_servers: MakeServers, caplog: pytest.LogCaptureFixture, ping: bool
+) -> None:
+    """Idle connections PING their masters, which `acl_rules` allows (no denial). With
+    rules that lack +ping (written before it was needed), each master's refusal is
+    logged once, the connections stay (a refusal is an answer) and locks still work."""
+    group = make_servers(3)
+    rules = [rule for rule in acl_rules("orders:*") if ping or rule != "+ping"]
+    urls = await add_user(group, "idler", rules)
+    caplog.set_level(logging.WARNING, logger="asyncredlock")
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls, socket_timeout=0.2) as redlock:
+            await _plain_cycle(redlock, "orders:idle")
+            links = [node.link for node in redlock._core.nodes]
+            names = [node.name for node in redlock._core.nodes]
+            assert await polled(lambda: all(link and link.pings >= 3 for link in links))
+            await _plain_cycle(redlock, "orders:idle")
+            state = client_state(redlock)
+    assert (state.connections, state.silent) == ((1, 1, 1), (False, False, False))
+    refusals = [r.getMessage() for r in caplog.records if "refuses the PING" in r.getMessage()]
+    logged = await denials(group)
+    if ping:
+        assert (refusals, logged) == ([], [[], [], []])
+    else:
+        assert sorted(refusals) == sorted(
+            f"master {name} refuses the PING of idle connections (NOPERM User idler has no "
+            "permissions to run the 'ping' command): grant +ping (acl_rules() includes it)"
+            for name in names
+        )
+        assert all(entry for entry in logged)  # the masters did refuse it
