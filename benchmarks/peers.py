@@ -46,6 +46,7 @@ Run from the repository root, after ``pip install -e '.[bench]'`` (see
 
     python benchmarks/peers.py [--quick] [--out benchmarks/results] [--docs docs]
                                [--readme README.md] [--only asyncredlock,pottery]
+                               [--scenarios ad] [--loop uvloop]
 
 It writes ``peers.json`` (every number, every setting, the environment, the targets),
 ``peers.md`` (a table per scenario, the ratio of asyncredlock to the best peer, and
@@ -53,7 +54,9 @@ whether each target was met) and ``peers.png`` (a panel per scenario) to ``--out
 with ``--docs`` it also copies the plot to ``DOCS/img/peers.png`` and rewrites
 ``DOCS/peers.md`` after its ``<!-- PEERS-TABLE -->`` line; with ``--readme`` it writes
 a summary table between the ``<!-- PEERS-SUMMARY -->`` lines of that file. It
-installs nothing.
+installs nothing. With ``--loop uvloop`` every library (the child processes of d
+included) runs on uvloop instead of asyncio's default loop, and the files are
+``peers-uvloop.*`` (no ``--docs`` or ``--readme``: the published run is asyncio's).
 """
 
 from __future__ import annotations
@@ -63,14 +66,16 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import importlib
 import itertools
 import json
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from lockbench.adapters import (
     PEERS,
@@ -146,6 +151,8 @@ from lockbench.workloads import (
 from redis.asyncio import Redis
 
 from asyncredlock.testing import ServerGroup
+
+T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
 SEED = 1729
@@ -655,6 +662,7 @@ async def processes_case(
                 op_guard=plan.op_guard,
                 first=i * case.tasks,
                 tasks=case.tasks,
+                loop=loop_name(),
             )
             for i in range(case.processes)
         ]
@@ -773,6 +781,8 @@ async def child_run(spec: ChildSpec) -> ChildRecord | Outcome:
     its workers from the start to the deadline the parent sends. Holds and failures,
     for the parent (as the last line printed)."""
     quiet_loggers()
+    if loop_name() != spec["loop"]:
+        return outcome("failed", f"a child process ran on {loop_name()}, not {spec['loop']}")
     peer = next(p for p in PEERS if p.id == spec["peer"])
     mode = Mode("contended", waiting=True, workers=spec["tasks"])
     info = probe(peer)  # what Run records the settings into
@@ -1000,21 +1010,25 @@ async def run_all(runner: Runner, scenarios: Sequence[Scenario]) -> list[Scenari
 
 
 def run(
-    peers: Sequence[Peer], plan: Plan, scenarios: Sequence[Scenario] = SCENARIOS
+    peers: Sequence[Peer],
+    plan: Plan,
+    scenarios: Sequence[Scenario] = SCENARIOS,
+    loop: str = "asyncio",
 ) -> PeersReport:
-    """Start servers and proxies, run everything, stop everything (also on error)."""
+    """Start servers and proxies, run everything on ``loop`` (``asyncio`` or
+    ``uvloop``), stop everything (also on error)."""
     quiet_loggers()
     infos = {peer.id: probe(peer) for peer in peers}
     started = time.perf_counter()
     with servers_behind_proxies(SERVERS) as (servers, proxies):
         runner = Runner(peers, infos, servers, proxies, plan)
-        measured = asyncio.run(run_all(runner, scenarios))
+        measured = run_on(loop, run_all(runner, scenarios))
     report = PeersReport(
         benchmark="peers",
         unit="ms unless stated",
         settings=settings_record(plan),
         plan=plan_record(plan),
-        environment=environment() | {"event_loop": "asyncio"},
+        environment=environment() | {"event_loop": loop},
         libraries=infos,
         measured_rtt=runner.rtts,
         scenarios=measured,
@@ -1024,6 +1038,19 @@ def run(
     report["ratios"] = {s["id"]: ratio_lines(s, infos) for s in measured}
     report["targets"] = targets(report)
     return report
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """``main`` run to the end on a new event loop: asyncio's, or uvloop's."""
+    if loop == "uvloop":
+        return cast(T, importlib.import_module("uvloop").run(main))
+    return asyncio.run(main)
+
+
+def loop_name() -> str:
+    """``uvloop`` when the running loop is uvloop's, else ``asyncio``."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.startswith("uvloop") else "asyncio"
 
 
 def settings_record(plan: Plan) -> RunSettings:
@@ -1086,7 +1113,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=PEERS,
         help="comma-separated libraries: " + ",".join(p.id for p in PEERS),
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop every library runs on (uvloop: files peers-uvloop.*)",
+    )
+    args = parser.parse_args(argv)
+    if args.loop != "asyncio" and (args.docs or args.readme):
+        parser.error("--docs and --readme publish the asyncio run: not with --loop uvloop")
+    return args
 
 
 def pick_scenarios(ids: str) -> tuple[Scenario, ...]:
@@ -1116,14 +1152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and write its outputs."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--child"]:  # one process of scenario d (see processes_case)
-        print(json.dumps(asyncio.run(child_run(json.loads(argv[1])))))
+        spec: ChildSpec = json.loads(argv[1])
+        print(json.dumps(run_on(spec["loop"], child_run(spec))))
         return 0
     args = parse_args(argv)
     if args.report is not None:
         report = read_report(args.report)
     else:
         try:
-            report = run(args.only, QUICK if args.quick else FULL, args.scenarios)
+            report = run(args.only, QUICK if args.quick else FULL, args.scenarios, args.loop)
         except KeyboardInterrupt:
             print("interrupted; servers and proxies stopped", file=sys.stderr)
             return 130

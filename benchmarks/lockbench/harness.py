@@ -358,7 +358,8 @@ def machine_line(env: Environment) -> str:
     return (
         f"Measured {env['date']} on {env['cpu_count']} CPUs ({env['cpu_model']}), "
         f"{env['platform']}; Python {env['python']}, redis-py {env['redis_py']} "
-        f"(hiredis {env['hiredis']}), {env['server']}, asyncredlock {env['asyncredlock']}."
+        f"(hiredis {env['hiredis']}), {env['server']}, asyncredlock {env['asyncredlock']}"
+        + ("." if env.get("event_loop", "asyncio") == "asyncio" else f"; on {env['event_loop']}.")
     )
 
 

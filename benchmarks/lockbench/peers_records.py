@@ -215,6 +215,7 @@ class ChildSpec(TypedDict):
     op_guard: float  # seconds the warm-up cycle may take per operation
     first: int  # the number of its first worker
     tasks: int  # its workers (tasks of its one client)
+    loop: str  # the event loop it runs on: "asyncio" or "uvloop"
 
 
 class ChildWindow(TypedDict):

@@ -295,7 +295,7 @@ def body(report: PeersReport, level: str) -> str:
 
 def markdown(report: PeersReport) -> str:
     """``peers.md``."""
-    return "# asyncredlock and its peers\n\n" + body(report, "##")
+    return f"# asyncredlock and its peers{on_loop(report)}\n\n" + body(report, "##")
 
 
 def docs_section(report: PeersReport) -> str:
@@ -837,6 +837,12 @@ PANEL_LABELS = {
 }
 
 
+def on_loop(report: PeersReport) -> str:
+    """`` on uvloop`` for a run on uvloop; nothing on asyncio's loop."""
+    loop = report["environment"].get("event_loop", "asyncio")
+    return "" if loop == "asyncio" else f" on {loop}"
+
+
 def plot(report: PeersReport, path: Path) -> None:
     """One panel per scenario, grouped bars (cases by libraries); hangs marked."""
     plt = pyplot()
@@ -847,7 +853,9 @@ def plot(report: PeersReport, path: Path) -> None:
         bars(ax, scenario, infos, report["settings"]["op_guard_s"] * 1000)
     legend_panel(axes[-1], infos)
     fig.suptitle(
-        "asyncredlock and other Python Redis locks (bars: ok; hatched: hung at the guard; "
+        "asyncredlock and other Python Redis locks"
+        + on_loop(report)
+        + " (bars: ok; hatched: hung at the guard; "
         "'failed' or 'hung' written where no bar; missing: n/a or unavailable)",
         fontsize=11,
     )
@@ -924,11 +932,15 @@ def legend_panel(ax: Any, infos: dict[str, LibraryInfo]) -> None:
 def write_outputs(
     report: PeersReport, out: Path, docs: Path | None, readme: Path | None = None
 ) -> None:
-    """JSON, markdown and PNG into ``out``; the plot and section into ``docs`` and the
-    summary into ``readme``, if given."""
-    write_json(out / "peers.json", report)
-    write_text(out / "peers.md", markdown(report))
-    plot(report, out / "peers.png")
+    """JSON, markdown and PNG into ``out`` (``peers-uvloop.*`` for a run on uvloop);
+    the plot and section into ``docs`` and the summary into ``readme``, if given."""
+    loop = report["environment"].get("event_loop", "asyncio")
+    stem = "peers" if loop == "asyncio" else f"peers-{loop}"
+    if loop != "asyncio" and (docs is not None or readme is not None):
+        raise ValueError(f"a run on {loop} is not published (docs, README): asyncio's is")
+    write_json(out / f"{stem}.json", report)
+    write_text(out / f"{stem}.md", markdown(report))
+    plot(report, out / f"{stem}.png")
     if docs is not None:
         (docs / "img").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "peers.png", docs / "img" / "peers.png")

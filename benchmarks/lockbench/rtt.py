@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import NotRequired
+from typing import NotRequired, cast
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
@@ -61,8 +61,8 @@ class _Pinger(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not subclasses of asyncio's: no isinstance check
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         for _ in range(data.count(b"\r\n")):

@@ -299,3 +299,46 @@ def test_only_rejects_an_unknown_library() -> None:
     )
     assert proc.returncode == 2
     assert "nosuchlock" in proc.stderr
+
+
+def test_a_run_on_uvloop_is_written_apart(tmp_path: Path) -> None:
+    """``--loop uvloop``: every library runs on uvloop (the child processes of d too:
+    one on another loop fails its case), and the files are ``peers-uvloop.*``."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(SCRIPT), "--quick", "--loop", "uvloop", "--scenarios", "d"),
+            *("--only", "asyncredlock", "--out", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "peers-uvloop.json",
+        "peers-uvloop.md",
+        "peers-uvloop.png",
+    ]
+    report = json.loads((tmp_path / "peers-uvloop.json").read_text())
+    assert report["environment"]["event_loop"] == "uvloop"
+    (contention,) = report["scenarios"]
+    results = {c["name"]: c["results"]["asyncredlock"] for c in contention["cases"]}
+    assert {name: r["status"] for name, r in results.items()} == dict.fromkeys(results, "ok")
+    assert "processes" in {c["clients"] for c in contention["cases"]}
+    title = (tmp_path / "peers-uvloop.md").read_text().splitlines()[0]
+    assert title == "# asyncredlock and its peers on uvloop"
+
+
+def test_a_run_on_uvloop_is_not_published() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--loop", "uvloop", "--docs", "docs"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "not with --loop uvloop" in proc.stderr
