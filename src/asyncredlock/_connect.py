@@ -20,7 +20,7 @@ from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
 from ._tls import certificate_error
-from ._transport import Stream
+from ._wire import Stream
 
 __all__ = ["ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
 

@@ -13,7 +13,7 @@ import hiredis
 
 from ._liveness import Heartbeat
 from ._node import Node
-from ._transport import Stream, pack
+from ._wire import Stream, pack
 
 __all__ = ["RECONNECT_DELAY", "Listener"]
 

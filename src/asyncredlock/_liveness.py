@@ -41,20 +41,27 @@ def readable(transport: asyncio.BaseTransport | None) -> bool:
 class Heartbeat:
     """Watches one connection: after ``interval`` seconds with nothing received,
     ``ping()`` (which must make the peer answer); after ``interval`` more with still
-    nothing, the transport is aborted (its protocol's ``connection_lost`` follows).
+    nothing, ``dead()``, by default the transport aborted (its protocol's
+    ``connection_lost`` follows).
 
     Args:
         transport: The connection's transport.
         interval: Seconds of quiet before the PING, and then before the drop.
         ping: Sends the PING.
+        dead: Drops the connection (``None``: aborts the transport).
     """
 
     def __init__(
-        self, transport: asyncio.Transport, interval: float, ping: Callable[[], None]
+        self,
+        transport: asyncio.Transport,
+        interval: float,
+        ping: Callable[[], None],
+        dead: Callable[[], None] | None = None,
     ) -> None:
         self.transport = transport
         self.interval = interval
         self.ping = ping
+        self.dead = transport.abort if dead is None else dead
         loop = asyncio.get_running_loop()
         self.heard_at = loop.time()
         self.pinged = False  # a PING is out, unanswered
@@ -82,7 +89,7 @@ class Heartbeat:
             self._handle = loop.call_at(now + self.interval, self._check)
             return
         if self.pinged:
-            self.transport.abort()
+            self.dead()
             return
         self.pinged = True
         self.pings += 1

@@ -136,7 +136,8 @@ def log_ping_refused(master: str, ping: asyncio.Future[Any]) -> None:
     master alive (the connection stays), but every idle spell is refused again.
     ``ping`` resolves with the PING's `Reply`."""
     error = ping.result().error
-    if isinstance(error, ResponseError) and master not in _PING_REFUSED:
+    refused = isinstance(error, ResponseError) and str(error).startswith("NOPERM")
+    if refused and master not in _PING_REFUSED:  # not BUSY, LOADING...: it may pass
         _PING_REFUSED.add(master)
         logger.warning(
             "master %s refuses the PING of idle connections (%s): grant +ping "

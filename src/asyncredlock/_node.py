@@ -10,7 +10,8 @@ from typing import Any
 from ._keys import key_slot
 from ._scripts import SCRIPTS, Script, evalsha
 from ._telemetry import master_error
-from ._transport import ClosedError, Link, Opener, Reply, pack
+from ._transport import Link
+from ._wire import ClosedError, Opener, Reply, pack
 
 __all__ = ["Node", "Reply"]
 
@@ -77,8 +78,9 @@ class Node:
 
     @property
     def in_flight(self) -> int:
-        """Calls sent (or waiting for the connection) and not answered yet."""
-        return self.link.outstanding if self.link is not None else len(self._tasks)
+        """Calls sent (or waiting for the connection) and not answered yet; not the
+        connection's own PING."""
+        return self.link.calls if self.link is not None else len(self._tasks)
 
     @property
     def silent(self) -> bool:

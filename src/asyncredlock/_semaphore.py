@@ -41,8 +41,8 @@ from ._refusal import acquisition_error, refusal
 from ._scripts import SEM_ACQUIRE, SEM_DEQUEUE, SEM_UNDO
 from ._stats import Taken
 from ._telemetry import note_attempts
-from ._transport import ClosedError
 from ._wakeup import Ticket
+from ._wire import ClosedError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

@@ -21,8 +21,7 @@ import collections
 import contextlib
 import functools
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -33,39 +32,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._liveness import Heartbeat, readable
 from ._log import log_master_readmitted, log_master_silent, log_ping_refused
 from ._telemetry import master_error, master_silent
+from ._wire import ClosedError, Hook, Opener, Reply, Stream, pack, pack_args
 
-__all__ = ["ClosedError", "Link", "Opener", "Reply", "Stream", "pack"]
-
-
-@dataclass(slots=True)
-class Reply:
-    """The result of one call to one master: a value, or the exception it raised.
-
-    Never changed once made; not a frozen dataclass only because one is made per
-    reply, and a frozen one takes twice as long to build."""
-
-    value: Any = None
-    error: Exception | None = None
-
-
-class ClosedError(RedisConnectionError):
-    """The ``AsyncRedlock`` was closed while the call was out (its outcome is unknown)."""
-
-
-class Stream(asyncio.Protocol):
-    """A protocol an `Opener` can attach to a connection it opened."""
-
-    #: What opened the socket and must live as long as it does (an asyncio
-    #: ``StreamWriter`` closes its transport when it is garbage-collected).
-    opened_by: object = None
-
-
-#: Opens a connection to the master and attaches ``protocol`` to it: once it
-#: returns, ``protocol.connection_made`` has been called.
-Opener = Callable[[Stream], Awaitable[None]]
-
-#: Called with (index, reply) when a reply is read; see `Link.listen`.
-Hook = Callable[[int, "Reply"], None]
+__all__ = ["Link"]
 
 
 #: A request on the wire: the future its reply resolves (None: the link's own, unread)
@@ -185,7 +154,7 @@ class Link:
         self.opener = opener
         self.node_timeout = node_timeout
         self.socket_timeout = socket_timeout
-        self.preload = tuple(_pack(command) for command in preload)
+        self.preload = tuple(pack_args(command) for command in preload)
         #: Requests sent or waiting for the connection, not answered yet.
         self.outstanding = 0
         #: Whether requests have been out for ``node_timeout`` with no byte back.
@@ -195,6 +164,7 @@ class Link:
         self.watchers: set[Callable[[], None]] = set()
         self.connections = 0  # connections opened so far
         self.pings = 0  # PINGs sent on an idle connection
+        self._ping_out: asyncio.Future[Reply] | None = None  # one out, not a caller's
         self.closed = False
         self._conn: _Connection | None = None
         self._queued: list[tuple[bytes, _Request]] = []
@@ -230,7 +200,7 @@ class Link:
             packed: ``args`` already in RESP (packed once for several masters).
         """
         if packed is None:
-            packed = _pack(args)
+            packed = pack_args(args)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         if self.closed:
@@ -279,15 +249,23 @@ class Link:
                     asyncio.get_running_loop().call_exception_handler(
                         {"message": f"reply hook failed on {self.name}", "exception": exc}
                     )
+        if future is self._ping_out:
+            self._ping_out = None
         if self.outstanding == 0:
             self._quiet_since = math.inf
+        if not self.calls:
             idle, self._idle = self._idle, None
             if idle is not None and not idle.done():
                 idle.set_result(None)
 
+    @property
+    def calls(self) -> int:
+        """Callers' calls outstanding (`outstanding` less the link's own PING)."""
+        return self.outstanding - (self._ping_out is not None)
+
     async def wait_idle(self) -> None:
-        """Wait until no call is outstanding."""
-        if self.outstanding:
+        """Wait until no caller's call is outstanding."""
+        if self.calls:
             if self._idle is None:
                 self._idle = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._idle)
@@ -367,7 +345,8 @@ class Link:
         self._conn = conn
         self._quiet_since = asyncio.get_running_loop().time()  # the queued calls leave now
         if conn.transport is not None:  # idle, it PINGs: a silent cut shows as silence
-            conn.heartbeat = Heartbeat(conn.transport, self.socket_timeout, self._ping)
+            dead = functools.partial(self._dead, conn)
+            conn.heartbeat = Heartbeat(conn.transport, self.socket_timeout, self._ping, dead)
         for packed in self.preload:
             conn.send(packed, (None, (), None))
         queued, self._queued = self._queued, []
@@ -376,7 +355,14 @@ class Link:
 
     def _ping(self) -> None:
         self.pings += 1  # judged like any call (a refusal, an ACL without +ping, answers)
-        self.call(("PING",)).add_done_callback(functools.partial(log_ping_refused, self.name))
+        self._ping_out = self.call(("PING",))
+        self._ping_out.add_done_callback(functools.partial(log_ping_refused, self.name))
+
+    def _dead(self, conn: _Connection) -> None:
+        # the PING unanswered (the watchdog may drop it first): later calls go to a new
+        # connection at once, not to this one until its connection_lost
+        if self._conn is conn:
+            self._drop(RedisTimeoutError(f"no reply to PING within {self.socket_timeout:g} s"))
 
     def dropped(self, conn: _Connection, exc: Exception | None) -> None:
         """The connection was closed (by the master, the network, or us)."""
@@ -439,12 +425,3 @@ def _connection_error(exc: Exception) -> RedisConnectionError:
     error = RedisConnectionError(f"{type(exc).__name__}: {exc}")
     error.__cause__ = exc
     return error
-
-
-def pack(*args: Any) -> bytes:
-    """One command in RESP."""
-    return _pack(args)
-
-
-# hiredis's stub types the argument as a 1-tuple; it takes any length.
-_pack = cast(Callable[[tuple[Any, ...]], bytes], hiredis.pack_command)

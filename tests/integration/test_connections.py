@@ -7,7 +7,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import anyio
@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, QuorumUnavailableError
+from asyncredlock._transport import Link
 from asyncredlock.testing import FaultProxy, ServerGroup, ServerProcess, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -198,6 +199,7 @@ class TestSilentMaster:
                 AsyncRedlock([proxy.url for proxy in proxies], socket_timeout=0.2)
             )
             await _cycle(redlock, "idle:cut:warm")
+            await redlock.settle()  # the release returned at a quorum: one call may be out
             assert [proxy.forget_connections() for proxy in proxies] == [1, 1, 1]
             links = [node.link for node in redlock._core.nodes]
             # unanswered, the PINGs got the connections dropped: no call of ours was out
@@ -209,3 +211,44 @@ class TestSilentMaster:
                 await lease.release()
             state = client_state(redlock)
             assert (state.connections, state.silent) == ((2, 2, 2), (False, False, False))
+
+    async def test_an_idle_connections_ping_is_not_a_call_and_unanswered_lets_it_go(
+        self, servers: ServerGroup
+    ) -> None:
+        """The PING of an idle connection is the library's own: `settle()` does not wait
+        for it, nor does `in_flight` count it. Unanswered (the connection cut silently),
+        the connection is let go at once: a call made then opens a new one instead of
+        going to the dead one until its loss is reported."""
+        async with contextlib.AsyncExitStack() as stack:
+            proxies = [
+                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+                for server in list(servers)[:3]
+            ]
+            redlock = await stack.enter_async_context(
+                # the PING's drop due long before its silence: the heartbeat drops it
+                AsyncRedlock([proxy.url for proxy in proxies], socket_timeout=0.5, node_timeout=2)
+            )
+            await _cycle(redlock, "idle:ping:warm")
+            await redlock.settle()
+            links = [node.link for node in redlock._core.nodes]
+            still_connected: list[bool] = []
+            for link in links:
+                assert link is not None
+                assert link._conn is not None
+                heartbeat = link._conn.heartbeat
+                assert heartbeat is not None
+                drop = heartbeat.dead
+
+                def dropped(drop: Callable[[], None] = drop, link: Link = link) -> None:
+                    drop()
+                    still_connected.append(link.connected)
+
+                heartbeat.dead = dropped
+            assert [proxy.forget_connections() for proxy in proxies] == [1, 1, 1]
+            assert await polled(lambda: all(link and link.outstanding == 1 for link in links))
+            with anyio.fail_after(HANG_GUARD):
+                await redlock.settle()
+            assert client_state(redlock).in_flight == (0, 0, 0)
+            assert all(link and link.outstanding == 1 for link in links)  # not waited for
+            assert await polled(lambda: len(still_connected) == 3)
+            assert still_connected == [False, False, False]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import re
+import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -155,3 +157,28 @@ def test_cli_demo_exits_zero() -> None:
     assert done.returncode == 0, done.stderr
     assert "OK: with the lock, exactly 3 created and 2 refused." in done.stdout
     assert done.stderr == ""
+
+
+def test_a_sigterm_to_the_demo_leaves_no_server_behind() -> None:
+    """The demo starts its servers in a worker thread, where no signal handler can be
+    installed: it installs the SIGTERM reaper first, so `timeout` or a stopped job
+    leaves no server running."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "asyncredlock", "demo", "--servers", "3", "--requests", "50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    try:
+        ports = [int(port) for port in URL.findall(demo.stdout.readline())]
+        assert len(ports) == 3
+        demo.send_signal(signal.SIGTERM)
+        _, stderr = demo.communicate(timeout=60)
+        assert demo.returncode == -signal.SIGTERM, stderr
+        for port in ports:
+            with pytest.raises(ConnectionRefusedError), socket.socket() as sock:
+                sock.connect(("127.0.0.1", port))
+    finally:
+        demo.kill()
+        demo.communicate()

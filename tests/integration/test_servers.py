@@ -321,9 +321,31 @@ _INTERRUPTED_RUN = textwrap.dedent(
 #: An application's own SIGTERM handler, installed before any server starts.
 _APP_HANDLER = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\n"
 
+#: One server, then SIGTERM's handler borrowed by an event loop and given back (its
+#: default action again, as ``remove_signal_handler()`` leaves it), then another.
+_BORROWED_RUN = textwrap.dedent(
+    """
+    import asyncio, signal, sys
+    from asyncredlock.testing import ServerGroup
+    first = ServerGroup(1)
+    first.start()
+    async def borrow():
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: None)
+        loop.remove_signal_handler(signal.SIGTERM)
+    asyncio.run(borrow())
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    second = ServerGroup(1)
+    second.start()
+    servers = [*first, *second]
+    print(*(server.pid for server in servers), *(server.workdir for server in servers), flush=True)
+    sys.stdin.read()  # wait for the signal
+    """
+)
+
 
 @pytest.mark.parametrize(
-    ("sig", "prelude", "status"),
+    ("sig", "prelude", "status"),  # prelude None: _BORROWED_RUN
     [
         # SIGINT to the runner's process group (a Ctrl-C): KeyboardInterrupt, atexit
         pytest.param(signal.SIGINT, "", -signal.SIGINT, id="ctrl-c"),
@@ -332,15 +354,18 @@ _APP_HANDLER = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys
         pytest.param(signal.SIGTERM, "", -signal.SIGTERM, id="sigterm"),
         # an application's handler is kept: its exit runs atexit
         pytest.param(signal.SIGTERM, _APP_HANDLER, 3, id="sigterm-app-handler"),
+        # the handler borrowed and given back between two servers: the second puts it back
+        pytest.param(signal.SIGTERM, None, -signal.SIGTERM, id="sigterm-borrowed"),
     ],
 )
 def test_a_signal_to_the_runner_leaves_no_server_behind(
-    sig: signal.Signals, prelude: str, status: int
+    sig: signal.Signals, prelude: str | None, status: int
 ) -> None:
     """The runner's servers are in a session of their own (a Ctrl-C does not reach
     them), so the runner must kill them however it is stopped."""
+    script = _BORROWED_RUN if prelude is None else prelude + _INTERRUPTED_RUN
     runner = subprocess.Popen(
-        [sys.executable, "-c", prelude + _INTERRUPTED_RUN],
+        [sys.executable, "-c", script],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
-from asyncredlock._transport import Stream
+from asyncredlock._wire import Stream
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 

@@ -32,6 +32,7 @@ from .._redlock import AsyncRedlock
 from .._stats import RedlockStatistics
 from ._group import ServerGroup
 from ._servers import ServerProcess
+from ._support import registry
 
 if TYPE_CHECKING:
     import httpx
@@ -171,6 +172,7 @@ def _require_web() -> None:
 async def _servers(masters: int) -> AsyncIterator[tuple[list[str], str]]:
     """The masters' URLs and the database's URL; every server stops at exit."""
     stack = contextlib.ExitStack()
+    registry.watch_sigterm()  # here: the servers start in a worker thread, which cannot
     try:
         group, database = await anyio.to_thread.run_sync(_start_servers, stack, masters)
         yield group.urls, database.url

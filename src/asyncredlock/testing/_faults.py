@@ -16,7 +16,7 @@ from typing import Any
 from .._node import Node
 from .._redlock import AsyncRedlock
 from .._scripts import FENCED_WRITE, SCRIPTS, Script
-from .._transport import Reply
+from .._wire import Reply
 
 __all__ = ["HeldCalls", "deafened", "hold_calls", "whole_retry_delay"]
 

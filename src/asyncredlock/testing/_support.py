@@ -54,10 +54,9 @@ class Registry:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.tempdirs: set[Path] = set()
         self.ports: set[int] = set()
-        self.on_sigterm = False  # whether a SIGTERM reaps them (see `watch_sigterm`)
 
     def add(self, proc: subprocess.Popen[bytes]) -> None:
-        """Record a live server process (and reap on SIGTERM from now on, if may)."""
+        """Record a live server process (and reap on SIGTERM from now on, if it may)."""
         self.processes[proc.pid] = proc
         self.watch_sigterm()
 
@@ -68,13 +67,14 @@ class Registry:
 
         Only over the default disposition, and only from the main thread (where
         Python runs signal handlers): an application's own handler is kept, and
-        its exit runs ``atexit``.
+        its exit runs ``atexit``. Checked at every server start, so a handler that
+        was borrowed and given back (SIGTERM's default action again: what
+        ``loop.remove_signal_handler()`` leaves) is put back by the next one.
         """
-        if self.on_sigterm or threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _reap_and_die)
-        self.on_sigterm = True
 
     def forget(self) -> None:
         """Drop every record, killing nothing (in a forked child: they are the
