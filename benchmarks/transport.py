@@ -72,7 +72,8 @@ from lockbench.transport_report import (
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from asyncredlock._connect import RedisPyOpener
-from asyncredlock._transport import Link, Reply, Stream
+from asyncredlock._transport import Link
+from asyncredlock._wire import Reply, Stream
 from asyncredlock.testing import ServerGroup
 
 HERE = Path(__file__).resolve().parent
