@@ -354,6 +354,8 @@ class Link:
             conn.send(packed, request)
 
     def _ping(self) -> None:
+        if self.closed:  # its connection is about to go: nothing to watch
+            return
         self.pings += 1  # judged like any call (a refusal, an ACL without +ping, answers)
         self._ping_out = self.call(("PING",))
         self._ping_out.add_done_callback(functools.partial(log_ping_refused, self.name))

@@ -93,3 +93,22 @@ class TestReplyHooks:
         finally:
             loop.set_exception_handler(previous)
         assert [str(context["exception"]) for context in reported] == ["hook broke"]
+
+
+class TestOwnPing:
+    async def test_the_links_ping_is_not_a_callers_call(self, servers: ServerGroup) -> None:
+        """The PING of an idle connection is counted out of `calls` (what `settle()`
+        waits for) while it is out, and the count is whole again once answered; a
+        closed link sends none (a heartbeat firing while `aclose()` waits)."""
+        async with _link(servers.urls[0]) as link:
+            with anyio.fail_after(HANG_GUARD):
+                assert (await link.call(("PING",))).value == b"PONG"  # connected
+                link._ping()
+                assert (link.outstanding, link.calls, link.pings) == (1, 0, 1)
+                caller = link.call(("ECHO", "mine"))
+                assert (link.outstanding, link.calls) == (2, 1)
+                assert (await caller).value == b"mine"
+                await link.wait_idle()
+                assert (link.outstanding, link.calls) == (0, 0)
+        link._ping()
+        assert (link.outstanding, link.calls, link.pings) == (0, 0, 1)
