@@ -1158,6 +1158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report is not None:
         report = read_report(args.report)
+        loop = report["environment"].get("event_loop", "asyncio")
+        if loop != "asyncio" and (args.docs or args.readme):
+            refused = f"peers.py: a run on {loop} is not published: no --docs or --readme"
+            print(refused, file=sys.stderr)
+            return 2
     else:
         try:
             report = run(args.only, QUICK if args.quick else FULL, args.scenarios, args.loop)

@@ -342,3 +342,14 @@ def test_a_run_on_uvloop_is_not_published() -> None:
     )
     assert proc.returncode == 2
     assert "not with --loop uvloop" in proc.stderr
+    uvloop_run = ROOT / "benchmarks" / "results" / "peers-uvloop.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--report", str(uvloop_run), "--readme", "README.md"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "peers.py: a run on uvloop is not published: no --docs or --readme\n"
