@@ -288,15 +288,20 @@ def test_readme_summary_is_written_between_its_markers(
     assert "Quick run" in summary
 
 
-def test_only_rejects_an_unknown_library() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--only", "asyncredlock,nosuchlock"],
+def peers(*args: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/peers.py`` run with ``args`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
+
+
+def test_only_rejects_an_unknown_library() -> None:
+    proc = peers("--only", "asyncredlock,nosuchlock")
     assert proc.returncode == 2
     assert "nosuchlock" in proc.stderr
 
@@ -304,16 +309,10 @@ def test_only_rejects_an_unknown_library() -> None:
 def test_a_run_on_uvloop_is_written_apart(tmp_path: Path) -> None:
     """``--loop uvloop``: every library runs on uvloop (the child processes of d too:
     one on another loop fails its case), and the files are ``peers-uvloop.*``."""
-    proc = subprocess.run(
-        [
-            *(sys.executable, str(SCRIPT), "--quick", "--loop", "uvloop", "--scenarios", "d"),
-            *("--only", "asyncredlock", "--out", str(tmp_path)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = peers(
+        *("--quick", "--loop", "uvloop", "--scenarios", "d"),
+        *("--only", "asyncredlock", "--out", str(tmp_path)),
         timeout=400,
-        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -332,24 +331,10 @@ def test_a_run_on_uvloop_is_written_apart(tmp_path: Path) -> None:
 
 
 def test_a_run_on_uvloop_is_not_published() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--loop", "uvloop", "--docs", "docs"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = peers("--loop", "uvloop", "--docs", "docs")
     assert proc.returncode == 2
     assert "not with --loop uvloop" in proc.stderr
     uvloop_run = ROOT / "benchmarks" / "results" / "peers-uvloop.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--report", str(uvloop_run), "--readme", "README.md"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = peers("--report", str(uvloop_run), "--readme", "README.md")
     assert proc.returncode == 2
     assert proc.stderr == "peers.py: a run on uvloop is not published: no --docs or --readme\n"
