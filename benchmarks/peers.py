@@ -121,6 +121,7 @@ from lockbench.peers_records import (
 )
 from lockbench.peers_report import (
     cell,
+    loop_of,
     ratio_lines,
     scenario_section,
     targets,
@@ -1158,7 +1159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report is not None:
         report = read_report(args.report)
-        loop = report["environment"].get("event_loop", "asyncio")
+        loop = loop_of(report)
         if loop != "asyncio" and (args.docs or args.readme):
             refused = f"peers.py: a run on {loop} is not published: no --docs or --readme"
             print(refused, file=sys.stderr)
