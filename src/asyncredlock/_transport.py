@@ -77,6 +77,8 @@ class _Connection(Stream):
     def flush(self) -> None:
         out, self.out = self.out, []
         if out and self.transport is not None and not self.lost:
+            if len(self.pending) == len(out):  # nothing older on the wire: silence
+                self.link.sent()  # is counted from this write, not from the calls
             self.transport.write(b"".join(out))
 
     def data_received(self, data: bytes) -> None:
@@ -283,6 +285,10 @@ class Link:
             self.silent = self._unheard = False
             log_master_readmitted(self.name)
 
+    def sent(self) -> None:
+        """Requests left with none older unanswered: the master is answerable from now."""
+        self._quiet_since = asyncio.get_running_loop().time()
+
     def _arm(self, delay: float) -> None:
         if self._watchdog is None:
             loop = asyncio.get_running_loop()
@@ -306,6 +312,8 @@ class Link:
             # timeout). Silence is counted from when the calls are sent.
             self._arm(self.node_timeout)
             return
+        if conn.out and len(conn.pending) == len(conn.out):
+            conn.flush()  # the loop ran this before their write: nothing is out yet
         quiet = now - self._quiet_since
         if quiet >= self.node_timeout and conn.unread():
             self.heard(conn)  # replies are there; our loop has not read them yet
@@ -342,8 +350,7 @@ class Link:
         if self.closed:
             return
         self.connections += 1
-        self._conn = conn
-        self._quiet_since = asyncio.get_running_loop().time()  # the queued calls leave now
+        self._conn = conn  # silence is counted from the queued calls' write (flush)
         if conn.transport is not None:  # idle, it PINGs: a silent cut shows as silence
             dead = functools.partial(self._dead, conn)
             conn.heartbeat = Heartbeat(conn.transport, self.socket_timeout, self._ping, dead)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -112,3 +114,40 @@ class TestOwnPing:
                 assert (link.outstanding, link.calls) == (0, 0)
         link._ping()
         assert (link.outstanding, link.calls, link.pings) == (0, 0, 1)
+
+
+class TestSilence:
+    async def test_a_stall_before_a_calls_write_is_not_the_masters_silence(
+        self, servers: ServerGroup
+    ) -> None:
+        """Silence is counted from when a request is written, not from when it was
+        made: a call queued for the iteration's joined write, then a stall of the
+        loop (under half of `node_timeout`: not "late") before that write, is not a
+        silent master — every request is answered. (A burst on a slow host marked
+        healthy masters silent this way: on uvloop the watchdog ran before the write.)"""
+        node_timeout = 0.2
+        settings = dataclasses.replace(DEFAULTS, node_timeout=node_timeout)
+        node, _ = make_node(servers.urls[0], settings)
+        link = node.link
+        assert link is not None
+        alarms: list[str] = []
+        link.watchers.add(lambda: alarms.append("silent"))
+        third: list[asyncio.Future[Reply]] = []
+
+        def stall(i: int, reply: Reply) -> None:
+            third.append(link.call(("ECHO", "third")))  # joins the next write
+            time.sleep(node_timeout * 1.25)  # the loop stalls before that write
+
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                await link.call(("PING",))  # connected
+                link.call(("PING",))  # written at once (alone)
+                first = link.call(("ECHO", "first"))  # these two join one write: their
+                second = link.call(("ECHO", "second"))  # replies are read together
+                assert link.listen(first, stall, 0)
+                assert (await first).value == b"first"
+                assert (await second).value == b"second"
+                assert (await third[0]).value == b"third"
+            assert (alarms, link.silent) == ([], False)
+        finally:
+            await node.aclose()
