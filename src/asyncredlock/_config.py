@@ -16,12 +16,14 @@ from ._keys import Resources
 
 __all__ = [
     "DEFAULTS",
+    "MAX_BUSY_POLL",
     "MAX_SECONDS",
     "LockKwargs",
     "LockOptions",
     "LockSpec",
     "Role",
     "Settings",
+    "check_busy_poll",
     "check_identity",
     "check_name",
     "check_names",
@@ -37,6 +39,9 @@ __all__ = [
 #: clock) and what their Lua numbers hold exactly (2**53), so no value that passes
 #: here can fail there.
 MAX_SECONDS = 1e9
+
+#: The longest ``busy_poll``, in seconds: the event loop runs nothing else meanwhile.
+MAX_BUSY_POLL = 0.001
 
 
 def check_seconds(
@@ -62,6 +67,17 @@ def check_seconds(
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
     if MAX_SECONDS < seconds < math.inf:
         raise ValueError(_too_long(name, value))
+    return seconds
+
+
+def check_busy_poll(value: object) -> float:
+    """Validate ``busy_poll``: seconds, from 0 (never) to `MAX_BUSY_POLL`."""
+    seconds = check_seconds("busy_poll", value, allow_zero=True)
+    if seconds > MAX_BUSY_POLL:
+        raise ValueError(
+            f"busy_poll must be at most {MAX_BUSY_POLL:g} seconds (the event loop runs"
+            f" nothing else while it polls), got {value!r}"
+        )
     return seconds
 
 
@@ -169,6 +185,7 @@ class Settings:
     retry_delay: float = 0.2
     drift_factor: float = 0.01
     socket_timeout: float = 5.0
+    busy_poll: float = 0.0001
     max_connections: int | None = None  # deprecated, ignored
     max_hold: float = math.inf
     prefix: str = ""
@@ -185,6 +202,7 @@ class Settings:
             "retry_delay": check_seconds("retry_delay", self.retry_delay, allow_zero=True),
             "socket_timeout": check_seconds("socket_timeout", self.socket_timeout),
             "max_hold": check_seconds("max_hold", self.max_hold, allow_inf=True),
+            "busy_poll": check_busy_poll(self.busy_poll),
         }
         for name, value in seconds.items():  # store floats, whatever number was given
             object.__setattr__(self, name, value)

@@ -200,6 +200,7 @@ def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
         opener=opener,
         node_timeout=settings.node_timeout,
         socket_timeout=settings.socket_timeout,
+        busy_poll=settings.busy_poll,
     )
 
 

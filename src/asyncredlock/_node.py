@@ -35,6 +35,7 @@ class Node:
         owned: Whether asyncredlock made ``client`` and must close it.
         node_timeout: Silence after which the master counts as silent.
         socket_timeout: Silence after which a connection is dropped.
+        busy_poll: Seconds to poll for a reply before the loop sleeps (see `Link`).
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class Node:
         owned: bool = False,
         node_timeout: float = 0.1,
         socket_timeout: float = 5.0,
+        busy_poll: float = 0.0,
     ) -> None:
         self.name = name
         self.opener = opener
@@ -63,6 +65,7 @@ class Node:
                 node_timeout=node_timeout,
                 socket_timeout=socket_timeout,
                 preload=preload,
+                busy_poll=busy_poll,
             )
         self._tasks: set[asyncio.Task[Reply]] = set()
         # the last call to a cluster master, per slot: the next one there waits for it

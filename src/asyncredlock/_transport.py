@@ -31,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._liveness import Heartbeat, readable
 from ._log import log_master_readmitted, log_master_silent, log_ping_refused
+from ._spin import Spin, spin_of
 from ._telemetry import master_error, master_silent
 from ._wire import ClosedError, Hook, Opener, Reply, Stream, pack, pack_args
 
@@ -48,6 +49,7 @@ class _Connection(Stream):
     def __init__(self, link: Link) -> None:
         self.link = link
         self.transport: asyncio.Transport | None = None
+        self.fd = -1  # the socket's, for the busy poll (-1: none)
         self.reader = hiredis.Reader()
         self.pending: collections.deque[_Request] = collections.deque()
         self.out: list[bytes] = []
@@ -58,6 +60,8 @@ class _Connection(Stream):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio's: no isinstance check
         self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        self.fd = -1 if sock is None else sock.fileno()
 
     def send(self, packed: bytes, request: _Request, *, alone: bool = False) -> None:
         """Queue ``packed`` for this iteration's write; its reply resolves ``request``.
@@ -69,6 +73,8 @@ class _Connection(Stream):
         self.pending.append(request)
         if alone and not self.out and self.transport is not None and not self.lost:
             self.transport.write(packed)
+            if self.link.spin is not None:
+                self.link.spin.wrote(self.fd, self.link.busy_poll)
             return
         if not self.out:
             asyncio.get_running_loop().call_soon(self.flush)
@@ -141,6 +147,8 @@ class Link:
             fail; also the idle time after which it PINGs.
         preload: Commands sent first on every new connection, replies unread
             (``SCRIPT LOAD`` of the scripts: no ``NOSCRIPT`` reorders the calls).
+        busy_poll: Seconds to poll for the reply to a call sent on an idle
+            connection when the loop has nothing else to run (`_spin`); 0: never.
     """
 
     def __init__(
@@ -151,12 +159,16 @@ class Link:
         node_timeout: float,
         socket_timeout: float,
         preload: Sequence[tuple[Any, ...]] = (),
+        busy_poll: float = 0.0,
     ) -> None:
         self.name = name
         self.opener = opener
         self.node_timeout = node_timeout
         self.socket_timeout = socket_timeout
         self.preload = tuple(pack_args(command) for command in preload)
+        self.busy_poll = busy_poll
+        #: The event loop's busy poller, once connected (None: not polling).
+        self.spin: Spin | None = None
         #: Requests sent or waiting for the connection, not answered yet.
         self.outstanding = 0
         #: Whether requests have been out for ``node_timeout`` with no byte back.
@@ -350,6 +362,7 @@ class Link:
         if self.closed:
             return
         self.connections += 1
+        self.spin = spin_of(asyncio.get_running_loop()) if self.busy_poll and conn.fd >= 0 else None
         self._conn = conn  # silence is counted from the queued calls' write (flush)
         if conn.transport is not None:  # idle, it PINGs: a silent cut shows as silence
             dead = functools.partial(self._dead, conn)

@@ -103,7 +103,7 @@ class TestSettings:
             "",
             True,
         )
-        assert DEFAULTS.fencing is True
+        assert (DEFAULTS.fencing, DEFAULTS.busy_poll) == (True, 0.0001)
         assert Settings().identity == f"{socket.gethostname()}:{os.getpid()}"
 
     def test_asyncredlock_takes_every_default_from_settings(self) -> None:
@@ -241,6 +241,12 @@ class TestAsyncRedlockSettings:
             ({"node_timeout": 2e9}, ValueError, r"^node_timeout must be at most"),
             ({"retry_delay": 1e10}, ValueError, r"^retry_delay must be at most"),
             ({"socket_timeout": 10**30}, ValueError, r"^socket_timeout must be at most"),
+            ({"busy_poll": -1e-6}, ValueError, r"^busy_poll must be >= 0 seconds"),
+            ({"busy_poll": math.nan}, ValueError, r"^busy_poll must be a finite"),
+            ({"busy_poll": math.inf}, ValueError, r"^busy_poll must be a finite"),
+            ({"busy_poll": 0.0011}, ValueError, r"^busy_poll must be at most 0\.001 seconds"),
+            ({"busy_poll": True}, TypeError, r"^busy_poll must be a number of seconds"),
+            ({"busy_poll": "1e-4"}, TypeError, r"^busy_poll must be a number of seconds"),
             ({"auto_extend": 1}, TypeError, r"^auto_extend must be a bool"),
             ({"fencing": "no"}, TypeError, r"^fencing must be a bool"),
             ({"clock": "monotonic"}, TypeError, r"^clock must be a callable"),
