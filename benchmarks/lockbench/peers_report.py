@@ -153,7 +153,7 @@ def ratio_lines(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> list
         }
         ours: dict[str, float] = {
             lib: v
-            for lib in ("asyncredlock", "asyncredlock-unfenced")
+            for lib in ("asyncredlock", "asyncredlock-unfenced", "asyncredlock-nopoll")
             if lib in results and (v := value(results[lib])) is not None
         }
         out.append(ratio_line(case["name"], ours, peers, infos, lower))
@@ -231,7 +231,9 @@ def notes(report: PeersReport) -> str:
         "everything) or its server is stopped (its proxy then resets each connection), "
         "after a warm-up on healthy masters.\n"
         "- asyncredlock runs with its defaults: leases auto-extend and carry fencing "
-        "tokens; the `fencing=False` row (a, b, e) differs in that only. In d every "
+        "tokens; the `fencing=False` row (a, b, e) differs in that only, and so does "
+        "the `busy_poll=0` row (a, d: no poll for a reply before the loop sleeps, see "
+        "docs/configuration.md). In d every "
         "worker of a library uses one client object (one `AsyncRedlock` for "
         "asyncredlock), so asyncredlock's waiting tasks queue in the process and a "
         "released lease is handed to the next of them without a call to the masters "
@@ -822,6 +824,7 @@ COLORS = {
     "asyncredlock": "tab:blue",
     "asyncredlock-unfenced": "lightskyblue",
     "asyncredlock-fair": "navy",
+    "asyncredlock-nopoll": "slategray",
     "aioredlock": "tab:orange",
     "pottery": "tab:green",
     "redlock-ng": "tab:red",

@@ -39,6 +39,7 @@ LIBRARIES = {
     "asyncredlock",
     "asyncredlock-unfenced",
     "asyncredlock-fair",
+    "asyncredlock-nopoll",
     "aioredlock",
     "pottery",
     "redlock-ng",
@@ -181,6 +182,8 @@ def test_single_server_locks_and_the_unfenced_row_are_marked(
                     assert results[lib]["status"] == "not_applicable", (case["name"], lib)
             if scenario["id"] in ("c", "d"):
                 assert results["asyncredlock-unfenced"]["status"] == "not_applicable"
+            if scenario["id"] in ("b", "c", "e"):
+                assert results["asyncredlock-nopoll"]["status"] == "not_applicable"
 
 
 def test_asyncredlock_completes_every_healthy_case(

@@ -108,6 +108,17 @@ PEERS = (
         "(no in-process hand-off); measured in the contention scenario",
     ),
     Peer(
+        "asyncredlock-nopoll",
+        "asyncredlock busy_poll=0",
+        ("asyncredlock",),
+        ("asyncredlock",),
+        False,
+        functools.partial(AsyncredlockSession, fencing=True, busy_poll=0),
+        frozenset("ad"),
+        "its defaults with busy_poll=0: the event loop sleeps until every reply, as "
+        "every peer's does; measured in the latency and contention scenarios",
+    ),
+    Peer(
         "aioredlock",
         "aioredlock",
         ("aioredlock", "aioredis"),

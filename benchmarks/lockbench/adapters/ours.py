@@ -14,20 +14,29 @@ from .base import Handle, Mode, defaults
 
 class AsyncredlockSession:
     """asyncredlock with its defaults (auto-extension on), fenced (the default) or not,
-    fair (waiters served in arrival order through the masters' queue) or not."""
+    fair (waiters served in arrival order through the masters' queue) or not, with
+    its default busy poll or another (0: none)."""
 
     def __init__(
-        self, urls: Sequence[str], mode: Mode, *, fencing: bool, fair: bool = False
+        self,
+        urls: Sequence[str],
+        mode: Mode,
+        *,
+        fencing: bool,
+        fair: bool = False,
+        busy_poll: float | None = None,
     ) -> None:
-        self._redlock = AsyncRedlock(list(urls), ttl=TTL, timeout=WAIT, fencing=fencing)
-        self._fencing = fencing
+        self._given: dict[str, Any] = {"ttl": TTL, "timeout": WAIT, "fencing": fencing}
+        if busy_poll is not None:
+            self._given["busy_poll"] = busy_poll
+        self._redlock = AsyncRedlock(list(urls), **self._given)
         self._fair = fair
 
     def handle(self, key: str) -> Handle:
         return AsyncredlockHandle(self._redlock, key, fair=self._fair)
 
     def settings(self) -> dict[str, Any]:
-        constructor = defaults(AsyncRedlock.__init__, ttl=TTL, timeout=WAIT, fencing=self._fencing)
+        constructor = defaults(AsyncRedlock.__init__, **self._given)
         constructor.pop("clock", None)
         # sends nothing
         lock = self._redlock.lock("peers:settings", ttl=TTL, timeout=WAIT, fair=self._fair)
