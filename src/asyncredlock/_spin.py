@@ -3,15 +3,17 @@
 On many virtual machines an idle CPU halts, and waking the process when a reply
 arrives costs tens of microseconds: longer than a round trip to a master on the same
 host or rack. So after a request goes out on an idle connection, and only when the
-event loop has nothing else to run, the client polls the sockets it just wrote to for
-up to ``busy_poll`` seconds (never past the loop's next timer): a reply that comes
-back within that is read without a sleep. A poll that sees nothing makes the next
-ones wait their turn (1, 2, 4 ... up to 1,024 chances let pass), so a distant master
-costs almost nothing; one that answers in time resets that.
+event loop has nothing else to run, the client polls the loop's own selector for up to
+``busy_poll`` seconds (never past the loop's next timer) instead of letting the loop
+sleep in it: the first event the loop watches (a reply, or anything else: another
+socket's bytes, a thread's ``call_soon_threadsafe``, a signal) ends the poll and is
+handled at once. A poll that sees nothing makes the next ones wait their turn (1, 2,
+4 ... up to 1,024 chances let pass), so a distant master costs almost nothing; a reply
+caught in time resets that.
 
-Only where the loop shows whether other work waits: asyncio's own event loops (their
-``_ready`` queue and ``_scheduled`` timers), on a platform with ``poll()``. Elsewhere
-(uvloop, Windows) nothing changes.
+Only where the loop shows whether other work waits: asyncio's own selector event loops
+(their ``_ready`` queue, ``_scheduled`` timers and ``_selector``), on a platform with
+``poll()``. Elsewhere (uvloop, Windows) nothing changes.
 """
 
 from __future__ import annotations
@@ -40,9 +42,16 @@ def spin_of(loop: asyncio.AbstractEventLoop) -> Spin | None:
         pass
     ready = getattr(loop, "_ready", None)
     timers = getattr(loop, "_scheduled", None)
+    # an epoll or kqueue selector has a descriptor of its own (select() and poll() not)
+    events = getattr(getattr(loop, "_selector", None), "fileno", None)
     spin = None
-    if isinstance(ready, deque) and isinstance(timers, list) and hasattr(select, "poll"):
-        spin = Spin(ready)  # holds no reference to the loop (_SPINS is weak)
+    if (
+        isinstance(ready, deque)
+        and isinstance(timers, list)
+        and callable(events)
+        and hasattr(select, "poll")
+    ):
+        spin = Spin(ready, events())  # holds no reference to the loop (_SPINS is weak)
     _SPINS[loop] = spin
     return spin
 
@@ -52,11 +61,15 @@ class Spin:
 
     Args:
         ready: The event loop's queue of callbacks to run.
+        events: The descriptor of the loop's selector (an epoll or kqueue): readable
+            when anything the loop watches is ready (a socket's bytes, a thread's
+            ``call_soon_threadsafe``, a signal: the loop's wake-up socket).
     """
 
     __slots__ = (
         "budget",
         "caught",
+        "events",
         "fds",
         "gave_way",
         "missed",
@@ -66,8 +79,9 @@ class Spin:
         "skip",
     )
 
-    def __init__(self, ready: deque[object]) -> None:
+    def __init__(self, ready: deque[object], events: int) -> None:
         self.ready = ready
+        self.events = events
         self.fds: list[int] = []
         self.budget = 0.0
         self.skip = 0  # chances still to let pass after a miss
@@ -99,12 +113,13 @@ class Spin:
         end = loop.time() + budget
         timers = loop._scheduled  # type: ignore[attr-defined]  # a new list when rebuilt
         timer = timers[0].when() if timers else math.inf
-        poller = select.poll()
-        for fd in fds:
+        poller = select.poll()  # the loop's selector: any event the loop watches
+        poller.register(self.events, select.POLLIN)
+        for fd in fds:  # and the sockets written to, to tell a reply from other work
             poller.register(fd, select.POLLIN)
-        while not poller.poll(0):
+        while not (seen := poller.poll(0)):
             now = loop.time()
-            if now >= timer:  # the loop has a timer to run: no verdict on the reply
+            if self.ready or now >= timer:  # a signal's handler queued work, a timer is due
                 self.gave_way += 1
                 return
             if now >= end:
@@ -112,5 +127,8 @@ class Spin:
                 self.penalty = min(2 * self.penalty or 1, _MAX_PENALTY)
                 self.skip = self.penalty
                 return
-        self.caught += 1
-        self.penalty = 0
+        if any(fd != self.events and mask & select.POLLIN for fd, mask in seen):
+            self.caught += 1
+            self.penalty = 0
+        else:  # other work for the loop, which it now does at once
+            self.gave_way += 1

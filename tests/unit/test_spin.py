@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from asyncredlock._spin import Spin, spin_of
 from tests import loops
 
 BUDGET = 0.0005  # seconds; a miss costs this much
+HANG_GUARD = 30.0  # seconds; only stops a hung test, never decides an outcome
 
 
 def on_asyncio(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
@@ -33,10 +35,15 @@ def on_asyncio(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], No
 
 @contextlib.contextmanager
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected pair: ours watched by the running loop (as a transport's socket
+    is), theirs to send from."""
     ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(ours.fileno(), lambda: None)
     try:
         yield ours, theirs
     finally:
+        loop.remove_reader(ours.fileno())
         ours.close()
         theirs.close()
 
@@ -56,7 +63,8 @@ def counts(spin: Spin) -> tuple[int, int, int, int]:
 
 
 def fresh() -> Spin:
-    return Spin(asyncio.get_running_loop()._ready)  # type: ignore[attr-defined]
+    loop: Any = asyncio.get_running_loop()
+    return Spin(loop._ready, loop._selector.fileno())
 
 
 @on_asyncio
@@ -99,6 +107,36 @@ async def test_other_work_of_the_loop_is_never_held_up() -> None:
         assert ran == []
         await asyncio.sleep(0)
     assert ran == [1]
+    assert counts(spin) == (0, 0, 0, 1)
+
+
+@on_asyncio
+async def test_an_event_on_another_socket_of_the_loop_ends_the_poll_with_no_verdict() -> None:
+    spin = fresh()
+    with pair() as (ours, _), pair() as (_, other):
+        other.send(b"not a reply")  # for another protocol of the loop
+        one_poll(spin, ours.fileno(), budget=1.0)  # would poll for a second
+    assert counts(spin) == (0, 0, 0, 1)  # gave way, no miss
+
+
+@on_asyncio
+async def test_a_threads_call_soon_threadsafe_ends_the_poll() -> None:
+    """A thread handing work to the loop (an executor's result, ``to_thread``) is not
+    held up for the budget: the poll gives way."""
+    spin = fresh()
+    loop = asyncio.get_running_loop()
+    polling = threading.Event()
+
+    def hand_over() -> None:
+        polling.wait(HANG_GUARD)
+        loop.call_soon_threadsafe(lambda: None)
+
+    with pair() as (ours, _):
+        thread = threading.Thread(target=hand_over)
+        thread.start()
+        polling.set()
+        one_poll(spin, ours.fileno(), budget=5.0)  # ended by the thread, long before
+        thread.join(HANG_GUARD)
     assert counts(spin) == (0, 0, 0, 1)
 
 
