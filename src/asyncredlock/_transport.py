@@ -83,8 +83,8 @@ class _Connection(Stream):
     def flush(self) -> None:
         out, self.out = self.out, []
         if out and self.transport is not None and not self.lost:
-            if len(self.pending) == len(out):  # nothing older on the wire: silence
-                self.link.sent()  # is counted from this write, not from the calls
+            if len(self.pending) == len(out):  # nothing older on the wire: silence is
+                self.link._quiet_since = asyncio.get_running_loop().time()  # from this write
             self.transport.write(b"".join(out))
 
     def data_received(self, data: bytes) -> None:
@@ -251,8 +251,10 @@ class Link:
     def resolve(self, future: asyncio.Future[Reply], reply: Reply) -> None:
         """Deliver a reply (or a failure) to one caller."""
         self.outstanding -= 1
-        if reply.error is not None and not isinstance(reply.error, ClosedError):
-            master_error(self.name, reply.error)
+        error = reply.error  # an ACL's refusal of our PING is logged once, not counted
+        ours = future is self._ping_out and str(error).startswith("NOPERM")
+        if error is not None and not isinstance(error, ClosedError) and not ours:
+            master_error(self.name, error)
         hooked = self._hooks.pop(future, None)
         if not future.done():  # a caller never cancels it; closing may have failed it
             future.set_result(reply)
@@ -296,10 +298,6 @@ class Link:
         if self.silent or self._unheard:
             self.silent = self._unheard = False
             log_master_readmitted(self.name)
-
-    def sent(self) -> None:
-        """Requests left with none older unanswered: the master is answerable from now."""
-        self._quiet_since = asyncio.get_running_loop().time()
 
     def _arm(self, delay: float) -> None:
         if self._watchdog is None:
