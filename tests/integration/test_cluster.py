@@ -600,6 +600,10 @@ class TestResharding:
             assert state.nodes[0].error is not None
             assert state.holder == lease.value
             await holder.settle()
+            # and the rival's refused attempt: its call to the moving cluster, retried
+            # by redis-py until the move ends, would follow MOVED after the release
+            # below and take the free key there until its undo (seen under load)
+            await rival.settle()
             replicated.end_move(slot, target)
             assert replicated.primary_for(slot) is target
             await lease.extend()  # through MOVED
