@@ -163,7 +163,9 @@ async def test_run_singleton_is_not_bounded_by_the_default(masters: Masters) -> 
     async def job(lease: Lease) -> int:
         await anyio.sleep(0.9)  # three times the default bound
         assert lease.held
-        assert lease.statistics().held >= 0.9
+        # held past the bound (not ">= 0.9": uvloop's timers, in whole milliseconds of
+        # a loop time read at the iteration's start, may end the sleep a little early)
+        assert lease.statistics().held > 0.3
         return lease.statistics().extensions
 
     async with AsyncRedlock(masters.urls, max_hold=0.3) as redlock:
