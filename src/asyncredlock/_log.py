@@ -28,6 +28,7 @@ __all__ = [
     "log_master_silent",
     "log_ping_refused",
     "log_release_short",
+    "refuses_ping",
 ]
 
 logger = logging.getLogger("asyncredlock")
@@ -130,14 +131,19 @@ def log_master_readmitted(master: str) -> None:
 _PING_REFUSED: set[str] = set()  # the masters whose refusal was logged
 
 
+def refuses_ping(error: BaseException | None) -> bool:
+    """Whether ``error`` is a master's ACL refusing a PING (``NOPERM``), not a failure
+    that may pass (``BUSY``, ``LOADING``...)."""
+    return isinstance(error, ResponseError) and str(error).startswith("NOPERM")
+
+
 def log_ping_refused(master: str, ping: asyncio.Future[Any]) -> None:
     """An idle connection's PING was refused (WARNING, once per master and process):
     most likely an ACL user whose rules lack ``+ping``. The refusal still shows the
     master alive (the connection stays), but every idle spell is refused again.
     ``ping`` resolves with the PING's `Reply`."""
     error = ping.result().error
-    refused = isinstance(error, ResponseError) and str(error).startswith("NOPERM")
-    if refused and master not in _PING_REFUSED:  # not BUSY, LOADING...: it may pass
+    if refuses_ping(error) and master not in _PING_REFUSED:
         _PING_REFUSED.add(master)
         logger.warning(
             "master %s refuses the PING of idle connections (%s): grant +ping "

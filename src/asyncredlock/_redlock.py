@@ -84,9 +84,9 @@ class AsyncRedlock(OperatorTools):
             the event loop sleep (0.0001; 0 never; at most 0.001): after a call
             goes out on an idle connection, and only when the loop has nothing
             else to run (any event of the loop ends it), so that a master that
-            answers within that is heard
-            without the cost of waking a sleeping process (tens of microseconds
-            on many virtual machines). Misses make it poll less and less often.
+            answers within that is heard without the cost of waking a sleeping
+            process (tens of microseconds on many virtual machines). Misses make
+            it poll less and less often.
             Only on asyncio's own event loops (uvloop: never); see
             ``docs/configuration.md``.
         auto_extend: Whether leases extend themselves by default (True).

@@ -30,7 +30,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._liveness import Heartbeat, readable
-from ._log import log_master_readmitted, log_master_silent, log_ping_refused
+from ._log import log_master_readmitted, log_master_silent, log_ping_refused, refuses_ping
 from ._spin import Spin, spin_of
 from ._telemetry import master_error, master_silent
 from ._wire import ClosedError, Hook, Opener, Reply, Stream, pack, pack_args
@@ -251,8 +251,8 @@ class Link:
     def resolve(self, future: asyncio.Future[Reply], reply: Reply) -> None:
         """Deliver a reply (or a failure) to one caller."""
         self.outstanding -= 1
-        error = reply.error  # an ACL's refusal of our PING is logged once, not counted
-        ours = future is self._ping_out and str(error).startswith("NOPERM")
+        error = reply.error  # an ACL refusing our PING: logged once, not counted
+        ours = error is not None and future is self._ping_out and refuses_ping(error)
         if error is not None and not isinstance(error, ClosedError) and not ours:
             master_error(self.name, error)
         hooked = self._hooks.pop(future, None)
