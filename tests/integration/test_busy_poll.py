@@ -46,9 +46,9 @@ async def test_replies_on_an_idle_loop_are_polled_for_on_asyncio_only(
     """Each cycle on one master sends its acquisition and its release alone, each on
     an idle connection: each is followed by a poll (which, by how soon the reply
     comes, catches it, finds it there already, misses it or lets its chance pass:
-    that split is the host's timing, tested on sockets in tests/unit/test_spin.py;
-    here some of the 100 are made, unless the host is too loaded to run a loop
-    iteration before a loopback reply every time)."""
+    that split is the host's timing, so it is tested on sockets, where the test
+    decides it, in tests/unit/test_spin.py: a reply caught only on the sockets
+    written to)."""
     async with AsyncRedlock(servers.urls[:1], busy_poll=MAX_BUSY_POLL) as redlock:
         await cycles(redlock, "poll:idle")  # connected
         spins = {link.spin for link in links(redlock)}
@@ -61,9 +61,6 @@ async def test_replies_on_an_idle_loop_are_polled_for_on_asyncio_only(
         await cycles(redlock, "poll:idle")
         after = counts(spin)
         assert sum(after) - sum(before) >= 2 * CYCLES
-        # and polls were made on the link's own socket: a reply read by one counts as
-        # caught (a poll that waited on another socket would end as "gave way")
-        assert sum(after[:3]) > sum(before[:3])
 
 
 async def test_one_poller_serves_every_master(servers: ServerGroup) -> None:
