@@ -35,6 +35,7 @@ def report(script: str, results: str, out: Path, *extra: str) -> str:
         ("peers.py", "peers"),
         ("fanout.py", "fanout"),
         ("rwlock.py", "rwlock"),
+        ("handover.py", "handover"),
         ("profile_throughput.py", "profile_throughput"),
     ],
 )

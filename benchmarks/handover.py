@@ -1,0 +1,279 @@
+"""The floor of a hand-over between clients: how fast could any arrival-order lock go?
+
+The case is `peers.py`'s scenario d with a client per worker: ten clients in one event
+loop, each with one worker, take one key again and again and hold it 1 ms
+(``asyncio.sleep``), over five masters on loopback. Its target (issue 11) is 1.3x
+aioredlock's acquisitions per second. aioredlock gets its rate by barging (the
+releasing worker takes the lock straight back, the others sleep between attempts); a
+lock that serves waiters in arrival order needs, per hand-over, at least one round of
+the releasing client (its release, which tells the next waiter) and one round of its
+next acquire (which queues it again), both over all the masters.
+
+Rows, alternated within each repetition:
+
+- **floor model** (not a lock: mutual exclusion holds only inside this process): each
+  client has one connection per master; its acquire is one round of ``PING`` to every
+  master (back at the third reply), then a wait in a queue shared in the process if
+  the lock is taken; its release is one round of ``PING``, then it wakes the first
+  queued worker. That is the message pattern of a hand-over through the masters at no
+  cost of scripts, keys or library code: no lock that keeps arrival order this way
+  can be faster in this case.
+- **asyncredlock** and **asyncredlock fair=True**, as ``peers.py`` runs them.
+- **aioredlock**, as ``peers.py`` runs it.
+
+Each row records acquisitions per second, wait p50 and p99, how often the same worker
+took the lock again, the holds that overlapped, and the CPU time per hold of the
+client process and of the five servers (Linux: ``/proc``).
+
+Run from the repository root: ``python benchmarks/handover.py`` (about 2 minutes;
+``--quick`` for a smoke run, ``--only floor,asyncredlock`` for some rows). It writes
+``handover.json`` and ``handover.md`` to ``--out`` (default ``benchmarks/results``);
+``--docs docs`` also writes the table into ``docs/peers.md`` between its
+``<!-- HANDOVER-FLOOR -->`` lines. That report step is ``lockbench.handover_report``,
+and ``--report JSON`` runs it alone on results already written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import gc
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lockbench.adapters.base import Handle, Mode, Session
+from lockbench.adapters.ours import AsyncredlockSession
+from lockbench.adapters.peer_aioredlock import AioredlockSession
+from lockbench.handover_report import HandoverReport, RowRun, write_outputs
+from lockbench.harness import add_report_option, environment, read_report
+from lockbench.settings import CONTENTION_WORKERS
+from lockbench.workloads import Failures, quiet_loggers
+from peers import CONTENTION_HOLD, contention_holds, contention_result
+
+from asyncredlock.testing import ServerGroup
+
+HERE = Path(__file__).resolve().parent
+MASTERS = 5
+QUORUM = MASTERS // 2 + 1
+PING = b"*1\r\n$4\r\nPING\r\n"
+
+
+class _Replies(asyncio.Protocol):
+    """One connection to a master: each reply line (``+PONG``) calls the callback of
+    the oldest ``PING`` still out on it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.pending: collections.deque[Callable[[], None]] = collections.deque()
+        self._buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        *lines, self._buffer = (self._buffer + data).split(b"\r\n")
+        for _ in lines:
+            self.pending.popleft()()
+
+
+class _Queue:
+    """The floor model's lock state, shared by its clients: held, and who waits."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+
+class FloorSession:
+    """One client of the floor model: a connection per master."""
+
+    def __init__(self, ports: Sequence[int], queue: _Queue) -> None:
+        self._ports, self._queue = ports, queue
+        self._conns: list[_Replies] = []
+
+    async def open(self) -> FloorSession:
+        loop = asyncio.get_running_loop()
+        for port in self._ports:
+            _, conn = await loop.create_connection(_Replies, "127.0.0.1", port)
+            self._conns.append(conn)
+        return self
+
+    def round(self) -> asyncio.Future[None]:
+        """``PING`` every master; done at the quorum-th reply."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        replies = 0
+
+        def reply() -> None:
+            nonlocal replies
+            replies += 1
+            if replies == QUORUM and not done.done():
+                done.set_result(None)
+
+        for conn in self._conns:
+            assert conn.transport is not None
+            conn.pending.append(reply)
+            conn.transport.write(PING)
+        return done
+
+    def handle(self, key: str) -> Handle:
+        return FloorHandle(self, self._queue)
+
+    def settings(self) -> dict[str, Any]:
+        return {"model": "a PING round per acquire and per release, quorum 3 of 5"}
+
+    async def aclose(self) -> None:
+        for conn in self._conns:
+            if conn.transport is not None:
+                conn.transport.close()
+
+
+class FloorHandle:
+    """Acquire: a round (the attempt that queues), then wait in line if the lock is
+    held. Release: a round (the release that tells the next waiter), then wake it."""
+
+    def __init__(self, session: FloorSession, queue: _Queue) -> None:
+        self._session, self._queue = session, queue
+
+    async def acquire(self) -> None:
+        await self._session.round()
+        if not self._queue.held:
+            self._queue.held = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.waiting.append(turn)
+        await turn
+
+    async def release(self) -> None:
+        await self._session.round()
+        if self._queue.waiting:
+            self._queue.waiting.popleft().set_result(None)  # still held: handed over
+        else:
+            self._queue.held = False
+
+
+#: The rows, by the names ``--only`` takes, in the order they run.
+SHORT = {
+    "floor": "floor model",
+    "asyncredlock": "asyncredlock",
+    "asyncredlock-fair": "asyncredlock fair=True",
+    "aioredlock": "aioredlock",
+}
+
+
+async def open_sessions(row: str, servers: ServerGroup) -> list[Session]:
+    """The ten clients of one row."""
+    mode = Mode("contended", waiting=True, workers=1)
+    if row == "floor model":
+        ports = [server.port for server in servers]
+        queue = _Queue()
+        return [await FloorSession(ports, queue).open() for _ in range(CONTENTION_WORKERS)]
+    if row == "aioredlock":
+        return [AioredlockSession(servers.urls, mode) for _ in range(CONTENTION_WORKERS)]
+    fair = row == "asyncredlock fair=True"
+    return [
+        AsyncredlockSession(servers.urls, mode, fencing=True, fair=fair)
+        for _ in range(CONTENTION_WORKERS)
+    ]
+
+
+def servers_cpu(servers: ServerGroup) -> float | None:
+    """CPU seconds the servers used so far (None where ``/proc`` cannot tell)."""
+    total = 0
+    for server in servers:
+        try:
+            with open(f"/proc/{server.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def run_row(row: str, servers: ServerGroup, key: str, seconds: float) -> RowRun:
+    """One row for ``seconds``: ten clients, a worker each, on ``key``."""
+    failures = Failures()
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = await open_sessions(row, servers)
+        for session in sessions:
+            stack.push_async_callback(session.aclose)
+        handles = [session.handle(key) for session in sessions]
+        for handle in handles:  # connected, scripts loaded
+            await handle.acquire()
+            await handle.release()
+        gc.collect()
+        cpu, served = time.process_time(), servers_cpu(servers)
+        start = time.monotonic()
+        holds = await contention_holds(handles, start + seconds, failures)
+        cpu = time.process_time() - cpu
+        after = servers_cpu(servers)
+    result = contention_result(holds, start, start + seconds, len(handles))
+    if result is None:
+        return {"status": "failed", "reason": "no acquisition", **failures.counts()}
+    per_hold = 1000 / max(1, len(holds))
+    return {
+        **result,
+        **failures.counts(),
+        "client_cpu_ms_per_hold": round(cpu * per_hold, 3),
+        "servers_cpu_ms_per_hold": None
+        if served is None or after is None
+        else round((after - served) * per_hold, 3),
+    }
+
+
+async def run(rows: Sequence[str], seconds: float, repetitions: int) -> HandoverReport:
+    """Every row, ``repetitions`` times, the rows alternating."""
+    quiet_loggers()
+    runs: dict[str, list[RowRun]] = {row: [] for row in rows}
+    with ServerGroup(MASTERS) as servers:
+        for rep in range(repetitions):
+            for row in rows:
+                key = f"handover:{row}:{rep}"
+                try:
+                    result = await run_row(row, servers, key, seconds)
+                except ImportError as exc:
+                    result = {"status": "failed", "reason": f"not installed: {exc.name}"}
+                runs[row].append(result)
+                rate = result.get("acquisitions_per_s", "-")
+                print(f"{rep + 1}/{repetitions} {row:<24} {rate} acquisitions/s", flush=True)
+    return {
+        "environment": environment(),
+        "masters": MASTERS,
+        "clients": CONTENTION_WORKERS,
+        "hold_s": CONTENTION_HOLD,
+        "seconds_per_run": seconds,
+        "repetitions": repetitions,
+        "quick": seconds < 2,
+        "rows": runs,
+    }
+
+
+def main() -> None:
+    """Measure (or, with ``--report``, read results already written) and write the outputs."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny runs (smoke test)")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
+    parser.add_argument("--docs", type=Path, help="also write the table into DOCS/peers.md")
+    parser.add_argument("--only", help=f"comma-separated rows: {','.join(SHORT)}")
+    add_report_option(parser, "handover.json")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(SHORT)
+    if unknown := sorted(set(names) - SHORT.keys()):
+        parser.error(f"--only: no row {', '.join(unknown)} (rows: {','.join(SHORT)})")
+    rows = tuple(SHORT[name] for name in names)
+    started = time.monotonic()
+    if args.report:
+        results = read_report(args.report)
+    else:
+        results = asyncio.run(run(rows, 1.0 if args.quick else 8.0, 1 if args.quick else 4))
+    write_outputs(results, args.out, args.docs)
+    print(f"\nwritten to {args.out} in {time.monotonic() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The hand-over floor benchmark's report: from its results (``handover.json``) to the
+markdown table and the docs section.
+
+``handover.py`` measures and writes the JSON through `write_outputs`; ``python
+benchmarks/handover.py --report results/handover.json`` runs this step alone on results
+already written. The types here are the JSON's shape, for both.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, TypedDict
+
+from .harness import Environment, machine_line, publish_between, write_json, write_text
+
+START, END = "<!-- HANDOVER-FLOOR -->", "<!-- /HANDOVER-FLOOR -->"
+BASE = "aioredlock"
+FLOOR = "floor model"
+TARGET = 1.3  # issue 11: acquisitions/s against aioredlock's
+
+#: One row's run: `peers.contention_result`'s record, the failures, and the CPU per
+#: hold; or ``{"status": "failed", "reason": ...}``.
+RowRun = dict[str, Any]
+
+
+class HandoverReport(TypedDict):
+    """``handover.json``."""
+
+    environment: Environment
+    masters: int
+    clients: int
+    hold_s: float
+    seconds_per_run: float
+    repetitions: int
+    quick: bool
+    rows: dict[str, list[RowRun]]  # by row, one run per repetition
+
+
+def _ok(run: RowRun) -> bool:
+    return run.get("status") == "ok"
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ratios(report: HandoverReport, row: str) -> list[float]:
+    """``row``'s rate over aioredlock's, per repetition (both measured)."""
+    base = report["rows"].get(BASE, [])
+    return [
+        mine["acquisitions_per_s"] / theirs["acquisitions_per_s"]
+        for mine, theirs in zip(report["rows"][row], base, strict=False)
+        if _ok(mine) and _ok(theirs)
+    ]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _line(report: HandoverReport, row: str) -> str:
+    runs = [run for run in report["rows"][row] if _ok(run)]
+    if not runs:
+        reasons = sorted({str(run.get("reason")) for run in report["rows"][row]})
+        return f"| {row} | failed: {'; '.join(reasons)} | | | | | | | |"
+    rates = [run["acquisitions_per_s"] for run in runs]
+    ratios = _ratios(report, row)
+    ratio = "n/a" if not ratios else f"{statistics.median(ratios):.2f}x"
+    if len(ratios) > 1:
+        ratio += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+    rate = f"{statistics.median(rates):.0f}"
+    if len(rates) > 1:
+        rate += f" ({min(rates):.0f}-{max(rates):.0f})"
+    cells = [
+        rate,
+        ratio,
+        _fmt(_median([run["wait"]["p50_ms"] for run in runs]), ".2f"),
+        _fmt(_median([run["wait"]["p99_ms"] for run in runs]), ".2f"),
+        _fmt(_median([run["same_worker_again"] * 100 for run in runs]), ".0f") + "%",
+        _fmt(_median([run["client_cpu_ms_per_hold"] for run in runs]), ".3f"),
+        _fmt(
+            _median([s for run in runs if (s := run["servers_cpu_ms_per_hold"]) is not None]), ".3f"
+        ),
+        str(sum(run["exclusion_violations"] + run["failures"] for run in runs)),
+    ]
+    return f"| {row} | " + " | ".join(cells) + " |"
+
+
+def _verdict(report: HandoverReport) -> list[str]:
+    """What the floor says of the target, and how far each lock is from the floor."""
+    rows = report["rows"]
+    if FLOOR not in rows or BASE not in rows:
+        return []
+    floor = _ratios(report, FLOOR)
+    if not floor:
+        return []
+    spread = f" ({min(floor):.2f}-{max(floor):.2f})" if len(floor) > 1 else ""
+    lines = [
+        f"- The floor model measured {statistics.median(floor):.2f}x aioredlock's rate"
+        f"{spread}. The target of {TARGET}x asks a lock for"
+        f" {TARGET / statistics.median(floor):.2f}x the model's rate"
+        f" ({TARGET / max(floor):.2f}-{TARGET / min(floor):.2f}), while a lock that costs"
+        " anything per message beyond a bare `PING` lands below the model.",
+    ]
+    for row in rows:
+        if row == FLOOR:
+            continue
+        shares = [
+            mine["acquisitions_per_s"] / model["acquisitions_per_s"]
+            for mine, model in zip(rows[row], rows[FLOOR], strict=False)
+            if _ok(mine) and _ok(model)
+        ]
+        if shares:
+            spread = f" ({min(shares):.2f}-{max(shares):.2f})" if len(shares) > 1 else ""
+            lines.append(
+                f"- {row}: {statistics.median(shares):.2f}x the floor model's rate{spread}."
+            )
+    return lines
+
+
+def table(report: HandoverReport) -> str:
+    """The markdown of the results."""
+    quick = " (quick smoke run: not a measurement)" if report["quick"] else ""
+    lines = [
+        f"### The floor of a hand-over between clients{quick}",
+        "",
+        f"{report['clients']} clients in one event loop, a worker each, on one key, each"
+        f" hold {report['hold_s'] * 1000:g} ms; N = {report['masters']} masters on"
+        f" loopback. Repetitions: {report['repetitions']}, of {report['seconds_per_run']:g} s"
+        " per row, the rows alternating; medians (and ranges) over the repetitions.",
+        "",
+        "| Row | acquisitions/s | ÷ aioredlock | wait p50 (ms) | wait p99 (ms) |"
+        " same worker again | client CPU ms / hold | servers CPU ms / hold |"
+        " overlaps + failures |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        *(_line(report, row) for row in report["rows"]),
+        "",
+        "- floor model: not a lock. Each acquire is one round of `PING` to every master"
+        " (back at the third reply), then a wait in a queue kept in the process; each"
+        " release is one round of `PING`, then it wakes the first in line. It is the"
+        " message pattern of an arrival-order hand-over through the masters (the"
+        " release's round tells the next waiter, the releasing worker's next acquire"
+        " queues it again) at no cost of scripts, keys or library code.",
+        "- CPU per hold: the client process's, and the five servers' together (from"
+        " `/proc`); both share the host's cores.",
+        *_verdict(report),
+        "",
+        machine_line(report["environment"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(report: HandoverReport, out: Path, docs: Path | None) -> None:
+    """JSON and markdown into ``out``; the section into ``docs/peers.md`` (between its
+    ``<!-- HANDOVER-FLOOR -->`` lines) if given."""
+    text = table(report)
+    write_json(out / "handover.json", report)
+    write_text(out / "handover.md", text)
+    if docs is not None:
+        publish_between(docs / "peers.md", START, END, text)
