@@ -16,8 +16,9 @@ Rows, alternated within each repetition:
   master (back at the third reply), then a wait in a queue shared in the process if
   the lock is taken; its release is one round of ``PING``, then it wakes the first
   queued worker. That is the message pattern of a hand-over through the masters at no
-  cost of scripts, keys or library code: no lock that keeps arrival order this way
-  can be faster in this case.
+  cost of scripts, keys or library code, and with the waiter woken for free (a real
+  lock's masters must also tell it: asyncredlock's publish to its inbox): a lock that
+  keeps arrival order this way, its release awaited, is slower in this case.
 - **asyncredlock** and **asyncredlock fair=True**, as ``peers.py`` runs them.
 - **aioredlock**, as ``peers.py`` runs it.
 
@@ -25,7 +26,8 @@ Each row records acquisitions per second, wait p50 and p99, how often the same w
 took the lock again, the holds that overlapped, and the CPU time per hold of the
 client process and of the five servers (Linux: ``/proc``).
 
-Run from the repository root: ``python benchmarks/handover.py`` (about 2 minutes;
+Each repetition runs the rows in turn, starting one row later than the repetition
+before it. Run from the repository root: ``python benchmarks/handover.py`` (about 2 minutes;
 ``--quick`` for a smoke run, ``--only floor,asyncredlock`` for some rows). It writes
 ``handover.json`` and ``handover.md`` to ``--out`` (default ``benchmarks/results``);
 ``--docs docs`` also writes the table into ``docs/peers.md`` between its
@@ -51,8 +53,8 @@ from lockbench.adapters.ours import AsyncredlockSession
 from lockbench.adapters.peer_aioredlock import AioredlockSession
 from lockbench.handover_report import HandoverReport, RowRun, write_outputs
 from lockbench.harness import add_report_option, environment, read_report
-from lockbench.settings import CONTENTION_WORKERS
-from lockbench.workloads import Failures, quiet_loggers
+from lockbench.settings import CONTENTION_WORKERS, WAIT
+from lockbench.workloads import Failures, bounded, quiet_loggers
 from peers import CONTENTION_HOLD, contention_holds, contention_result
 
 from asyncredlock.testing import ServerGroup
@@ -98,10 +100,15 @@ class FloorSession:
         self._conns: list[_Replies] = []
 
     async def open(self) -> FloorSession:
+        """Connect to every master (none left open if one fails)."""
         loop = asyncio.get_running_loop()
-        for port in self._ports:
-            _, conn = await loop.create_connection(_Replies, "127.0.0.1", port)
-            self._conns.append(conn)
+        try:
+            for port in self._ports:
+                _, conn = await loop.create_connection(_Replies, "127.0.0.1", port)
+                self._conns.append(conn)
+        except BaseException:
+            await self.aclose()
+            raise
         return self
 
     def round(self) -> asyncio.Future[None]:
@@ -122,12 +129,15 @@ class FloorSession:
         return done
 
     def handle(self, key: str) -> Handle:
+        """A worker's handle (every key is the one lock of the model)."""
         return FloorHandle(self, self._queue)
 
     def settings(self) -> dict[str, Any]:
+        """What the model does, for the record."""
         return {"model": "a PING round per acquire and per release, quorum 3 of 5"}
 
     async def aclose(self) -> None:
+        """Close the connections."""
         for conn in self._conns:
             if conn.transport is not None:
                 conn.transport.close()
@@ -141,6 +151,7 @@ class FloorHandle:
         self._session, self._queue = session, queue
 
     async def acquire(self) -> None:
+        """The round, then the lock if free, else the turn in line."""
         await self._session.round()
         if not self._queue.held:
             self._queue.held = True
@@ -150,6 +161,7 @@ class FloorHandle:
         await turn
 
     async def release(self) -> None:
+        """The round, then the lock handed to the first in line, or freed."""
         await self._session.round()
         if self._queue.waiting:
             self._queue.waiting.popleft().set_result(None)  # still held: handed over
@@ -166,20 +178,15 @@ SHORT = {
 }
 
 
-async def open_sessions(row: str, servers: ServerGroup) -> list[Session]:
-    """The ten clients of one row."""
+async def open_session(row: str, servers: ServerGroup, queue: _Queue) -> Session:
+    """One client of a row (the floor model's clients share ``queue``)."""
     mode = Mode("contended", waiting=True, workers=1)
     if row == "floor model":
-        ports = [server.port for server in servers]
-        queue = _Queue()
-        return [await FloorSession(ports, queue).open() for _ in range(CONTENTION_WORKERS)]
+        return await FloorSession([server.port for server in servers], queue).open()
     if row == "aioredlock":
-        return [AioredlockSession(servers.urls, mode) for _ in range(CONTENTION_WORKERS)]
+        return AioredlockSession(servers.urls, mode)
     fair = row == "asyncredlock fair=True"
-    return [
-        AsyncredlockSession(servers.urls, mode, fencing=True, fair=fair)
-        for _ in range(CONTENTION_WORKERS)
-    ]
+    return AsyncredlockSession(servers.urls, mode, fencing=True, fair=fair)
 
 
 def servers_cpu(servers: ServerGroup) -> float | None:
@@ -199,9 +206,11 @@ async def run_row(row: str, servers: ServerGroup, key: str, seconds: float) -> R
     """One row for ``seconds``: ten clients, a worker each, on ``key``."""
     failures = Failures()
     async with contextlib.AsyncExitStack() as stack:
-        sessions = await open_sessions(row, servers)
-        for session in sessions:
-            stack.push_async_callback(session.aclose)
+        sessions: list[Session] = []
+        queue = _Queue()
+        for _ in range(CONTENTION_WORKERS):
+            sessions.append(await open_session(row, servers, queue))
+            stack.push_async_callback(sessions[-1].aclose)
         handles = [session.handle(key) for session in sessions]
         for handle in handles:  # connected, scripts loaded
             await handle.acquire()
@@ -232,12 +241,16 @@ async def run(rows: Sequence[str], seconds: float, repetitions: int) -> Handover
     runs: dict[str, list[RowRun]] = {row: [] for row in rows}
     with ServerGroup(MASTERS) as servers:
         for rep in range(repetitions):
-            for row in rows:
+            turn = rep % len(rows)
+            for row in (*rows[turn:], *rows[:turn]):
                 key = f"handover:{row}:{rep}"
+                guard = seconds + 2 * WAIT + 10
                 try:
-                    result = await run_row(row, servers, key, seconds)
+                    result = await bounded(run_row(row, servers, key, seconds), guard, row)
                 except ImportError as exc:
                     result = {"status": "failed", "reason": f"not installed: {exc.name}"}
+                except Exception as exc:  # the row fails, the others go on
+                    result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
                 runs[row].append(result)
                 rate = result.get("acquisitions_per_s", "-")
                 print(f"{rep + 1}/{repetitions} {row:<24} {rate} acquisitions/s", flush=True)
@@ -262,9 +275,11 @@ def main() -> None:
     parser.add_argument("--only", help=f"comma-separated rows: {','.join(SHORT)}")
     add_report_option(parser, "handover.json")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else list(SHORT)
+    names = list(SHORT) if args.only is None else args.only.split(",")
     if unknown := sorted(set(names) - SHORT.keys()):
-        parser.error(f"--only: no row {', '.join(unknown)} (rows: {','.join(SHORT)})")
+        parser.error(f"--only: no row {', '.join(map(repr, unknown))} (rows: {','.join(SHORT)})")
+    if len(set(names)) < len(names):
+        parser.error(f"--only: a row named twice in {args.only!r}")
     rows = tuple(SHORT[name] for name in names)
     started = time.monotonic()
     if args.report:

@@ -59,6 +59,10 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.0f}%"
+
+
 def _line(report: HandoverReport, row: str) -> str:
     runs = [run for run in report["rows"][row] if _ok(run)]
     if not runs:
@@ -67,7 +71,7 @@ def _line(report: HandoverReport, row: str) -> str:
     rates = [run["acquisitions_per_s"] for run in runs]
     ratios = _ratios(report, row)
     ratio = "n/a" if not ratios else f"{statistics.median(ratios):.2f}x"
-    if len(ratios) > 1:
+    if len(ratios) > 1 and min(ratios) != max(ratios):
         ratio += f" ({min(ratios):.2f}-{max(ratios):.2f})"
     rate = f"{statistics.median(rates):.0f}"
     if len(rates) > 1:
@@ -77,7 +81,7 @@ def _line(report: HandoverReport, row: str) -> str:
         ratio,
         _fmt(_median([run["wait"]["p50_ms"] for run in runs]), ".2f"),
         _fmt(_median([run["wait"]["p99_ms"] for run in runs]), ".2f"),
-        _fmt(_median([run["same_worker_again"] * 100 for run in runs]), ".0f") + "%",
+        _percent(_median([a for run in runs if (a := run["same_worker_again"]) is not None])),
         _fmt(_median([run["client_cpu_ms_per_hold"] for run in runs]), ".3f"),
         _fmt(
             _median([s for run in runs if (s := run["servers_cpu_ms_per_hold"]) is not None]), ".3f"
@@ -140,8 +144,9 @@ def table(report: HandoverReport) -> str:
         " (back at the third reply), then a wait in a queue kept in the process; each"
         " release is one round of `PING`, then it wakes the first in line. It is the"
         " message pattern of an arrival-order hand-over through the masters (the"
-        " release's round tells the next waiter, the releasing worker's next acquire"
-        " queues it again) at no cost of scripts, keys or library code.",
+        " release's round, the releasing worker's next acquire that queues it again) at"
+        " no cost of scripts, keys or library code, the next waiter woken for free (a"
+        " real lock's masters must tell it).",
         "- CPU per hold: the client process's, and the five servers' together (from"
         " `/proc`); both share the host's cores.",
         *_verdict(report),

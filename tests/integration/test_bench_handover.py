@@ -6,6 +6,7 @@ files and the docs section were written.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -72,5 +73,87 @@ def test_the_table_and_the_docs_section_are_written(
 def test_an_unknown_row_is_refused_before_measuring(tmp_path: Path) -> None:
     proc = run("--only", "floor,nosuch", "--out", str(tmp_path))
     assert proc.returncode == 2
-    assert "--only: no row nosuch" in proc.stderr
+    assert "--only: no row 'nosuch'" in proc.stderr
     assert not (tmp_path / "handover.json").exists()
+
+
+@pytest.mark.parametrize("only", ["", "floor,floor", "floor,"])
+def test_an_empty_or_repeated_row_is_refused(tmp_path: Path, only: str) -> None:
+    proc = run("--only", only, "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "--only:" in proc.stderr
+    assert not (tmp_path / "handover.json").exists()
+
+
+def _run(rate: float, *, same: float | None = 0.0) -> dict[str, Any]:
+    """A made-up ok run of one row."""
+    wait = {"p50_ms": 10.0, "p99_ms": 20.0}
+    return {
+        "status": "ok",
+        "acquisitions_per_s": rate,
+        "wait": wait,
+        "same_worker_again": same,
+        "client_cpu_ms_per_hold": 0.5,
+        "servers_cpu_ms_per_hold": None,
+        "exclusion_violations": 0,
+        "failures": 0,
+    }
+
+
+def test_the_report_pairs_repetitions_and_tolerates_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ratios pair the runs of one repetition, a failed run drops out of its pair, a
+    lone run shows no range, and a run without a pair of holds has no same-worker
+    figure."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    report_module = importlib.import_module("lockbench.handover_report")
+    failed = {"status": "failed", "reason": "no acquisition"}
+    environment = dict.fromkeys(
+        ("date", "cpu_model", "platform", "python", "redis_py", "hiredis", "server"), "x"
+    )
+    report = {
+        "environment": {**environment, "cpu_count": 2, "asyncredlock": "0"},
+        "masters": 5,
+        "clients": 10,
+        "hold_s": 0.001,
+        "seconds_per_run": 8.0,
+        "repetitions": 2,
+        "quick": False,
+        "rows": {
+            "floor model": [_run(700.0), _run(650.0)],
+            "asyncredlock": [failed, _run(450.0, same=None)],
+            "aioredlock": [_run(500.0, same=0.97), _run(500.0, same=0.99)],
+        },
+    }
+    lines = report_module.table(report).splitlines()
+    assert "| floor model | 675 (650-700) | 1.35x (1.30-1.40) |" in "\n".join(lines)
+    ours = next(line for line in lines if line.startswith("| asyncredlock |"))
+    assert ours.startswith("| asyncredlock | 450 | 0.90x | 10.00 | 20.00 | n/a | 0.500 | n/a |")
+    assert "| aioredlock | 500 (500-500) | 1.00x | 10.00 | 20.00 | 98% |" in "\n".join(lines)
+    assert "- The floor model measured 1.35x aioredlock's rate (1.30-1.40)." in "\n".join(lines)
+    assert "asks a lock for 0.96x the model's rate (0.93-1.00)" in "\n".join(lines)
+    assert "- asyncredlock: 0.69x the floor model's rate." in lines
+    assert "- aioredlock: 0.74x the floor model's rate (0.71-0.77)." in lines
+
+
+def test_a_row_that_never_ran_is_reported_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    report_module = importlib.import_module("lockbench.handover_report")
+    failed = {"status": "failed", "reason": "not installed: aioredlock"}
+    environment = dict.fromkeys(
+        ("date", "cpu_model", "platform", "python", "redis_py", "hiredis", "server"), "x"
+    )
+    report = {
+        "environment": {**environment, "cpu_count": 2, "asyncredlock": "0"},
+        "masters": 5,
+        "clients": 10,
+        "hold_s": 0.001,
+        "seconds_per_run": 1.0,
+        "repetitions": 1,
+        "quick": True,
+        "rows": {"floor model": [_run(700.0)], "aioredlock": [failed]},
+    }
+    text = report_module.table(report)
+    assert "| aioredlock | failed: not installed: aioredlock |" in text
+    assert "| floor model | 700 | n/a |" in text
+    assert "quick smoke run: not a measurement" in text
+    assert "The floor model measured" not in text  # nothing to compare with
