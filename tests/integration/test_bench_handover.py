@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -100,30 +101,41 @@ def _run(rate: float, *, same: float | None = 0.0) -> dict[str, Any]:
     }
 
 
-def test_the_report_pairs_repetitions_and_tolerates_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ratios pair the runs of one repetition, a failed run drops out of its pair, a
-    lone run shows no range, and a run without a pair of holds has no same-worker
-    figure."""
+@pytest.fixture
+def report_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    report_module = importlib.import_module("lockbench.handover_report")
-    failed = {"status": "failed", "reason": "no acquisition"}
+    return importlib.import_module("lockbench.handover_report")
+
+
+def made_up(rows: dict[str, list[dict[str, Any]]], *, quick: bool = False) -> dict[str, Any]:
+    """A report of made-up ``rows`` (their runs, one per repetition)."""
     environment = dict.fromkeys(
         ("date", "cpu_model", "platform", "python", "redis_py", "hiredis", "server"), "x"
     )
-    report = {
+    return {
         "environment": {**environment, "cpu_count": 2, "asyncredlock": "0"},
         "masters": 5,
         "clients": 10,
         "hold_s": 0.001,
-        "seconds_per_run": 8.0,
-        "repetitions": 2,
-        "quick": False,
-        "rows": {
+        "seconds_per_run": 1.0 if quick else 8.0,
+        "repetitions": max(len(runs) for runs in rows.values()),
+        "quick": quick,
+        "rows": rows,
+    }
+
+
+def test_the_report_pairs_repetitions_and_tolerates_gaps(report_module: ModuleType) -> None:
+    """Ratios pair the runs of one repetition, a failed run drops out of its pair, a
+    lone run shows no range, and a run without a pair of holds has no same-worker
+    figure."""
+    failed = {"status": "failed", "reason": "no acquisition"}
+    report = made_up(
+        {
             "floor model": [_run(700.0), _run(650.0)],
             "asyncredlock": [failed, _run(450.0, same=None)],
             "aioredlock": [_run(500.0, same=0.97), _run(500.0, same=0.99)],
-        },
-    }
+        }
+    )
     lines = report_module.table(report).splitlines()
     assert "| floor model | 675 (650-700) | 1.35x (1.30-1.40) |" in "\n".join(lines)
     ours = next(line for line in lines if line.startswith("| asyncredlock |"))
@@ -135,23 +147,9 @@ def test_the_report_pairs_repetitions_and_tolerates_gaps(monkeypatch: pytest.Mon
     assert "- aioredlock: 0.74x the floor model's rate (0.71-0.77)." in lines
 
 
-def test_a_row_that_never_ran_is_reported_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    report_module = importlib.import_module("lockbench.handover_report")
+def test_a_row_that_never_ran_is_reported_with_its_reason(report_module: ModuleType) -> None:
     failed = {"status": "failed", "reason": "not installed: aioredlock"}
-    environment = dict.fromkeys(
-        ("date", "cpu_model", "platform", "python", "redis_py", "hiredis", "server"), "x"
-    )
-    report = {
-        "environment": {**environment, "cpu_count": 2, "asyncredlock": "0"},
-        "masters": 5,
-        "clients": 10,
-        "hold_s": 0.001,
-        "seconds_per_run": 1.0,
-        "repetitions": 1,
-        "quick": True,
-        "rows": {"floor model": [_run(700.0)], "aioredlock": [failed]},
-    }
+    report = made_up({"floor model": [_run(700.0)], "aioredlock": [failed]}, quick=True)
     text = report_module.table(report)
     assert "| aioredlock | failed: not installed: aioredlock |" in text
     assert "| floor model | 700 | n/a |" in text
