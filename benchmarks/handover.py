@@ -236,7 +236,7 @@ async def run_row(row: str, servers: ServerGroup, key: str, seconds: float) -> R
 
 
 async def run(rows: Sequence[str], seconds: float, repetitions: int) -> HandoverReport:
-    """Every row, ``repetitions`` times, the rows alternating."""
+    """Every row, ``repetitions`` times, each repetition starting one row later."""
     quiet_loggers()
     runs: dict[str, list[RowRun]] = {row: [] for row in rows}
     with ServerGroup(MASTERS) as servers:

@@ -123,11 +123,13 @@ def _verdict(report: HandoverReport) -> list[str]:
     return lines
 
 
-def table(report: HandoverReport) -> str:
-    """The markdown of the results."""
+def table(report: HandoverReport, *, heading: bool = True) -> str:
+    """The markdown of the results, under a heading (or, in a page's running text,
+    a bold title, so that the text after it stays under the page's own heading)."""
     quick = " (quick smoke run: not a measurement)" if report["quick"] else ""
+    title = f"The floor of a hand-over between clients{quick}"
     lines = [
-        f"### The floor of a hand-over between clients{quick}",
+        f"### {title}" if heading else f"**{title}.**",
         "",
         f"{report['clients']} clients in one event loop, a worker each, on one key, each"
         f" hold {report['hold_s'] * 1000:g} ms; N = {report['masters']} masters on"
@@ -159,8 +161,7 @@ def table(report: HandoverReport) -> str:
 def write_outputs(report: HandoverReport, out: Path, docs: Path | None) -> None:
     """JSON and markdown into ``out``; the section into ``docs/peers.md`` (between its
     ``<!-- HANDOVER-FLOOR -->`` lines) if given."""
-    text = table(report)
     write_json(out / "handover.json", report)
-    write_text(out / "handover.md", text)
+    write_text(out / "handover.md", table(report))
     if docs is not None:
-        publish_between(docs / "peers.md", START, END, text)
+        publish_between(docs / "peers.md", START, END, table(report, heading=False))

@@ -69,6 +69,9 @@ def test_the_table_and_the_docs_section_are_written(
     assert page.startswith(f"intro\n{START}\n")
     assert page.endswith(f"{END}\nend\n")
     assert "| floor model |" in page
+    assert "**The floor of a hand-over between clients (quick smoke run" in page
+    assert "### The floor of a hand-over between clients" in table
+    assert "###" not in page  # the page's following text stays under its own heading
 
 
 def test_an_unknown_row_is_refused_before_measuring(tmp_path: Path) -> None:
