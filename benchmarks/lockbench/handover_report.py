@@ -134,7 +134,8 @@ def table(report: HandoverReport, *, heading: bool = True) -> str:
         f"{report['clients']} clients in one event loop, a worker each, on one key, each"
         f" hold {report['hold_s'] * 1000:g} ms; N = {report['masters']} masters on"
         f" loopback. Repetitions: {report['repetitions']}, of {report['seconds_per_run']:g} s"
-        " per row, the rows alternating; medians (and ranges) over the repetitions.",
+        " per row, each repetition starting one row later; medians (and ranges) over the"
+        " repetitions.",
         "",
         "| Row | acquisitions/s | ÷ aioredlock | wait p50 (ms) | wait p99 (ms) |"
         " same worker again | client CPU ms / hold | servers CPU ms / hold |"
