@@ -3,14 +3,29 @@ connection failures: it is a configuration error, which no retry mends."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-__all__ = ["REFUSED", "CertificateError", "certificate_error"]
+__all__ = [
+    "CLIENT_CERTIFICATE_HINT",
+    "REFUSED",
+    "CertificateError",
+    "certificate_error",
+    "lost_reason",
+]
 
 #: How the account of a certificate that failed verification begins.
 REFUSED = "TLS certificate verification failed"
+
+#: Added to the account of a TLS connection the master ended before its first reply:
+#: what a master that requires client certificates does to a client that gave none
+#: (TLS 1.3 finishes the client's side of the handshake before the server checks it).
+CLIENT_CERTIFICATE_HINT = (
+    " (before any reply over TLS: a master that requires client certificates does"
+    " this when none is given; see ssl_certfile and ssl_keyfile)"
+)
 
 
 class CertificateError(RedisConnectionError):
@@ -37,3 +52,15 @@ def certificate_error(exc: BaseException, address: str) -> CertificateError | No
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def lost_reason(
+    address: str, exc: BaseException | None, unanswered: asyncio.BaseTransport | None
+) -> str:
+    """The account of a connection to ``address`` that was lost (``exc``: how), with
+    `CLIENT_CERTIFICATE_HINT` if the master ended it before its first reply over TLS
+    (``unanswered``: the connection's transport when no reply came on it, else None)."""
+    reason = f"connection to {address} lost" + (f": {exc}" if exc else "")
+    if unanswered is not None and unanswered.get_extra_info("ssl_object") is not None:
+        return reason + CLIENT_CERTIFICATE_HINT
+    return reason

@@ -33,6 +33,7 @@ from ._liveness import Heartbeat, readable
 from ._log import log_master_readmitted, log_master_silent, log_ping_refused, refuses_ping
 from ._spin import Spin, spin_of
 from ._telemetry import master_error, master_silent
+from ._tls import lost_reason
 from ._wire import ClosedError, Hook, Opener, Reply, Stream, pack, pack_args
 
 __all__ = ["Link"]
@@ -54,6 +55,7 @@ class _Connection(Stream):
         self.pending: collections.deque[_Request] = collections.deque()
         self.out: list[bytes] = []
         self.lost = False
+        self.replied = False  # any byte from the master yet
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.heartbeat: Heartbeat | None = None  # PINGs the master when idle
 
@@ -88,7 +90,7 @@ class _Connection(Stream):
             self.transport.write(b"".join(out))
 
     def data_received(self, data: bytes) -> None:
-        link = self.link
+        link, self.replied = self.link, True
         link.heard(self)
         reader = self.reader
         reader.feed(data)
@@ -389,8 +391,8 @@ class Link:
         if self._conn is conn:
             self._conn = None
             self._unsilence()
-        reason = f"connection to {self.name} lost" + (f": {exc}" if exc else "")
-        conn.fail(RedisConnectionError(reason))
+        unanswered = None if conn.replied else conn.transport
+        conn.fail(RedisConnectionError(lost_reason(self.name, exc, unanswered)))
 
     def _drop(self, error: Exception) -> None:
         conn, self._conn = self._conn, None

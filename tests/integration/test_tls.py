@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncredlock import AsyncRedlock, Lease, QuorumUnavailableError
+from asyncredlock._tls import CLIENT_CERTIFICATE_HINT
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state, whole_retry_delay
 from asyncredlock.testing._support import connected_clients
 from asyncredlock.testing.pytest_plugin import MakeServers
@@ -385,10 +386,31 @@ async def test_a_client_certificate_from_the_url(group: ServerGroup, certs: Cert
                 await lease.release()
             assert [front.handshakes for front in proxies] == [1, 1, 1]
             async with AsyncRedlock(urls(proxies, ssl_ca_certs=certs.ca_pem), timeout=0) as anon:
-                with pytest.raises(QuorumUnavailableError):
+                with pytest.raises(QuorumUnavailableError) as refused:
                     await anon.lock("tls:mutual").acquire()
         assert [front.handshakes for front in proxies] == [1, 1, 1]
     assert lease.token is not None
+    # ended before any reply: each master's account says what a front asking for a
+    # client certificate does to a client that gives none
+    assert str(refused.value).count(CLIENT_CERTIFICATE_HINT) == 3
+
+
+async def test_a_tls_connection_lost_after_replies_has_no_certificate_hint(
+    fronts: list[FaultProxy], certs: Certs
+) -> None:
+    """A TLS connection that answered, then was reset, is reported lost, nothing more."""
+    async with AsyncRedlock(urls(fronts, ssl_ca_certs=certs.ca_pem), timeout=0) as redlock:
+        with anyio.fail_after(HANG_GUARD):
+            state = await redlock.inspect("tls:answered")  # every master has answered
+            assert [node.error for node in state.nodes] == [None] * 3
+            for front in fronts:
+                front.reset_connections()
+            # the attempt goes out on the connections just reset (the client hears
+            # of the resets only after it)
+            with pytest.raises(QuorumUnavailableError) as lost:
+                await redlock.lock("tls:reset").acquire()
+    assert str(lost.value).count("lost: ") == 3
+    assert CLIENT_CERTIFICATE_HINT not in str(lost.value)
 
 
 class TestCLI:
