@@ -12,14 +12,16 @@ from typing import Any, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
+from redis.asyncio.connection import SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._config import Settings
 from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
-from ._tls import certificate_error
+from ._tls import CLIENT_CERTIFICATE_HINT, certificate_error, ended_by_master, lost_reason
 from ._wire import Stream
 
 __all__ = ["ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
@@ -63,10 +65,17 @@ class RedisPyOpener:
             refused = certificate_error(exc, _address(connection))
             if refused is not None:
                 raise refused from exc
+            if isinstance(connection, SSLConnection) and ended_by_master(exc):
+                raise RedisConnectionError(f"{exc}{CLIENT_CERTIFICATE_HINT}") from exc
             raise
         leftover = bytes(getattr(reader, "_buffer", b""))
         _forget(connection, close=False)
         transport = cast(asyncio.Transport, writer.transport)
+        if transport.is_closing() or reader.exception() is not None or reader.at_eof():
+            # ended before it was ours (the master, or the loop busy since the handshake)
+            transport.abort()
+            why = lost_reason(_address(connection), reader.exception(), transport)
+            raise RedisConnectionError(why)
         protocol.opened_by = writer
         transport.set_protocol(protocol)
         protocol.connection_made(transport)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Iterator
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -13,6 +14,7 @@ __all__ = [
     "REFUSED",
     "CertificateError",
     "certificate_error",
+    "ended_by_master",
     "lost_reason",
 ]
 
@@ -24,7 +26,8 @@ REFUSED = "TLS certificate verification failed"
 #: (TLS 1.3 finishes the client's side of the handshake before the server checks it).
 CLIENT_CERTIFICATE_HINT = (
     " (before any reply over TLS: a master that requires client certificates does"
-    " this when none is given; see ssl_certfile and ssl_keyfile)"
+    " this when none, or one it does not trust, is given; see ssl_certfile and"
+    " ssl_keyfile)"
 )
 
 
@@ -40,18 +43,39 @@ def certificate_error(exc: BaseException, address: str) -> CertificateError | No
     redis-py raises its ``ConnectionError`` while handling the
     ``ssl.SSLCertVerificationError``, so the cause is found in the chain.
     """
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
+    for cause in _chain(exc):
         if isinstance(cause, ssl.SSLCertVerificationError):
             # set by the ssl module when it raises; absent from one made by hand
             why = getattr(cause, "verify_message", None) or str(cause)
             error = CertificateError(f"{REFUSED} for {address}: {why}")
             error.__cause__ = cause
             return error
+    return None
+
+
+def ended_by_master(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from or while handling) says
+    the master ended the connection: a reset, or a TLS alert it sent (a certificate
+    it refused; not our own verification of its certificate)."""
+    return any(
+        isinstance(cause, ConnectionResetError)
+        or (
+            isinstance(cause, ssl.SSLError)
+            and not isinstance(cause, ssl.SSLCertVerificationError)
+            and "ALERT" in str(cause).upper()
+        )
+        for cause in _chain(exc)
+    )
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from (or while handling), once each."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        yield cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def lost_reason(

@@ -3,6 +3,7 @@ master that went silent is readmitted once it answers again."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import shutil
@@ -12,7 +13,8 @@ from typing import NamedTuple
 
 import anyio
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import Connection as RedisConnection
 
 from asyncredlock import AsyncRedlock, QuorumUnavailableError
 from asyncredlock._transport import Link
@@ -252,3 +254,35 @@ class TestSilentMaster:
             assert all(link and link.outstanding == 1 for link in links)  # not waited for
             assert await polled(lambda: len(still_connected) == 3)
             assert still_connected == [False, False, False]
+
+
+class EndedOnConnect(RedisConnection):
+    """A redis-py connection closed as soon as redis-py has connected it: as if the
+    master had ended it before asyncredlock took the socket over (or the loop was
+    busy since the handshake, and redis-py's own reader heard the end)."""
+
+    async def connect(self) -> None:
+        await super().connect()
+        assert self._writer is not None
+        self._writer.transport.abort()
+        await asyncio.sleep(0)  # redis-py's reader hears of it, not asyncredlock's
+
+
+async def test_a_connection_ended_before_it_is_taken_over_fails_its_calls_at_once(
+    servers: ServerGroup,
+) -> None:
+    """Its calls fail as on a lost connection, not after the silence of a master
+    (``node_timeout``) as calls written to a socket that nobody reads would."""
+    server = servers[0]
+    pool = ConnectionPool(connection_class=EndedOnConnect, host=server.host, port=server.port)
+    client = Redis(connection_pool=pool)
+    try:
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock([client], timeout=0, node_timeout=2.0) as redlock:
+                with pytest.raises(QuorumUnavailableError) as failed:
+                    await redlock.lock("ended:on-connect").acquire()
+    finally:
+        await client.aclose()
+    assert f"connection to {server.host}:{server.port} lost" in str(failed.value)
+    assert "silent" not in str(failed.value)
+    assert "ssl_certfile" not in str(failed.value)  # not TLS: no hint of certificates

@@ -388,11 +388,19 @@ async def test_a_client_certificate_from_the_url(group: ServerGroup, certs: Cert
             async with AsyncRedlock(urls(proxies, ssl_ca_certs=certs.ca_pem), timeout=0) as anon:
                 with pytest.raises(QuorumUnavailableError) as refused:
                     await anon.lock("tls:mutual").acquire()
+            # redis-py's own handshake sends SELECT first: it is refused during it
+            selecting = [
+                url.replace("?", "/1?", 1) for url in urls(proxies, ssl_ca_certs=certs.ca_pem)
+            ]
+            async with AsyncRedlock(selecting, timeout=0) as anon:
+                with pytest.raises(QuorumUnavailableError) as refused_early:
+                    await anon.lock("tls:mutual").acquire()
         assert [front.handshakes for front in proxies] == [1, 1, 1]
     assert lease.token is not None
     # ended before any reply: each master's account says what a front asking for a
     # client certificate does to a client that gives none
     assert str(refused.value).count(CLIENT_CERTIFICATE_HINT) == 3
+    assert str(refused_early.value).count(CLIENT_CERTIFICATE_HINT) == 3
 
 
 async def test_a_tls_connection_lost_after_replies_has_no_certificate_hint(
