@@ -65,7 +65,8 @@ class RedisPyOpener:
             refused = certificate_error(exc, _address(connection))
             if refused is not None:
                 raise refused from exc
-            if isinstance(connection, SSLConnection) and ended_by_master(exc):
+            tls = isinstance(connection, SSLConnection)  # never a cancellation turned error
+            if tls and isinstance(exc, Exception) and ended_by_master(exc):
                 raise RedisConnectionError(f"{exc}{CLIENT_CERTIFICATE_HINT}") from exc
             raise
         leftover = bytes(getattr(reader, "_buffer", b""))

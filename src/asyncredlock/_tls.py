@@ -1,5 +1,8 @@
 """A master's TLS certificate that fails verification, told apart from other
-connection failures: it is a configuration error, which no retry mends."""
+connection failures: it is a configuration error, which no retry mends. And the
+other way round, a master that may have refused the client's certificate: a TLS
+connection it ended before its first reply says so (only a hint: a network fault
+looks the same)."""
 
 from __future__ import annotations
 
