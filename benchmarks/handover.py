@@ -42,7 +42,6 @@ import asyncio
 import collections
 import contextlib
 import gc
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,7 +51,7 @@ from lockbench.adapters.base import Handle, Mode, Session
 from lockbench.adapters.ours import AsyncredlockSession
 from lockbench.adapters.peer_aioredlock import AioredlockSession
 from lockbench.handover_report import HandoverReport, RowRun, write_outputs
-from lockbench.harness import add_report_option, environment, read_report
+from lockbench.harness import add_report_option, environment, process_cpu, read_report
 from lockbench.settings import CONTENTION_WORKERS, WAIT
 from lockbench.workloads import Failures, bounded, quiet_loggers
 from peers import CONTENTION_HOLD, contention_holds, contention_result
@@ -191,15 +190,8 @@ async def open_session(row: str, servers: ServerGroup, queue: _Queue) -> Session
 
 def servers_cpu(servers: ServerGroup) -> float | None:
     """CPU seconds the servers used so far (None where ``/proc`` cannot tell)."""
-    total = 0
-    for server in servers:
-        try:
-            with open(f"/proc/{server.pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
+    used = [process_cpu(server.pid) for server in servers]
+    return None if None in used else sum(u or 0.0 for u in used)
 
 
 async def run_row(row: str, servers: ServerGroup, key: str, seconds: float) -> RowRun:

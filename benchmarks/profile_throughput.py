@@ -85,6 +85,7 @@ from lockbench.harness import (
     Spread,
     add_report_option,
     environment,
+    process_cpu,
     read_report,
     redlock_counters,
     servers_behind_proxies,
@@ -556,18 +557,6 @@ def profile_record(
 
 
 # --- one window ------------------------------------------------------------------------------
-
-
-def process_cpu(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process so far (Linux ``/proc``), or None."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def other_cpu(servers: ServerGroup, proxies: ProxyHost, n: int) -> dict[str, float | None]:

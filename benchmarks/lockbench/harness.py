@@ -346,6 +346,18 @@ def environment() -> Environment:
     }
 
 
+def process_cpu(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process so far (Linux ``/proc``), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def redlock_counters(redlock: asyncredlock.AsyncRedlock) -> dict[str, int]:
     """``redlock.statistics()``'s counters and gauges by name (its wait and hold
     summaries left out: the benchmarks add counters up across clients)."""
