@@ -254,7 +254,7 @@ class Link:
         """Deliver a reply (or a failure) to one caller."""
         self.outstanding -= 1
         error = reply.error  # an ACL refusing our PING: logged once, not counted
-        ours = error is not None and future is self._ping_out and refuses_ping(error)
+        ours = future is self._ping_out and refuses_ping(error)
         if error is not None and not isinstance(error, ClosedError) and not ours:
             master_error(self.name, error)
         hooked = self._hooks.pop(future, None)

@@ -3,7 +3,6 @@ master that went silent is readmitted once it answers again."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import shutil
@@ -265,7 +264,7 @@ class EndedOnConnect(RedisConnection):
         await super().connect()
         assert self._writer is not None
         self._writer.transport.abort()
-        await asyncio.sleep(0)  # redis-py's reader hears of it, not asyncredlock's
+        await self._writer.wait_closed()  # redis-py's reader hears of it, not asyncredlock's
 
 
 async def test_a_connection_ended_before_it_is_taken_over_fails_its_calls_at_once(
