@@ -22,6 +22,13 @@ Rows, alternated within each repetition:
 - **asyncredlock** and **asyncredlock fair=True**, as ``peers.py`` runs them.
 - **aioredlock**, as ``peers.py`` runs it.
 
+The hold is ``asyncio.sleep(0.001)`` by default. With ``--hold query`` it is a 1 ms
+query to another process instead (`lockbench.hold_service`: each worker's connection
+is answered 1 ms after it asks), as a holder that writes to a database waits: its
+hold ends when the reply is read, where a sleep on asyncio's default loop ends no
+sooner than a whole millisecond after the loop's last wake-up (its poll takes
+milliseconds), so that the replies a lock reads during the hold lengthen it.
+
 Each row records acquisitions per second, wait p50 and p99, how often the same worker
 took the lock again, the holds that overlapped, and the CPU time per hold of the
 client process and of the five servers (Linux: ``/proc``).
@@ -29,10 +36,11 @@ client process and of the five servers (Linux: ``/proc``).
 Each repetition runs the rows in turn, starting one row later than the repetition
 before it. Run from the repository root: ``python benchmarks/handover.py`` (about 2 minutes;
 ``--quick`` for a smoke run, ``--only floor,asyncredlock`` for some rows). It writes
-``handover.json`` and ``handover.md`` to ``--out`` (default ``benchmarks/results``);
-``--docs docs`` also writes the table into ``docs/peers.md`` between its
-``<!-- HANDOVER-FLOOR -->`` lines. That report step is ``lockbench.handover_report``,
-and ``--report JSON`` runs it alone on results already written.
+``handover.json`` and ``handover.md`` (``handover-query.*`` with ``--hold query``) to
+``--out`` (default ``benchmarks/results``); ``--docs docs`` also writes the table into
+``docs/peers.md`` between its ``<!-- HANDOVER-FLOOR -->`` lines (``HANDOVER-QUERY``).
+That report step is ``lockbench.handover_report``, and ``--report JSON`` runs it alone
+on results already written.
 """
 
 from __future__ import annotations
@@ -42,8 +50,10 @@ import asyncio
 import collections
 import contextlib
 import gc
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +204,38 @@ def servers_cpu(servers: ServerGroup) -> float | None:
     return None if None in used else sum(u or 0.0 for u in used)
 
 
-async def run_row(row: str, servers: ServerGroup, key: str, seconds: float) -> RowRun:
-    """One row for ``seconds``: ten clients, a worker each, on ``key``."""
+@contextlib.contextmanager
+def hold_service(seconds: float) -> Iterator[int]:
+    """`lockbench.hold_service` in a child process for ``seconds`` at most: its port."""
+    script = HERE / "lockbench" / "hold_service.py"
+    args = [sys.executable, str(script), str(CONTENTION_HOLD * 1000), str(seconds)]
+    with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stdout is not None
+            yield int(child.stdout.readline())
+        finally:
+            child.kill()
+
+
+async def query_holds(stack: contextlib.AsyncExitStack, port: int) -> Callable[[int], Any]:
+    """A hold per worker: a 1 ms query to the hold service, on the worker's connection."""
+    links = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CONTENTION_WORKERS)]
+    for _, writer in links:
+        stack.callback(writer.close)
+
+    async def hold(worker: int) -> None:
+        reader, writer = links[worker]
+        writer.write(b"?")
+        await reader.readexactly(1)
+
+    return hold
+
+
+async def run_row(
+    row: str, servers: ServerGroup, key: str, seconds: float, port: int | None = None
+) -> RowRun:
+    """One row for ``seconds``: ten clients, a worker each, on ``key``; each hold a
+    query to the hold service on ``port`` if given, else a sleep."""
     failures = Failures()
     async with contextlib.AsyncExitStack() as stack:
         sessions: list[Session] = []
@@ -204,13 +244,14 @@ async def run_row(row: str, servers: ServerGroup, key: str, seconds: float) -> R
             sessions.append(await open_session(row, servers, queue))
             stack.push_async_callback(sessions[-1].aclose)
         handles = [session.handle(key) for session in sessions]
+        hold = None if port is None else await query_holds(stack, port)
         for handle in handles:  # connected, scripts loaded
             await handle.acquire()
             await handle.release()
         gc.collect()
         cpu, served = time.process_time(), servers_cpu(servers)
         start = time.monotonic()
-        holds = await contention_holds(handles, start + seconds, failures)
+        holds = await contention_holds(handles, start + seconds, failures, hold=hold)
         cpu = time.process_time() - cpu
         after = servers_cpu(servers)
     result = contention_result(holds, start, start + seconds, len(handles))
@@ -227,18 +268,25 @@ async def run_row(row: str, servers: ServerGroup, key: str, seconds: float) -> R
     }
 
 
-async def run(rows: Sequence[str], seconds: float, repetitions: int) -> HandoverReport:
-    """Every row, ``repetitions`` times, each repetition starting one row later."""
+async def run(
+    rows: Sequence[str], seconds: float, repetitions: int, hold: str = "sleep"
+) -> HandoverReport:
+    """Every row, ``repetitions`` times, each repetition starting one row later; each
+    hold a sleep, or (``hold="query"``) a query to the hold service."""
     quiet_loggers()
     runs: dict[str, list[RowRun]] = {row: [] for row in rows}
-    with ServerGroup(MASTERS) as servers:
+    guard = seconds + 2 * WAIT + 10
+    with contextlib.ExitStack() as stack:
+        servers = stack.enter_context(ServerGroup(MASTERS))
+        lasting = guard * len(rows) * repetitions
+        port = stack.enter_context(hold_service(lasting)) if hold == "query" else None
         for rep in range(repetitions):
             turn = rep % len(rows)
             for row in (*rows[turn:], *rows[:turn]):
                 key = f"handover:{row}:{rep}"
-                guard = seconds + 2 * WAIT + 10
                 try:
-                    result = await bounded(run_row(row, servers, key, seconds), guard, row)
+                    measuring = run_row(row, servers, key, seconds, port)
+                    result = await bounded(measuring, guard, row)
                 except ImportError as exc:
                     result = {"status": "failed", "reason": f"not installed: {exc.name}"}
                 except Exception as exc:  # the row fails, the others go on
@@ -251,6 +299,7 @@ async def run(rows: Sequence[str], seconds: float, repetitions: int) -> Handover
         "masters": MASTERS,
         "clients": CONTENTION_WORKERS,
         "hold_s": CONTENTION_HOLD,
+        "hold": hold,
         "seconds_per_run": seconds,
         "repetitions": repetitions,
         "quick": seconds < 2,
@@ -265,6 +314,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     parser.add_argument("--docs", type=Path, help="also write the table into DOCS/peers.md")
     parser.add_argument("--only", help=f"comma-separated rows: {','.join(SHORT)}")
+    parser.add_argument(
+        "--hold",
+        choices=("sleep", "query"),
+        default="sleep",
+        help="each hold: asyncio.sleep (default), or a 1 ms query to another process",
+    )
     add_report_option(parser, "handover.json")
     args = parser.parse_args()
     names = list(SHORT) if args.only is None else args.only.split(",")
@@ -277,7 +332,8 @@ def main() -> None:
     if args.report:
         results = read_report(args.report)
     else:
-        results = asyncio.run(run(rows, 1.0 if args.quick else 8.0, 1 if args.quick else 4))
+        seconds, repetitions = (1.0, 1) if args.quick else (8.0, 4)
+        results = asyncio.run(run(rows, seconds, repetitions, args.hold))
     write_outputs(results, args.out, args.docs)
     print(f"\nwritten to {args.out} in {time.monotonic() - started:.1f} s")
 

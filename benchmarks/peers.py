@@ -72,7 +72,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -531,12 +531,14 @@ async def contention_holds(
     *,
     counter: Redis | None = None,
     first: int = 0,
+    hold: Callable[[int], Awaitable[object]] | None = None,
 ) -> list[Hold]:
     """Every handle takes the one key, holds it ``CONTENTION_HOLD``, releases, and asks
     again at once, until ``deadline`` (``time.monotonic()``, the same clock in every
     process of the host); acquisitions that began earlier finish. With ``counter``,
     each holder also reads the counter and writes it back plus one (a lost update
-    shows two holders at once). Workers are numbered from ``first``."""
+    shows two holders at once). Workers are numbered from ``first``. The hold is
+    ``asyncio.sleep(CONTENTION_HOLD)``, or ``await hold(worker)`` if given."""
     holds: list[Hold] = []
 
     async def worker(index: int, handle: Handle) -> None:
@@ -547,7 +549,7 @@ async def contention_holds(
                 failures.add("acquire", exc)
                 continue
             got = time.monotonic()
-            await asyncio.sleep(CONTENTION_HOLD)
+            await (asyncio.sleep(CONTENTION_HOLD) if hold is None else hold(index))
             if counter is not None:
                 try:
                     seen = int(await counter.get(COUNTER_KEY) or 0)

@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from .harness import Environment, machine_line, publish_between, write_json, write_text
 
-START, END = "<!-- HANDOVER-FLOOR -->", "<!-- /HANDOVER-FLOOR -->"
+#: The docs' markers and the files' stem, by kind of hold.
+MARKERS = {
+    "sleep": ("<!-- HANDOVER-FLOOR -->", "<!-- /HANDOVER-FLOOR -->"),
+    "query": ("<!-- HANDOVER-QUERY -->", "<!-- /HANDOVER-QUERY -->"),
+}
+STEMS = {"sleep": "handover", "query": "handover-query"}
+#: How each kind of hold is described in the report.
+HOLDS = {
+    "sleep": "each hold `asyncio.sleep` of {ms:g} ms",
+    "query": "each hold a query to another process answered after {ms:g} ms (as a"
+    " database write would be; `lockbench.hold_service`)",
+}
 BASE = "aioredlock"
 FLOOR = "floor model"
 TARGET = 1.3  # issue 11: acquisitions/s against aioredlock's
@@ -31,6 +42,7 @@ class HandoverReport(TypedDict):
     masters: int
     clients: int
     hold_s: float
+    hold: NotRequired[str]  # "sleep" (also when absent: results of older runs) or "query"
     seconds_per_run: float
     repetitions: int
     quick: bool
@@ -127,12 +139,14 @@ def table(report: HandoverReport, *, heading: bool = True) -> str:
     """The markdown of the results, under a heading (or, in a page's running text,
     a bold title, so that the text after it stays under the page's own heading)."""
     quick = " (quick smoke run: not a measurement)" if report["quick"] else ""
-    title = f"The floor of a hand-over between clients{quick}"
+    hold = report.get("hold", "sleep")
+    kind = ", the hold a query" if hold == "query" else ""
+    title = f"The floor of a hand-over between clients{kind}{quick}"
     lines = [
         f"### {title}" if heading else f"**{title}.**",
         "",
-        f"{report['clients']} clients in one event loop, a worker each, on one key, each"
-        f" hold {report['hold_s'] * 1000:g} ms; N = {report['masters']} masters on"
+        f"{report['clients']} clients in one event loop, a worker each, on one key,"
+        f" {HOLDS[hold].format(ms=report['hold_s'] * 1000)}; N = {report['masters']} masters on"
         f" loopback. Repetitions: {report['repetitions']}, of {report['seconds_per_run']:g} s"
         " per row, each repetition starting one row later; medians (and ranges) over the"
         " repetitions.",
@@ -160,9 +174,12 @@ def table(report: HandoverReport, *, heading: bool = True) -> str:
 
 
 def write_outputs(report: HandoverReport, out: Path, docs: Path | None) -> None:
-    """JSON and markdown into ``out``; the section into ``docs/peers.md`` (between its
-    ``<!-- HANDOVER-FLOOR -->`` lines) if given."""
-    write_json(out / "handover.json", report)
-    write_text(out / "handover.md", table(report))
+    """JSON and markdown into ``out`` (``handover.*``; ``handover-query.*`` for query
+    holds); the section into ``docs/peers.md`` (between its ``<!-- HANDOVER-FLOOR -->``
+    lines, or ``HANDOVER-QUERY``) if given."""
+    hold = report.get("hold", "sleep")
+    write_json(out / f"{STEMS[hold]}.json", report)
+    write_text(out / f"{STEMS[hold]}.md", table(report))
     if docs is not None:
-        publish_between(docs / "peers.md", START, END, table(report, heading=False))
+        start, end = MARKERS[hold]
+        publish_between(docs / "peers.md", start, end, table(report, heading=False))

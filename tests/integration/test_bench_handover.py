@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "handover.py"
 START, END = "<!-- HANDOVER-FLOOR -->", "<!-- /HANDOVER-FLOOR -->"
+QUERY_START, QUERY_END = "<!-- HANDOVER-QUERY -->", "<!-- /HANDOVER-QUERY -->"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,6 +73,31 @@ def test_the_table_and_the_docs_section_are_written(
     assert "**The floor of a hand-over between clients (quick smoke run" in page
     assert "### The floor of a hand-over between clients" in table
     assert "###" not in page  # the page's following text stays under its own heading
+
+
+def test_holds_that_are_queries_are_measured_and_written_apart(tmp_path: Path) -> None:
+    """``--hold query``: every hold a query to the hold service; its own files and docs
+    section, the sleep's section left alone."""
+    (tmp_path / "docs").mkdir()
+    page = f"intro\n{START}\nsleep table\n{END}\n{QUERY_START}\nold\n{QUERY_END}\nend\n"
+    (tmp_path / "docs" / "peers.md").write_text(page)
+    proc = run(
+        *("--quick", "--hold", "query", "--only", "asyncredlock"),
+        *("--out", str(tmp_path), "--docs", str(tmp_path / "docs")),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "handover-query.json").read_text())
+    assert report["hold"] == "query"
+    ((only,),) = report["rows"].values()
+    assert only["status"] == "ok"
+    assert only["acquisitions"] > 0
+    assert only["exclusion_violations"] == only["failures"] == 0
+    assert not (tmp_path / "handover.json").exists()
+    assert "the hold a query" in (tmp_path / "handover-query.md").read_text()
+    written = (tmp_path / "docs" / "peers.md").read_text()
+    assert f"{START}\nsleep table\n{END}" in written
+    assert "\nold\n" not in written
+    assert "| asyncredlock |" in written.split(QUERY_START)[1]
 
 
 def test_an_unknown_row_is_refused_before_measuring(tmp_path: Path) -> None:
@@ -148,6 +174,15 @@ def test_the_report_pairs_repetitions_and_tolerates_gaps(report_module: ModuleTy
     assert "asks a lock for 0.96x the model's rate (0.93-1.00)" in "\n".join(lines)
     assert "- asyncredlock: 0.69x the floor model's rate." in lines
     assert "- aioredlock: 0.74x the floor model's rate (0.71-0.77)." in lines
+
+
+def test_the_report_says_what_a_hold_was(report_module: ModuleType) -> None:
+    """A report without ``hold`` (an older run) is one of sleeps."""
+    report = made_up({"floor model": [_run(700.0)]})
+    assert "each hold `asyncio.sleep` of 1 ms" in report_module.table(report)
+    text = report_module.table({**report, "hold": "query"})
+    assert text.startswith("### The floor of a hand-over between clients, the hold a query\n")
+    assert "each hold a query to another process answered after 1 ms" in text
 
 
 def test_a_row_that_never_ran_is_reported_with_its_reason(report_module: ModuleType) -> None:

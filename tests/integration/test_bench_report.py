@@ -36,6 +36,7 @@ def report(script: str, results: str, out: Path, *extra: str) -> str:
         ("fanout.py", "fanout"),
         ("rwlock.py", "rwlock"),
         ("handover.py", "handover"),
+        ("handover.py", "handover-query"),
         ("profile_throughput.py", "profile_throughput"),
     ],
 )
