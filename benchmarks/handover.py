@@ -219,9 +219,10 @@ def hold_service(seconds: float) -> Iterator[int]:
 
 async def query_holds(stack: contextlib.AsyncExitStack, port: int) -> Callable[[int], Any]:
     """A hold per worker: a 1 ms query to the hold service, on the worker's connection."""
-    links = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CONTENTION_WORKERS)]
-    for _, writer in links:
-        stack.callback(writer.close)
+    links = []
+    for _ in range(CONTENTION_WORKERS):
+        links.append(await asyncio.open_connection("127.0.0.1", port))
+        stack.callback(links[-1][1].close)  # each one closed, should a later one fail
 
     async def hold(worker: int) -> None:
         reader, writer = links[worker]
