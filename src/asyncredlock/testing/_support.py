@@ -58,17 +58,26 @@ class Registry:
         # SIGTERM that came while the main thread was one of them
         self.spawning: dict[int, int] = {}
         self.deferred: int | None = None
+        self.ending = False  # the SIGTERM handler is killing them: no new process
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
         """Around starting a process and `add`-ing it. SIGTERM is watched from
         before the process exists, and one that comes before the record waits for
         it (`_reap_and_die`): the new process is killed with the others, not left
-        running."""
+        running. Once that handler has begun, no process starts.
+
+        Raises:
+            ServerStartError: The handler is killing the servers (SIGTERM).
+        """
         self.watch_sigterm()
         me = threading.get_ident()
         self.spawning[me] = self.spawning.get(me, 0) + 1
         try:
+            # after counting this start (the handler marks its end, then waits for
+            # the starts counted): either it waits for this one, or this one sees it
+            if self.ending:
+                raise ServerStartError("not started: this process is ending (SIGTERM)")
             yield
         finally:
             if self.spawning[me] > 1:
@@ -111,6 +120,7 @@ class Registry:
         self.ports.clear()
         self.spawning.clear()
         self.deferred = None
+        self.ending = False
 
     def reap(self) -> None:
         """Kill every live process and remove every private directory."""
@@ -143,6 +153,7 @@ def _reap_and_die(signum: int, frame: object) -> None:
     if threading.main_thread().ident in registry.spawning:
         registry.deferred = signum
         return
+    registry.ending = True  # a start in another thread from now on fails
     deadline = time.monotonic() + STOP_GRACE
     while registry.spawning and time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL)
