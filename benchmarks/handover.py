@@ -53,7 +53,7 @@ import gc
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +217,9 @@ def hold_service(seconds: float) -> Iterator[int]:
             child.kill()
 
 
-async def query_holds(stack: contextlib.AsyncExitStack, port: int) -> Callable[[int], Any]:
+async def query_holds(
+    stack: contextlib.AsyncExitStack, port: int
+) -> Callable[[int], Awaitable[None]]:
     """A hold per worker: a 1 ms query to the hold service, on the worker's connection."""
     links = []
     for _ in range(CONTENTION_WORKERS):
