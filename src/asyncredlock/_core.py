@@ -21,12 +21,12 @@ from ._quorum import (
     Classify,
     Decision,
     MakeCall,
-    NodeSkippedError,
     Round,
     TaskTracker,
     Timing,
     quorum_of,
 )
+from ._releasing import Releases
 from ._scripts import (
     ACQUIRE,
     ACQUIRE_RW,
@@ -34,8 +34,6 @@ from ._scripts import (
     DEQUEUE,
     EXTEND,
     EXTEND_READ,
-    RELEASE,
-    RELEASE_READ,
 )
 from ._stats import Counters
 from ._timings import Timings
@@ -73,10 +71,8 @@ class Core:
         self.settings = settings
         self.quorum = quorum_of(len(self.nodes))
         self.tracker = TaskTracker()
-        # the last release built by _delete (keys, value, marker TTL, shared, waiter,
-        # script, its keys and arguments); the specs of lock() calls (see Lock.make)
-        self._last_delete: tuple[Any, ...] = (None,) * 8
-        self.specs: dict[tuple[Any, ...], LockSpec] = {}
+        self.releases = Releases(self)  # compare-and-delete on one master, and undo
+        self.specs: dict[tuple[Any, ...], LockSpec] = {}  # of lock() calls (Lock.make)
         self.counters, self.timings = Counters(), Timings()  # totals; wait and hold times
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closing = self.closed = False  # closing: aclose() began; no new acquire()
@@ -325,96 +321,12 @@ class Core:
         shared: bool = False,
         waiter: str = "",
     ) -> Round:
-        """`release_on` every master: a lease's release."""
+        """`Releases.on` every master: a lease's release."""
         return self.fan_out(
-            lambda i, node: self.release_on(
+            lambda i, node: self.releases.on(
                 node, keys, value, acquired[i], ttl, shared=shared, waiter=waiter
             )
         )
-
-    def release_on(
-        self,
-        node: Node,
-        keys: Sequence[str],
-        value: str,
-        acquired: asyncio.Future[Reply],
-        ttl: float,
-        *,
-        shared: bool = False,
-        waiter: str = "",
-    ) -> asyncio.Future[Reply] | Reply:
-        """Compare-and-delete on one master, ordered behind the ``SET`` it undoes.
-
-        Every call to a master goes out on one connection, in order, so the
-        release cannot overtake the attempt. A master that refused the lock holds
-        nothing of ours and gets no call; one whose ``SET`` failed in an unknown
-        way (its connection broke) gets an undo marker too, which refuses that
-        ``SET`` should it still arrive. While the ``SET``'s reply is out, the
-        release goes at once behind it; if both then fail, it is sent once more,
-        with the marker, on the next connection. A reader (``shared``) removes its
-        entry from the readers instead. ``waiter``: the id a lease handed over by
-        the masters was queued as; its entry leaves the queue wherever it is still
-        listed (the masters that did not hand the key over).
-        """
-        if acquired.done():
-            reply = acquired.result()
-            if reply.error is None and not granted(reply):
-                return Reply(0)
-            if isinstance(reply.error, NodeSkippedError):  # never sent there
-                return Reply(0)
-            marker = 0 if reply.error is None else ms(ttl)
-            return self._delete(node, keys, value, marker, shared, waiter)
-        first = self._delete(node, keys, value, 0, shared, waiter)
-        result: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-
-        def settle(_: object) -> None:
-            reply = first.result()
-            unknown = not acquired.done() or acquired.result().error is not None
-            if reply.error is None or not unknown or self.closed:
-                result.set_result(reply)
-                return
-            again = self._delete(node, keys, value, ms(ttl), shared, waiter)
-            again.add_done_callback(lambda done: result.set_result(done.result()))
-
-        first.add_done_callback(settle)
-        return self.tracker.follow(result)
-
-    def _delete(
-        self,
-        node: Node,
-        keys: Sequence[str],
-        value: str,
-        marker_ttl: int,
-        shared: bool,
-        waiter: str = "",
-    ) -> asyncio.Future[Reply]:
-        last = self._last_delete
-        if last[0] is keys and last[1] is value and last[2:5] == (marker_ttl, shared, waiter):
-            # the same release to the next master of the round: built once
-            return node.call(last[5], last[6], last[7])
-        script_keys: tuple[str, ...]
-        if shared:
-            (key,) = keys
-            script = RELEASE_READ
-            script_keys = (readers_key(key), undo_key(key, value), *queue_keys(key))
-            args: tuple[Any, ...] = (value, marker_ttl, channel(key))
-        else:
-            script = RELEASE
-            script_keys = tuple(
-                each
-                for key in keys
-                for each in (
-                    key,
-                    undo_key(key, value),
-                    *queue_keys(key),
-                    terms_key(key),
-                    readers_key(key),
-                    aux_key(key, "fence"),
-                )
-            )
-            args = (value, marker_ttl, *(channel(key) for key in keys), waiter)
-        self._last_delete = (keys, value, marker_ttl, shared, waiter, script, script_keys, args)
-        return node.call(script, script_keys, args)
 
     def undo(
         self,

@@ -1,0 +1,127 @@
+"""Compare-and-delete on one master: a lease's release, and the undo of an attempt.
+
+Both go out on the master's one connection, behind the attempt's ``SET`` there, so a
+release never overtakes what it releases; both leave an undo marker where the
+``SET``'s outcome is unknown (its call failed), which refuses it should it still
+arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
+from ._node import Node, Reply
+from ._protocol import granted, ms
+from ._quorum import NodeSkippedError, TaskTracker
+from ._scripts import RELEASE, RELEASE_READ
+
+__all__ = ["Owner", "Releases"]
+
+
+class Owner(Protocol):
+    """What the releases need of their ``Core``."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``aclose()`` failed the calls still out (nothing more is sent)."""
+
+    @property
+    def tracker(self) -> TaskTracker:
+        """The background work that ``aclose()`` waits for."""
+
+
+class Releases:
+    """The releases of one ``AsyncRedlock`` (see the module's docstring)."""
+
+    def __init__(self, owner: Owner) -> None:
+        self._owner = owner
+        # the last release built by _delete (keys, value, marker TTL, shared, waiter,
+        # script, its keys and arguments)
+        self._last: tuple[Any, ...] = (None,) * 8
+
+    def on(
+        self,
+        node: Node,
+        keys: Sequence[str],
+        value: str,
+        acquired: asyncio.Future[Reply],
+        ttl: float,
+        *,
+        shared: bool = False,
+        waiter: str = "",
+    ) -> asyncio.Future[Reply] | Reply:
+        """Compare-and-delete on one master, ordered behind the ``SET`` it undoes.
+
+        Every call to a master goes out on one connection, in order, so the
+        release cannot overtake the attempt. A master that refused the lock holds
+        nothing of ours and gets no call; one whose ``SET`` failed in an unknown
+        way (its connection broke) gets an undo marker too, which refuses that
+        ``SET`` should it still arrive. While the ``SET``'s reply is out, the
+        release goes at once behind it; if both then fail, it is sent once more,
+        with the marker, on the next connection. A reader (``shared``) removes its
+        entry from the readers instead. ``waiter``: the id a lease handed over by
+        the masters was queued as; its entry leaves the queue wherever it is still
+        listed (the masters that did not hand the key over).
+        """
+        if acquired.done():
+            reply = acquired.result()
+            if reply.error is None and not granted(reply):
+                return Reply(0)
+            if isinstance(reply.error, NodeSkippedError):  # never sent there
+                return Reply(0)
+            marker = 0 if reply.error is None else ms(ttl)
+            return self._delete(node, keys, value, marker, shared, waiter)
+        first = self._delete(node, keys, value, 0, shared, waiter)
+        result: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+
+        def settle(_: object) -> None:
+            reply = first.result()
+            unknown = not acquired.done() or acquired.result().error is not None
+            if reply.error is None or not unknown or self._owner.closed:
+                result.set_result(reply)
+                return
+            again = self._delete(node, keys, value, ms(ttl), shared, waiter)
+            again.add_done_callback(lambda done: result.set_result(done.result()))
+
+        first.add_done_callback(settle)
+        return self._owner.tracker.follow(result)
+
+    def _delete(
+        self,
+        node: Node,
+        keys: Sequence[str],
+        value: str,
+        marker_ttl: int,
+        shared: bool,
+        waiter: str = "",
+    ) -> asyncio.Future[Reply]:
+        last = self._last
+        if last[0] is keys and last[1] is value and last[2:5] == (marker_ttl, shared, waiter):
+            # the same release to the next master of the round: built once
+            return node.call(last[5], last[6], last[7])
+        script_keys: tuple[str, ...]
+        if shared:
+            (key,) = keys
+            script = RELEASE_READ
+            script_keys = (readers_key(key), undo_key(key, value), *queue_keys(key))
+            args: tuple[Any, ...] = (value, marker_ttl, channel(key))
+        else:
+            script = RELEASE
+            script_keys = tuple(
+                each
+                for key in keys
+                for each in (
+                    key,
+                    undo_key(key, value),
+                    *queue_keys(key),
+                    terms_key(key),
+                    readers_key(key),
+                    aux_key(key, "fence"),
+                )
+            )
+            args = (value, marker_ttl, *(channel(key) for key in keys), waiter)
+        self._last = (keys, value, marker_ttl, shared, waiter, script, script_keys, args)
+        return node.call(script, script_keys, args)
