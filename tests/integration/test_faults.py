@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import pytest
 from redis.asyncio import Redis
@@ -93,6 +95,98 @@ class TestPausedMaster:
         late = Redis.from_url(group[4].url)
         assert await late.get("stale") is None
         await late.aclose()
+
+
+class TestUndoOfAFailedAttempt:
+    """A failed attempt is undone at once on a master whose reply is still out,
+    behind the ``SET`` on the same connection: a late grant there is undone as soon
+    as the master runs it, before the client's next attempt, and also when
+    ``aclose()`` cuts its wait short (docs/algorithm.md, failure cleanup)."""
+
+    async def test_a_late_grant_is_undone(self, make_servers: MakeServers) -> None:
+        group = make_servers(5)
+        async with AsyncRedlock(group.urls[:3]) as holder, AsyncRedlock(group.urls) as other:
+            lease = await holder.lock("undo:late").acquire()  # held on masters 0-2 only
+            group[4].pause()
+            with pytest.raises(LockTimeoutError):
+                await other.lock("undo:late", timeout=0).acquire()
+            assert client_state(other).in_flight[4] == 2  # the SET, the undo behind it
+            group[4].resume()  # its SET lands on a free key: granted, then undone
+            await other.settle()
+            assert (await _keys_everywhere(group))[3:] == [[], []]
+            await lease.release()
+        assert await _keys_everywhere(group) == [[]] * 5
+
+    async def test_the_next_attempt_finds_the_undo_ahead_of_it(self, servers: ServerGroup) -> None:
+        async with FaultProxy("127.0.0.1", servers[4].port) as proxy:
+            urls = [*servers.urls[:4], proxy.url]
+            masters = Masters(servers.urls)
+            async with (
+                AsyncRedlock(servers.urls[:3]) as holder,
+                AsyncRedlock(urls, node_timeout=30) as other,  # master 4 slow, not silent
+            ):
+                held = await holder.lock("undo:next").acquire()  # on masters 0-2
+                await other.settle()  # connected, scripts loaded
+                proxy.delay = 0.3
+                try:
+                    with pytest.raises(LockTimeoutError):
+                        await other.lock("undo:next", timeout=0).acquire()
+                    assert client_state(other).in_flight[4] == 2  # the SET, the undo
+                    await masters.clients[2].delete("undo:next")
+                    # Masters 0-1 refuse, 2-3 grant: master 4 decides. The first SET
+                    # grants there; an undo sent only on its reply would come after
+                    # this SET, which master 4 would refuse, held by the first.
+                    lease = await other.lock("undo:next", timeout=0).acquire()
+                    await lease.release()
+                    await held.release()
+                finally:
+                    await masters.aclose()
+
+    async def test_aclose_waits_for_the_reply_and_undoes_a_late_grant(
+        self, make_servers: MakeServers
+    ) -> None:
+        group = make_servers(5)
+        holder = AsyncRedlock(group.urls[:3])
+        other = AsyncRedlock(group.urls, node_timeout=30)  # aclose() waits up to 30 s
+        try:
+            lease = await holder.lock("undo:closing").acquire()
+            group[4].pause()
+            with pytest.raises(LockTimeoutError):
+                await other.lock("undo:closing", timeout=0).acquire()
+            closing = asyncio.ensure_future(other.aclose())
+            await asyncio.sleep(0)  # aclose() starts waiting for the calls still out
+            assert not closing.done()
+            group[4].resume()
+            await closing
+            assert (await _keys_everywhere(group))[3:] == [[], []]
+            await lease.release()
+        finally:
+            group[4].resume()
+            await other.aclose()
+            await holder.aclose()
+        assert await _keys_everywhere(group) == [[]] * 5
+
+    async def test_aclose_past_its_bound_still_sends_the_undo(
+        self, make_servers: MakeServers
+    ) -> None:
+        group = make_servers(5)
+        async with AsyncRedlock(group.urls[:3]) as holder:
+            other = AsyncRedlock(group.urls, node_timeout=0.2)
+            lease = await holder.lock("undo:cut").acquire()
+            group[4].pause()
+            try:
+                with pytest.raises(LockTimeoutError):
+                    await other.lock("undo:cut", timeout=0).acquire()
+                await other.aclose()  # returns, the master still paused
+                assert client_state(other).in_flight == (0,) * 5
+            finally:
+                group[4].resume()
+            # The undo went out behind the SET before the connection closed: the
+            # master runs both (a fresh client's command comes after them).
+            assert group[4].ping(timeout=5)
+            assert (await _keys_everywhere(group))[3:] == [[], []]
+            await lease.release()
+        assert await _keys_everywhere(group) == [[]] * 5
 
 
 class TestInterop:
