@@ -154,7 +154,7 @@ class TestUndoOfAFailedAttempt:
             with pytest.raises(LockTimeoutError):
                 await other.lock("undo:closing", timeout=0).acquire()
             closing = asyncio.ensure_future(other.aclose())
-            await asyncio.sleep(0)  # aclose() starts waiting for the calls still out
+            await anyio.wait_all_tasks_blocked()  # aclose() waits for the calls still out
             assert not closing.done()
             group[4].resume()
             await closing
