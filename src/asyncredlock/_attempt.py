@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,8 +16,9 @@ import anyio
 from ._config import LockSpec
 from ._core import Core
 from ._errors import RedlockError
+from ._handed import HandOvers
 from ._keys import channel, holder_value
-from ._lease import Lease
+from ._lease import Lease, make_lease
 from ._log import log_acquired
 from ._node import Reply
 from ._protocol import (
@@ -26,8 +28,8 @@ from ._protocol import (
     classify_commit,
     expired_decision,
     fence_tokens,
-    handed_already,
     holder_expires_in,
+    holds_ours,
     settled_grant,
 )
 from ._quorum import Decision, Round
@@ -39,7 +41,7 @@ from ._wakeup import Ticket, waiter_id
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["Acquisition", "make_lease", "refuse_if_closing"]
+__all__ = ["Acquisition", "refuse_if_closing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,36 +54,6 @@ class _Failed:
     decision: Decision
     expired: bool
     free_in: float = math.inf
-
-
-#: How many of its latest attempts a waiter remembers the start of: a master hands
-#: the key over with the terms of the last attempt it saw, one of the latest.
-_ATTEMPTS_KEPT = 32
-
-
-def make_lease(
-    core: Core,
-    spec: LockSpec,
-    value: str,
-    expires_at: float,
-    acquired: Sequence[asyncio.Future[Reply]],
-    tokens: tuple[int, ...] | None,
-    *,
-    taken: Taken,
-    extend_at: float | None = None,
-) -> Lease:
-    """The lease of an acquisition that succeeded (counted)."""
-    core.counters.acquisitions += 1
-    return Lease(
-        core,
-        spec,
-        value=value,
-        expires_at=expires_at,
-        acquired=acquired,
-        taken=taken,
-        tokens=tokens,
-        extend_at=extend_at,
-    )
 
 
 class Acquisition:
@@ -100,17 +72,17 @@ class Acquisition:
         "counters",
         "deadline",
         "entry",
-        "found",
         "granted",
+        "hand_overs",
         "handed_by",
         "inbox_only",
         "key",
         "single",
         "spec",
         "started",
-        "starts",
         "ticket",
         "trace",
+        "won",
     )
 
     def __init__(
@@ -128,18 +100,15 @@ class Acquisition:
         self.entry = self._new_entry() if queues else None
         self.trace = QueueTrace(len(core.nodes)) if self.entry is not None else None
         self.ticket: Ticket | None = None
-        # when each attempt that could leave hand-over terms was sent, by its value
-        self.starts: dict[str, float] = {}
+        self.hand_overs = HandOvers(core)  # the keys the masters handed it
         # whether its wake-ups come through the inbox only (writers, but those of a
         # read-write lock that is not fair: they also listen on the lock's channel)
         self.inbox_only = not spec.shared and (spec.fair or not spec.queued)
         self.acquired = False
         self.handed_by: frozenset[int] = frozenset()  # the masters that handed it the lease
-        # masters whose attempt reply said they had handed it the key (a release it
-        # did not hear of): until when the key surely lives there, and its count
-        self.found: dict[int, tuple[float, int]] = {}
         self.attempts = 0  # rounds sent to the masters
         self.granted: int | None = None  # masters that granted the latest round
+        self.won: Sequence[asyncio.Future[Reply]] = ()  # the replies to the round that took it
 
     async def run(self, span: Span | None = None) -> Lease:
         """Attempt until one takes the lock or the deadline passes (adding the
@@ -191,7 +160,7 @@ class Acquisition:
 
     def _was_handed(self) -> bool:
         ticket = self.ticket  # terms (so hand-overs) only once enrolled
-        return ticket is not None and len(ticket.handed.keys() | self.found) >= self.core.quorum
+        return ticket is not None and len(self.hand_overs.held(ticket)) >= self.core.quorum
 
     async def _enroll_early(self) -> None:
         """Its inbox is listened to already: a release after the next attempt
@@ -207,6 +176,7 @@ class Acquisition:
         if not self.single:
             return
         if self.entry is None:
+            self.arrival = time.time_ns() // 1000  # its place: from when it first queues
             self.entry = self._new_entry()
             self.trace = QueueTrace(len(self.core.nodes))
         self.core.mark_contended(self.key)
@@ -244,20 +214,19 @@ class Acquisition:
         """Out of the wake-ups and, in the background, of the masters' queue.
 
         A granted waiter may still be listed by the masters that refused; a key
-        handed to it that it is not using is given back. The masters that handed
-        it the lease took it out of their queue already, and the others most
-        likely are handing it over too: a lease handed over takes its entry out
-        with its release instead (no call now, none in vain)."""
+        handed to it that it is not using is given back. A writer's lease takes
+        its entry out with its release where that surely goes (no call now, none
+        in vain): where its attempt was granted (the entry stays listed there) or
+        failed, and for a lease handed over, on every master (those that handed
+        it took it out already; the others most likely are handing it over too).
+        A reply still out may yet be a refusal that queued it: dequeued there."""
         core = self.core
         if self.ticket is not None:
             core.waker.leave(self.ticket, acquired=self.acquired)
         if self.entry is not None and self.trace is not None and not self.handed_by:
-            core.dequeue(
-                self.key,
-                self.entry,
-                self.trace,
-                everywhere=self.spec.fair,
-            )
+            won = () if self.spec.shared else self.won
+            spared = [i for i, reply in enumerate(won) if reply.done() and holds_ours(reply)]
+            core.dequeue(self.key, self.entry, self.trace, everywhere=self.spec.fair, spared=spared)
 
     def _new_entry(self) -> QueueEntry:
         """This ``acquire()``'s place in the masters' queue (its entry lives three
@@ -296,10 +265,10 @@ class Acquisition:
         assert entry is not None
         assert entry.handover is not None
         assert ticket is not None
-        live = self._live_hand_overs(entry, ticket)
+        live = self.hand_overs.live(self.key, entry, ticket)
         if len(live) < core.quorum:
             return None  # the others may still hand it over
-        ticket.handed, self.found = {}, {}
+        self.hand_overs.forget(ticket)
         expiries = sorted((expiry for expiry, _ in live.values()), reverse=True)
         acquired = [settled_grant() for _ in core.nodes]
         tokens: tuple[int, ...] | None = None
@@ -326,22 +295,6 @@ class Acquisition:
             core, self.spec, value, expires_at, acquired, tokens, taken=taken, extend_at=extend_at
         )
 
-    def _live_hand_overs(self, entry: QueueEntry, ticket: Ticket) -> dict[int, tuple[float, int]]:
-        """Per master that handed it the key: until when the key surely lives
-        there, and the fence count. Keys it cannot count on (their attempt
-        forgotten, or as good as expired) are given back."""
-        core = self.core
-        now = core.clock()
-        self.found = {i: found for i, found in self.found.items() if found[0] > now}
-        live = dict(self.found)
-        for i, (attempt, count) in ticket.handed.items():
-            start = self.starts.get(attempt)
-            if start is not None and (expiry := core.expiry(start, entry.handover_ttl)) > now:
-                live[i] = max(live.get(i, (expiry, count)), (expiry, count))
-        core.drop_handed(self.key, entry, [i for i in ticket.handed if i not in live])
-        ticket.handed = {i: each for i, each in ticket.handed.items() if i in live}
-        return live
-
     async def _attempt(self, queue: bool, *, terms: bool) -> Lease | _Failed:
         """One round on every master (and, fenced, its commit round when needed)."""
         core, spec, entry = self.core, self.spec, self.entry
@@ -350,7 +303,7 @@ class Acquisition:
         if not terms and entry is not None and entry.handover is not None:
             entry = dataclasses.replace(entry, handover=None)
         if entry is not None and entry.handover is not None:
-            self._remember(value, start)
+            self.hand_overs.remember(value, start)
         core.counters.attempts += 1
         self.counters.attempts += 1
         self.attempts += 1
@@ -374,39 +327,29 @@ class Acquisition:
             core.undo(spec.target.keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
             raise
         if decision.holds(expires_at, core.clock):
-            taken = Taken("attempt", self.attempts, self.started)
-            return make_lease(core, spec, value, expires_at, rnd.tasks, tokens, taken=taken)
+            return self._taken(rnd.tasks, value, expires_at, tokens)
         core.counters.failed_attempts += 1
         core.undo(spec.target.keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
-        await self._note_handed(rnd.tasks, start)
+        await self.hand_overs.note(rnd.tasks, start, self.ticket)
+        self.hand_overs.give_way(self.key, self.entry, self.ticket, rnd.tasks)
         expired = decision.reached
         if expired:
             decision = expired_decision(decision, core.clock() - start, spec.ttl)
         return _Failed(decision, expired=expired, free_in=holder_expires_in(rnd.tasks))
 
-    async def _note_handed(self, replies: Sequence[asyncio.Future[Reply]], start: float) -> None:
-        """The masters whose reply to the attempt sent at ``start`` says they
-        handed it the key already (a release it did not hear of). The round was
-        decided without some replies: when those could make a quorum of such
-        masters, they are waited for (up to ``node_timeout``), or a waiter whose
-        quick masters refuse would miss the hand-over every time."""
-        core, out = self.core, [reply for reply in replies if not reply.done()]
-        found = handed_already(replies)
-        known = self.found.keys() | found.keys()
-        if self.ticket is not None:
-            known |= self.ticket.handed.keys()
-        if known and out and len(known) < core.quorum <= len(known) + len(out):
-            await asyncio.wait(out, timeout=core.settings.node_timeout)
-            found = handed_already(replies)
-        for i, (pttl, count) in found.items():
-            if (expiry := core.expiry(start, pttl / 1000)) > core.clock():
-                self.found[i] = (expiry, count)
-
-    def _remember(self, value: str, start: float) -> None:
-        """When the attempt holding ``value`` was sent: it may leave hand-over terms."""
-        self.starts[value] = start
-        if len(self.starts) > _ATTEMPTS_KEPT:
-            del self.starts[next(iter(self.starts))]
+    def _taken(
+        self,
+        replies: Sequence[asyncio.Future[Reply]],
+        value: str,
+        expires_at: float,
+        tokens: tuple[int, ...] | None,
+    ) -> Lease:
+        """The lease of the attempt that took the lock. A writer stays listed
+        where it was granted: its lease's release takes the entry out there."""
+        self.won, entry = replies, self.entry
+        waiter = "" if entry is None or self.spec.shared else entry.waiter
+        taken = Taken("attempt", self.attempts, self.started, waiter)
+        return make_lease(self.core, self.spec, value, expires_at, replies, tokens, taken=taken)
 
     async def _decide(
         self, rnd: Round, value: str, expires_at: float

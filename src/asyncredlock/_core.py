@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 from ._config import LockSpec, Settings
@@ -218,6 +218,7 @@ class Core:
         trace: QueueTrace,
         *,
         everywhere: bool,
+        spared: Collection[int] = (),
     ) -> None:
         """Take a waiter whose ``acquire()`` ended out of the queue, in the background.
 
@@ -229,30 +230,35 @@ class Core:
         A key a release handed the waiter is deleted (it is not going to use it).
         Where the lock is free and the waiter was first in line, the next one is
         announced. Nothing is sent once this ``AsyncRedlock`` is closed: the entries lapse by
-        themselves.
+        themselves. Not on the ``spared`` masters (a lease's release does it there).
         """
         trace.prune()
         masters = [
-            i for i in range(len(self.nodes)) if everywhere or trace.queued[i] or trace.pending[i]
+            i
+            for i in range(len(self.nodes))
+            if i not in spared and (everywhere or trace.queued[i] or trace.pending[i])
         ]
         self._dequeue_on(masters, key, entry)
 
     def drop_handed(self, key: str, entry: QueueEntry, masters: Iterable[int]) -> None:
         """Give back, on ``masters``, a key handed to a waiter that cannot use the
-        hand-over (too little validity left, or its tokens not committed): deleted,
-        the waiter out of the queue there (its next attempt queues it again, in the
-        same place), the next waiter announced."""
+        hand-over (too little validity left, its tokens not committed, or an earlier
+        waiter is queued ahead of it): deleted, the first waiter announced there
+        unless that is this one, which stays listed in its place."""
         if entry.handover is not None:
-            self._dequeue_on(masters, key, entry)
+            self._dequeue_on(masters, key, entry, keep=True)
 
-    def _dequeue_on(self, masters: Iterable[int], key: str, entry: QueueEntry) -> None:
+    def _dequeue_on(
+        self, masters: Iterable[int], key: str, entry: QueueEntry, *, keep: bool = False
+    ) -> None:
         """``dequeue.lua`` for ``entry`` on ``masters`` (by index), deleting a key
-        handed to it; nothing once this ``AsyncRedlock`` is closed."""
+        handed to it (only that, with ``keep``); nothing once this ``AsyncRedlock``
+        is closed."""
         if self.closed:
             return
         keys = (*queue_keys(key), key, terms_key(key))
         handed = "" if entry.handover is None else entry.handover
-        args = (entry.waiter, channel(key), handed)
+        args = (entry.waiter, channel(key), handed, "1" if keep else "0")
         for i in masters:
             self.nodes[i].call(DEQUEUE, keys, args)
 

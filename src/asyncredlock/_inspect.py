@@ -27,7 +27,9 @@ class NodeLockState:
         readers: The readers of the resource's read-write lock there: each
             reader's value and the seconds until its entry lapses.
         queue: The waiters queued there for a fair or read-write lock, in
-            arrival order: ``r:...`` for a reader, ``w:...`` for a writer.
+            arrival order: ``r:...`` for a reader, ``w:...`` for a writer. A
+            writer that was granted or handed the lock stays listed until its
+            release (or the end of its ``acquire()``) takes it out.
     """
 
     node: str

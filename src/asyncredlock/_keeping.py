@@ -72,7 +72,7 @@ class Keeping(ABC):
     ) -> None:
         self._core = core
         self._record = record  # for statistics()
-        # the id it was queued as, if handed over: its entry leaves every queue on release
+        # the id a writer was queued as, if any: its entry leaves the queues on release
         self._waiter = record.taken.waiter
         # the block, wait_lost(), loss callbacks (called with the `Lease`)
         self._ending: Ending[Any] = Ending()

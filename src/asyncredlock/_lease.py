@@ -20,7 +20,7 @@ from ._refusal import why_unavailable
 from ._stats import LeaseRecord, LeaseStatistics, Taken
 from ._telemetry import RELEASE, traced
 
-__all__ = ["Lease"]
+__all__ = ["Lease", "make_lease"]
 
 
 class Lease(Keeping):
@@ -311,3 +311,28 @@ class Lease(Keeping):
             return HoldLimitError(message, resource=self.resource, outcomes=outcomes)
         message = f"the lease on {self.resource!r} was lost while its block ran"
         return LockLostError(message, resource=self.resource, outcomes=outcomes)
+
+
+def make_lease(
+    core: Core,
+    spec: LockSpec,
+    value: str,
+    expires_at: float,
+    acquired: Sequence[asyncio.Future[Reply]],
+    tokens: tuple[int, ...] | None,
+    *,
+    taken: Taken,
+    extend_at: float | None = None,
+) -> Lease:
+    """The lease of an acquisition that succeeded (counted)."""
+    core.counters.acquisitions += 1
+    return Lease(
+        core,
+        spec,
+        value=value,
+        expires_at=expires_at,
+        acquired=acquired,
+        taken=taken,
+        tokens=tokens,
+        extend_at=extend_at,
+    )

@@ -17,6 +17,7 @@ __all__ = [
     "TOKEN_BLOCK",
     "QueueEntry",
     "QueueTrace",
+    "behind",
     "classify_acquire",
     "classify_commit",
     "classify_deleted",
@@ -26,6 +27,7 @@ __all__ = [
     "granted",
     "handed_already",
     "holder_expires_in",
+    "holds_ours",
     "may_be_queued",
     "ms",
     "settled_grant",
@@ -135,6 +137,18 @@ def holder_expires_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
     return pttls[len(pttls) // 2] / 1000
 
 
+def behind(reply: asyncio.Future[Reply]) -> bool:
+    """Whether an acquisition reply says an earlier waiter is queued ahead of this
+    one on that master (the lock free or held)."""
+    if not reply.done() or (result := reply.result()).error is not None:
+        return False
+    value = result.value
+    if int(value[0]) != 0 or len(value) < 4:
+        return False
+    why = int(value[3])
+    return why == _QUEUE or (why == _WRITER and len(value) > 4 and int(value[4]) == 1)
+
+
 def handed_already(replies: Sequence[asyncio.Future[Reply]]) -> dict[int, tuple[int, int]]:
     """From an acquisition round's replies: the masters that had handed the key to
     this waiter in a release it did not hear of ("already handed to this waiter"),
@@ -150,16 +164,26 @@ def handed_already(replies: Sequence[asyncio.Future[Reply]]) -> dict[int, tuple[
     return found
 
 
-def may_be_queued(future: asyncio.Future[Reply]) -> bool:
-    """Whether an ``acquire_rw.lua`` call may have left the waiter in the queue:
-    its reply says so, or is unknown (failed, or still out)."""
+def holds_ours(future: asyncio.Future[Reply]) -> bool:
+    """Whether a master may hold what an attempt set, by its reply to it: it
+    granted, or the reply is unknown (failed, or still out). The attempt's undo,
+    or its lease's release, goes there."""
     if not future.done():
         return True
     reply = future.result()
     if reply.error is not None:
         return not isinstance(reply.error, NodeSkippedError)
-    value = reply.value
-    return int(value[0]) == 0 and len(value) > 2 and int(value[2]) == 1
+    return granted(reply)
+
+
+def may_be_queued(future: asyncio.Future[Reply]) -> bool:
+    """Whether an attempt of a queueing waiter may have left it in the master's
+    queue: it was granted (a writer stays listed), its reply says it was queued,
+    or the reply is unknown."""
+    if holds_ours(future):
+        return True
+    reply = future.result()
+    return reply.error is None and len(reply.value) > 2 and int(reply.value[2]) == 1
 
 
 def classify_commit(reply: Reply) -> tuple[Verdict, str]:

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from ._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
 from ._node import Node, Reply
-from ._protocol import granted, ms
-from ._quorum import NodeSkippedError, TaskTracker
+from ._protocol import holds_ours, ms
+from ._quorum import TaskTracker
 from ._scripts import RELEASE, RELEASE_READ
 
 __all__ = ["Owner", "Releases"]
@@ -62,17 +62,14 @@ class Releases:
         ``SET`` should it still arrive. While the ``SET``'s reply is out, the
         release goes at once behind it; if both then fail, it is sent once more,
         with the marker, on the next connection. A reader (``shared``) removes its
-        entry from the readers instead. ``waiter``: the id a lease handed over by
-        the masters was queued as; its entry leaves the queue wherever it is still
-        listed (the masters that did not hand the key over).
+        entry from the readers instead. ``waiter``: the id a writer's lease was
+        queued as (see `Taken`); its entry leaves the queue wherever it is still
+        listed, before the key is handed on.
         """
         if acquired.done():
-            reply = acquired.result()
-            if reply.error is None and not granted(reply):
+            if not holds_ours(acquired):  # refused, or never sent there
                 return Reply(0)
-            if isinstance(reply.error, NodeSkippedError):  # never sent there
-                return Reply(0)
-            marker = 0 if reply.error is None else ms(ttl)
+            marker = 0 if acquired.result().error is None else ms(ttl)
             return self._delete(node, keys, value, marker, shared, waiter)
         first = self._delete(node, keys, value, 0, shared, waiter)
         result: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()

@@ -162,8 +162,9 @@ class RWLockStatistics:
 class Taken:
     """How a lease was taken: ``source``, after ``attempts`` rounds of its own,
     for an ``acquire()`` called at ``started`` (the lease's clock); ``waiter``,
-    the id it was queued as when the masters handed it over (its release takes
-    that queue entry out wherever it is left)."""
+    the id a writer was queued as on the masters (handed the key, or granted by
+    an attempt of a queueing ``acquire()``): its release takes that queue entry
+    out wherever it is left."""
 
     source: LeaseSource
     attempts: int

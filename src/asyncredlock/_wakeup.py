@@ -63,7 +63,7 @@ class Ticket:
     """One waiting ``acquire()``: its channels (one per resource of its lock), its
     place in each channel's queue, and its wake-up flag."""
 
-    __slots__ = ("causes", "channels", "event", "everyone", "handed", "waiter")
+    __slots__ = ("channels", "event", "everyone", "handed", "heard", "nudge", "spent", "waiter")
 
     def __init__(
         self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
@@ -74,11 +74,17 @@ class Ticket:
         self.everyone = everyone
         # its id in the masters' queue: a release that names it wakes it
         self.waiter = None if waiter is None else waiter.encode()
-        # the latest releases (their value) that named it, and which masters did
-        self.causes: dict[bytes, set[int]] = {}
+        # per master (by index), the latest announcement that named it first in line
+        # (a release's value, or a waiter leaving) since it was last woken
+        self.heard: dict[int, bytes] = {}
+        # the announcements that woke it last: heard again from other masters, they
+        # wake it no more
+        self.spent: dict[bytes, None] = {}
         # the masters (by index) that handed it the key: the attempt whose hand-over
         # terms they used, and the fence count
         self.handed: dict[int, tuple[str, int]] = {}
+        # the wake-up due if fewer than a quorum of masters hand it the key
+        self.nudge: asyncio.TimerHandle | None = None
 
 
 class Waker:
@@ -165,6 +171,9 @@ class Waker:
         """
         if ticket.waiter is not None:
             self.addressed.pop(ticket.waiter, None)
+        if ticket.nudge is not None:
+            ticket.nudge.cancel()
+            ticket.nudge = None
         woken = ticket.event.is_set() and not acquired and ticket.waiter is None
         for channel in ticket.channels:
             queue = self.queues.get(channel)
@@ -220,20 +229,37 @@ class Waker:
             if len(addressed.handed) == self.quorum:
                 self.wakeups += 1
                 addressed.event.set()
+            elif addressed.nudge is None:
+                # The other masters hand the key over within a round's spread of
+                # this one, far less than a node timeout. If they do not, they
+                # handed it to another waiter: its attempt finds out whom, and
+                # gives the key back when that one came first (see `HandOvers`).
+                loop = asyncio.get_running_loop()
+                addressed.nudge = loop.call_later(self.confirm_within / 4, self._nudge, addressed)
             return
-        # wake it once a quorum of masters announced the same release (or the
-        # same waiter leaving): its attempt then finds the lock free on enough
-        heard = addressed.causes.get(cause)
-        if heard is None:
-            if len(addressed.causes) >= _CAUSES_KEPT:
-                del addressed.causes[next(iter(addressed.causes))]
-            heard = addressed.causes[cause] = set()
-        if index in heard:
+        # wake it once a quorum of masters announced it first in line (a release,
+        # or waiters leaving: not always the same one on each master), counting
+        # those that handed it the key: its attempt then finds the lock free, or
+        # its own, on enough
+        if cause in addressed.spent:
             return
-        heard.add(index)
-        if len(heard) == self.quorum:
-            self.wakeups += 1  # once per announcement: its quorum is reached once
+        heard = addressed.heard
+        heard[index] = cause
+        if len(heard.keys() | addressed.handed.keys()) >= self.quorum:
+            for each in heard.values():
+                addressed.spent[each] = None
+            while len(addressed.spent) > _SPENT_KEPT:
+                del addressed.spent[next(iter(addressed.spent))]
+            heard.clear()
+            self.wakeups += 1
             addressed.event.set()
+
+    def _nudge(self, ticket: Ticket) -> None:
+        """Wake ``ticket`` if fewer than a quorum of masters handed it the key."""
+        ticket.nudge = None
+        if 0 < len(ticket.handed) < self.quorum and ticket.waiter in self.addressed:
+            self.wakeups += 1
+            ticket.event.set()
 
     def _on_release(self, channel: str, value: bytes) -> None:
         """A release announced on a lock's channel: wake its first waiter (all
@@ -278,9 +304,9 @@ class Waker:
                 await listener.aclose()
 
 
-#: How many distinct announcements a waiter counts the masters of at once (the
-#: copies of one release may interleave with those of the next few).
-_CAUSES_KEPT = 4
+#: How many of the announcements that woke a waiter it remembers (their copies from
+#: the other masters may come after those of the next few).
+_SPENT_KEPT = 8
 
 
 def waiter_id(client: str, *, reader: bool) -> str:

@@ -282,16 +282,20 @@ async def take_turns(
     masters: Masters,
     name: str,
     tamper: Callable[[list[bytes]], Awaitable[None]],
+    *,
+    patience: float = HANG_GUARD,
+    node_timeout: float = 0.1,
+    retry_delay: float = 0.05,
 ) -> list[int]:
     """A holder, then three waiters of separate clients queued behind it; ``tamper``
     (given the waiters' ids) breaks the queue on the masters; the holder releases.
-    Every waiter must get the lock, one at a time, each finding it on a quorum of
-    masters: the order they got it in."""
+    Every waiter must get the lock (each within ``patience``), one at a time, each
+    finding it on a quorum of masters: the order they got it in."""
     order: list[int] = []
     holding = 0
     async with (
         AsyncRedlock(servers.urls) as holder,
-        clients(servers.urls, 3, retry_delay=0.05) as waiters,
+        clients(servers.urls, 3, retry_delay=retry_delay, node_timeout=node_timeout) as waiters,
     ):
         held = await holder.lock(name).acquire()
         waiting = Waiting(waiters)
@@ -301,7 +305,7 @@ async def take_turns(
 
                     async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
                         nonlocal holding
-                        async with redlock.lock(name, timeout=HANG_GUARD):
+                        async with redlock.lock(name, timeout=patience):
                             holding += 1
                             assert holding == 1  # never two holders at once
                             assert await masters.holding(name) >= 3
@@ -358,6 +362,50 @@ class TestQueueUnderFaults:
                 await client.zrem("{minority}:queue:expiry", ids[0])
 
         order = await take_turns(servers, masters, "minority", strand)
+        assert sorted(order) == [0, 1, 2]
+
+
+class TestSplitHandOvers:
+    """Masters that heard the waiters in different orders hand the key to different
+    waiters, none of them on a quorum: all but the earliest give their keys back."""
+
+    async def test_keys_handed_to_three_waiters_go_to_the_earliest(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The release hands masters 2 and 3 to the first waiter, 0 and 1 to the second
+        (the first is missing from their queues, as if its attempt came after the
+        release there), 4 to the third. The handed keys live the entry TTL (15 s here:
+        inbox confirmations are waited for up to 5 s); each waiter must get the lock
+        within 5 s, so none can wait for another's handed keys to expire: the later
+        waiters, seeing the first queued ahead of them, give theirs back. (Most often
+        the first then collects them; the second goes first when it takes masters 0,
+        1 and 4 before the first's next attempt lists it there again.)"""
+
+        async def split(ids: list[bytes]) -> None:
+            for client in masters.clients[:2]:
+                await client.zrem("{split}:queue", ids[0])
+            await masters.clients[4].zrem("{split}:queue", ids[0], ids[1])
+
+        order = await take_turns(servers, masters, "split", split, patience=5, node_timeout=CONFIRM)
+        assert sorted(order) == [0, 1, 2]
+
+    async def test_waiters_that_never_retry_are_woken_to_give_way(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The same split, but the waiters never try again on their own (retry delay
+        60 s): each, handed the key by fewer than a quorum of masters, is woken a
+        quarter of ``node_timeout`` (1.25 s here) after the first hand-over to attempt,
+        and so finds out it must give way. The handed keys live the lock's TTL (10 s);
+        each waiter must get the lock within 5 s."""
+
+        async def split(ids: list[bytes]) -> None:
+            for client in masters.clients[:2]:
+                await client.zrem("{stuck}:queue", ids[0])
+            await masters.clients[4].zrem("{stuck}:queue", ids[0], ids[1])
+
+        order = await take_turns(
+            servers, masters, "stuck", split, patience=5, node_timeout=CONFIRM, retry_delay=PATIENT
+        )
         assert sorted(order) == [0, 1, 2]
 
 
@@ -426,12 +474,13 @@ class TestHandOver:
             assert (state.holder, state.identity) == (lease.value, "waiter-2")
             await lease.release()
 
-    async def test_a_lease_handed_over_takes_its_entry_out_where_it_was_not_handed(
+    async def test_a_lease_handed_over_takes_its_entry_out_with_its_release(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
         """One master cannot hand the key over (the holder's key there is gone): the
-        waiter takes the lease from the other four, and its entry, still listed on that
-        master, leaves with its release, not with a call of its own right away."""
+        waiter takes the lease from the other four. Its entry stays listed on all
+        five (the masters that handed it the key too) and leaves with its release,
+        not with a call of its own right away."""
         async with (
             AsyncRedlock(servers.urls) as holder,
             AsyncRedlock(servers.urls, retry_delay=PATIENT, node_timeout=CONFIRM) as waiter,
@@ -453,7 +502,7 @@ class TestHandOver:
             assert lease.held
             await waiter.settle()
             listed = [len(queue) for queue in await queues(masters, "partly")]
-            assert listed == [0, 0, 0, 0, 1]  # handed over on 0-3; still queued on 4
+            assert listed == [1, 1, 1, 1, 1]  # handed over on 0-3, queued on 4: listed
             await lease.release()
             await waiter.settle()
             assert await queues(masters, "partly") == [[]] * 5

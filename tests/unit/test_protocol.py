@@ -9,11 +9,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncredlock._node import Reply
 from asyncredlock._protocol import (
+    behind,
     classify_acquire,
     classify_flag,
     fence_tokens,
     handed_already,
     holder_expires_in,
+    holds_ours,
+    may_be_queued,
 )
 from asyncredlock._quorum import NodeSkippedError, Verdict
 
@@ -58,6 +61,15 @@ class TestClassify:
         assert classify_flag(reply) == (verdict, detail)
 
 
+def still_out() -> asyncio.Future[Reply]:
+    """A call whose reply has not come."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.create_future()
+    finally:
+        loop.close()
+
+
 def settled(*replies: Reply) -> list[asyncio.Future[Reply]]:
     loop = asyncio.new_event_loop()
     try:
@@ -85,11 +97,7 @@ class TestReplies:
     def test_masters_that_handed_the_key_already_give_its_pttl_and_count(self) -> None:
         """Code 4 ("already handed to this waiter") with a live key counts; other
         refusals, grants, a key without time left, errors and calls still out do not."""
-        loop = asyncio.new_event_loop()
-        try:
-            out: asyncio.Future[Reply] = loop.create_future()
-        finally:
-            loop.close()
+        out = still_out()
         replies = [
             *settled(
                 Reply([0, 900, 0, 4, b"1795825684000064"]),
@@ -102,3 +110,38 @@ class TestReplies:
             out,
         ]
         assert handed_already(replies) == {0: (900, 1795825684000064), 5: (450, 0)}
+
+    def test_an_earlier_waiter_ahead_is_read_from_a_refusal(self) -> None:
+        """A refusal says an earlier waiter is queued ahead: the lock free but another
+        first (code 3), or held and the ahead flag set; not when first in line, held
+        by readers, handed to this waiter, granted, failed or still out."""
+        out = still_out()
+        replies = [
+            *settled(
+                Reply([0, -1, 1, 3]),
+                Reply([0, 900, 1, 1, 1]),
+                Reply([0, 900, 1, 1, 0]),
+                Reply([0, 900, 0]),
+                Reply([0, 40, 1, 2]),
+                Reply([0, 900, 0, 4, b"0"]),
+                Reply([1]),
+                Reply(error=RedisConnectionError("reset")),
+            ),
+            out,
+        ]
+        assert [behind(reply) for reply in replies] == [True, True] + [False] * 7
+
+    def test_a_granted_writer_may_be_queued_and_holds_ours(self) -> None:
+        """A grant leaves a writer listed (a dequeue may be needed) and holds the
+        attempt's key (its undo goes there); a failed call may have done either; a
+        refusal holds nothing, and may have queued the waiter only if it says so;
+        a call never sent did neither."""
+        replies = settled(
+            Reply([1]),
+            Reply(error=RedisConnectionError("reset")),
+            Reply([0, 900, 1, 1, 0]),
+            Reply([0, 900, 0]),
+            Reply(error=NodeSkippedError("master silent")),
+        )
+        assert [holds_ours(reply) for reply in replies] == [True, True, False, False, False]
+        assert [may_be_queued(reply) for reply in replies] == [True, True, True, False, False]

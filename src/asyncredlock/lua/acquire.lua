@@ -3,7 +3,9 @@
 -- waiters: while anyone is queued, an attempt without a waiter's id is refused (it
 -- comes back with one, at the end of the line); a waiter that brings its id is queued
 -- when refused (or its entry refreshed) and, the lock free, granted only if no
--- earlier waiter is queued, leaving the queue.
+-- earlier waiter is queued. A granted waiter stays listed (its release, or the end of
+-- its acquire(), takes it out): should the attempt fail on the other masters, its undo
+-- hands the key back to the earliest waiter, the same on every master.
 -- KEYS, four per resource: lock key, this attempt's undo marker, fence counter, the
 -- readers of its read-write lock (value -> server time in ms when the entry lapses);
 -- for one resource, then optionally KEYS[5] the queue (waiter id -> arrival score),
@@ -18,8 +20,9 @@
 -- ARGV[6] its queue entry's time to live in ms; optional, to be handed the lock by a
 -- release while queued: ARGV[7] the value it would hold the key with, ARGV[8] for how
 -- long in ms (the key's first PX; its lease extends it)
--- Returns {1} when granted ({1, counter per resource} with fencing), {0, pttl, queued}
--- when another holder has one of the resources, {0, ms, queued, 2} when readers hold
+-- Returns {1} when granted ({1, counter per resource} with fencing), {0, pttl, 0}
+-- when another holder has one of the resources ({0, pttl, 1, 1, ahead} for a waiter
+-- with its id, queued: ahead is 1 when an earlier waiter is queued before it), {0, ms, queued, 2} when readers hold
 -- one (ms until the last entry lapses), {0, -1, queued, 3} when the lock is free but
 -- an earlier waiter is queued, {-1} when the attempt was already undone here (its SET
 -- arrived late), {0, pttl, 0, 4, count} when the key was already handed to this waiter
@@ -39,35 +42,6 @@ if #KEYS == 7 then
   queue, expiries, terms = KEYS[5], KEYS[6], KEYS[7]
 end
 local handover = ARGV[7]
--- Take it at once when none of these exist: a lock key, the attempt's undo marker,
--- readers, the queue (the common case, in one call)
-local function grant()
-  for i = 0, n - 1 do
-    redis.call('SET', KEYS[4 * i + 1], ARGV[1], 'PX', ARGV[2])
-  end
-  if ARGV[3] == '0' then
-    return {1}
-  end
-  local counts = {1}
-  for i = 0, n - 1 do
-    counts[i + 2] = fence_count(KEYS[4 * i + 3], ARGV[3])
-  end
-  return counts
-end
-if n == 1 then
-  if queue then
-    if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4], queue, expiries) == 0 then
-      return grant()
-    end
-  elseif redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) == 0 then
-    return grant()
-  end
-end
-for i = 0, n - 1 do
-  if redis.call('EXISTS', KEYS[4 * i + 2]) == 1 then
-    return {-1}
-  end
-end
 local now
 local function clock()
   now = now or now_ms()
@@ -86,6 +60,39 @@ local function enqueue()
     redis.call('PEXPIREAT', terms, latest)
   end
 end
+-- Set the keys (with fencing, count the fences up)
+local function grant()
+  for i = 0, n - 1 do
+    redis.call('SET', KEYS[4 * i + 1], ARGV[1], 'PX', ARGV[2])
+  end
+  if ARGV[3] == '0' then
+    return {1}
+  end
+  local counts = {1}
+  for i = 0, n - 1 do
+    counts[i + 2] = fence_count(KEYS[4 * i + 3], ARGV[3])
+  end
+  return counts
+end
+-- Take it at once when none of these exist: a lock key, the attempt's undo marker,
+-- readers, the queue (the common case, in one call)
+if n == 1 then
+  if queue then
+    if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4], queue, expiries) == 0 then
+      if waiter then
+        enqueue()  -- listed, as on the masters that refuse it
+      end
+      return grant()
+    end
+  elseif redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) == 0 then
+    return grant()
+  end
+end
+for i = 0, n - 1 do
+  if redis.call('EXISTS', KEYS[4 * i + 2]) == 1 then
+    return {-1}
+  end
+end
 local queued = 0
 if queue and redis.call('EXISTS', expiries) == 1 then
   -- entries of waiters that stopped asking (gone, or killed)
@@ -96,11 +103,13 @@ if handover and redis.call('GET', KEYS[1]) == handover then
 end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then
+    local pttl = redis.call('PTTL', KEYS[4 * i + 1])
     if waiter then
       enqueue()
-      queued = 1
+      local ahead = redis.call('ZRANK', queue, waiter) > 0 and 1 or 0
+      return {0, pttl, 1, 1, ahead}
     end
-    return {0, redis.call('PTTL', KEYS[4 * i + 1]), queued}
+    return {0, pttl, 0}
   end
 end
 for i = 0, n - 1 do
@@ -117,16 +126,14 @@ for i = 0, n - 1 do
     end
   end
 end
-if queue and redis.call('EXISTS', queue) == 1 then
-  if not waiter then
+if queue then
+  if waiter then
+    enqueue()
+    if redis.call('ZRANK', queue, waiter) > 0 then
+      return {0, -1, 1, 3}
+    end
+  elseif redis.call('EXISTS', queue) == 1 then
     return {0, -1, 0, 3}
   end
-  enqueue()
-  if redis.call('ZRANK', queue, waiter) > 0 then
-    return {0, -1, 1, 3}
-  end
-  redis.call('ZREM', queue, waiter)
-  redis.call('ZREM', expiries, waiter)
-  redis.call('HDEL', terms, waiter)
 end
 return grant()

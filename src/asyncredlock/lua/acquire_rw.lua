@@ -16,9 +16,13 @@
 -- ms (the key's first PX; its lease extends it)
 -- A writer is granted when no writer holds the key, no reader entry is left and, if
 -- queued, it is first in the queue; a reader when no writer holds the key and, if
--- queued, no writer is queued before it. A granted waiter leaves the queue.
+-- queued, no writer is queued before it. A granted reader leaves the queue; a
+-- granted writer stays listed until its release (or the end of its acquire()) takes
+-- it out, so that the undo of an attempt that failed elsewhere hands the key back to
+-- the earliest writer, the same on every master.
 -- Returns {1} when granted ({1, counter} with fencing), {0, ms left, queued, why}
--- when refused (why: 1 a writer holds the key, 2 readers hold it (ms until the last
+-- when refused (why: 1 a writer holds the key, then ahead: 1 when an earlier waiter
+-- is queued before this one, else 0; 2 readers hold it (ms until the last
 -- entry lapses), 3 an earlier writer is queued (ms left -1)), {-1} when the attempt
 -- was already undone here (it arrived late), {0, pttl, 0, 4, count} when the key was
 -- already handed to this writer (left alone; count is its fence counter, '0' without
@@ -56,7 +60,8 @@ if queued then
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, redis.call('PTTL', KEYS[1]), q, 1}
+  local ahead = q == 1 and redis.call('ZRANK', KEYS[5], ARGV[4]) > 0 and 1 or 0
+  return {0, redis.call('PTTL', KEYS[1]), q, 1, ahead}
 end
 if not reader then
   local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
@@ -76,9 +81,10 @@ if queued then
       end
     end
   end
-  redis.call('ZREM', KEYS[5], ARGV[4])
-  redis.call('ZREM', KEYS[6], ARGV[4])
-  redis.call('HDEL', KEYS[7], ARGV[4])
+  if reader then
+    redis.call('ZREM', KEYS[5], ARGV[4])
+    redis.call('ZREM', KEYS[6], ARGV[4])
+  end
 end
 if reader then
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])

@@ -7,33 +7,57 @@
 -- everyone on the lock's channel (the message is 'left:' and the waiter's id: readers
 -- first in line, and waiters that did not queue).
 -- A key handed to the waiter (see release.lua) that it is not going to use is deleted
--- first, and the next waiter announced.
+-- first, and the next waiter announced. Giving a handed key back only (ARGV[4] '1':
+-- it goes on waiting, listed in its place), the first waiter is announced unless that
+-- is the waiter itself (the message names it with ' gave:').
 -- KEYS[1] the queue, KEYS[2] the queue's expiries, KEYS[3] the lock key (the
 -- writer's), KEYS[4] the queued waiters' hand-over terms
 -- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on, ARGV[3] the value
--- the key was handed to it with, to delete ('': leave the key alone)
--- Returns 1 when its entry was removed, else 0.
+-- the key was handed to it with, to delete ('': leave the key alone), ARGV[4] '1' to
+-- give that key back and stay listed, '0' to leave the queue
+-- Returns 1 when its entry was removed (given back: the key), else 0.
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
 purge(KEYS[1], KEYS[2], KEYS[4], now_ms())
+-- Tell the first waiter the lock is free, with why (its inbox when it is a writer;
+-- else everyone on the lock's channel).
+local function announce(first, why)
+  local writer = inbox(first)
+  -- pcall: an announcement refused (an ACL without the channel) is no failure
+  if writer then
+    redis.pcall('PUBLISH', writer, first .. ' ' .. why)
+  else
+    redis.pcall('PUBLISH', ARGV[2], why)
+  end
+end
 local handed = ARGV[3] ~= '' and redis.call('GET', KEYS[3]) == ARGV[3]
 if handed then
   redis.call('DEL', KEYS[3])
+end
+if ARGV[4] == '1' then
+  if not handed then
+    return 0
+  end
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if first and first ~= ARGV[1] then
+    announce(first, 'gave:' .. ARGV[1])
+  end
+  return 1
 end
 local rank = redis.call('ZRANK', KEYS[1], ARGV[1])
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 if handed then
-  rank = 0  -- it was first in line (and left the queue when handed the key)
+  rank = 0  -- it was first in line when handed the key (its entry may have lapsed)
 end
 if not rank or redis.call('EXISTS', KEYS[3]) == 1 then
   -- not queued here, or the lock is held: its release will announce the next one
   return removed
 end
-local announce = rank == 0
+local announced = rank == 0
 if rank > 0 and string.sub(ARGV[1], 1, 2) ~= 'r:' then
   -- A writer left from behind the head: the readers right after it may go now,
   -- unless another writer is queued before it.
@@ -45,14 +69,12 @@ if rank > 0 and string.sub(ARGV[1], 1, 2) ~= 'r:' then
     end
   end
   local after = redis.call('ZRANGE', KEYS[1], rank, rank)[1]
-  announce = not blocked and after ~= nil and string.sub(after, 1, 2) == 'r:'
+  announced = not blocked and after ~= nil and string.sub(after, 1, 2) == 'r:'
 end
-if announce then
+if announced then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-  local writer = inbox(first)
-  if writer then
-    -- pcall: an announcement refused (an ACL without the channel) is no failure
-    redis.pcall('PUBLISH', writer, first .. ' left:' .. ARGV[1])
+  if first then
+    announce(first, 'left:' .. ARGV[1])
   else
     redis.pcall('PUBLISH', ARGV[2], 'left:' .. ARGV[1])
   end

@@ -6,12 +6,12 @@
 -- attempt'), the readers of its read-write lock, its fence counter
 -- ARGV[1] the holder's value, ARGV[2] marker ttl in ms (0: leave no marker),
 -- ARGV[3..] per resource, the channel waiters listen on; after them, the waiter id
--- the holder was handed the lock as ('' if none): its entry, still listed by the
--- masters that did not hand it over, leaves every queue first
+-- the holder was queued as ('' if none; an attempt's undo sends none): its entry,
+-- still listed (a granted or handed waiter stays listed), leaves the queue first
 -- Deletes every resource that holds the value. When the first waiter of its queue is a
 -- writer that left hand-over terms and no reader holds the resource, the key is set at
 -- once to that waiter's value for px ms (with fencing, the fence counted up by block),
--- the waiter leaves the queue, and its client's inbox channel (named in its id,
+-- the waiter stays listed, and its client's inbox channel (named in its id,
 -- 'w:<client>:<random>') gets the id, 'handed:', the attempt whose terms these were,
 -- and the count. A first waiter without terms is announced there with the released
 -- value (it tries at once). Else everyone on the lock's channel gets the value
@@ -57,8 +57,8 @@ for i = 0, n - 1 do
             -- '%.0f' keeps every digit of the count
             count = string.format('%.0f', fence_count(KEYS[7 * i + 7], block))
           end
-          redis.call('ZREM', queue, first)
-          redis.call('ZREM', expiries, first)
+          -- it stays listed (its release takes it out): should it wait for a quorum
+          -- in vain, the waiters behind it know who came first (see dequeue.lua)
           redis.call('HDEL', terms, first)
           message = first .. ' handed:' .. attempt .. ' ' .. count
         end
