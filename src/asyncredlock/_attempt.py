@@ -28,8 +28,8 @@ from ._protocol import (
     classify_commit,
     expired_decision,
     fence_tokens,
+    granted,
     holder_expires_in,
-    holds_ours,
     settled_grant,
 )
 from ._quorum import Decision, Round
@@ -214,18 +214,18 @@ class Acquisition:
         """Out of the wake-ups and, in the background, of the masters' queue.
 
         A granted waiter may still be listed by the masters that refused; a key
-        handed to it that it is not using is given back. A writer's lease takes
-        its entry out with its release where that surely goes (no call now, none
-        in vain): where its attempt was granted (the entry stays listed there) or
-        failed, and for a lease handed over, on every master (those that handed
-        it took it out already; the others most likely are handing it over too).
-        A reply still out may yet be a refusal that queued it: dequeued there."""
+        handed to it that it is not using is given back. Not where its attempt
+        was granted (no call now, none in vain): a writer stays listed there and
+        its lease's release takes the entry out; a reader left the queue when
+        granted. A lease handed over sends nothing: its release goes to every
+        master. A reply still out, or failed, may yet be a refusal that queued
+        it (and left hand-over terms): dequeued there."""
         core = self.core
         if self.ticket is not None:
             core.waker.leave(self.ticket, acquired=self.acquired)
         if self.entry is not None and self.trace is not None and not self.handed_by:
-            won = () if self.spec.shared else self.won
-            spared = [i for i, reply in enumerate(won) if reply.done() and holds_ours(reply)]
+            won = self.won
+            spared = [i for i, reply in enumerate(won) if reply.done() and granted(reply.result())]
             core.dequeue(self.key, self.entry, self.trace, everywhere=self.spec.fair, spared=spared)
 
     def _new_entry(self) -> QueueEntry:
@@ -280,7 +280,7 @@ class Acquisition:
                 second = core.commit_round(self.spec.target.keys, entry.handover, tokens, acquired)
                 usable = (await core.decide(second, classify_commit)).reached
         if not usable or expiries[core.quorum - 1] <= core.clock():
-            core.drop_handed(self.key, entry, live)
+            self.hand_overs.drop(self.key, entry, live)
             return None
         expires_at = expiries[core.quorum - 1]
         now = core.clock()

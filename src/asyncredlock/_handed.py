@@ -5,7 +5,8 @@ the attempts that could leave hand-over terms were sent."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 from ._core import Core
 from ._node import Reply
@@ -22,7 +23,7 @@ _ATTEMPTS_KEPT = 32
 class HandOvers:
     """The hand-overs of one waiter's key (see the module's docstring)."""
 
-    __slots__ = ("core", "found", "starts")
+    __slots__ = ("core", "found", "gave", "starts")
 
     def __init__(self, core: Core) -> None:
         self.core = core
@@ -31,6 +32,9 @@ class HandOvers:
         # masters whose attempt reply said they had handed it the key (a release it
         # did not hear of): until when the key surely lives there, and its count
         self.found: dict[int, tuple[float, int]] = {}
+        # per master, when it last gave a key handed to it back there: a hand-over
+        # heard later with the terms of an attempt sent before is that key's
+        self.gave: dict[int, float] = {}
 
     def held(self, ticket: Ticket | None) -> set[int]:
         """The masters known to have handed it the key (heard, or found)."""
@@ -51,18 +55,34 @@ class HandOvers:
     def live(self, key: str, entry: QueueEntry, ticket: Ticket) -> dict[int, tuple[float, int]]:
         """Per master that handed it the key: until when the key surely lives
         there, and the fence count. Keys it cannot count on (their attempt
-        forgotten, or as good as expired) are given back."""
+        forgotten, or as good as expired) are given back. A hand-over heard
+        after the key was given back is ignored (its message came late): a
+        master hands the key over again only with the terms of a later attempt
+        (each hand-over uses the terms up, and an attempt that finds the key
+        handed to it leaves none)."""
         core = self.core
         now = core.clock()
         self.found = {i: found for i, found in self.found.items() if found[0] > now}
         live = dict(self.found)
+        stale = []
         for i, (attempt, count) in ticket.handed.items():
             start = self.starts.get(attempt)
-            if start is not None and (expiry := core.expiry(start, entry.handover_ttl)) > now:
+            if start is not None and start <= self.gave.get(i, -math.inf):
+                stale.append(i)
+            elif start is not None and (expiry := core.expiry(start, entry.handover_ttl)) > now:
                 live[i] = max(live.get(i, (expiry, count)), (expiry, count))
-        core.drop_handed(key, entry, [i for i in ticket.handed if i not in live])
+        self.drop(key, entry, [i for i in ticket.handed if i not in live and i not in stale])
         ticket.handed = {i: each for i, each in ticket.handed.items() if i in live}
         return live
+
+    def drop(self, key: str, entry: QueueEntry, masters: Iterable[int]) -> None:
+        """Give the keys handed to it back on ``masters`` (see `Core.drop_handed`)."""
+        masters = list(masters)
+        if masters:
+            now = self.core.clock()
+            for i in masters:
+                self.gave[i] = now
+            self.core.drop_handed(key, entry, masters)
 
     async def note(
         self, replies: Sequence[asyncio.Future[Reply]], start: float, ticket: Ticket | None
@@ -94,7 +114,8 @@ class HandOvers:
         the keys back. Masters that heard a release at different times may hand
         the key to different waiters (each the first it had queued then); each
         would wait for the others' keys until they expire. The earliest waiter
-        never gives way; the others do (staying listed in their place), and it
+        gives way to nobody (the holder, listed first, is not counted by the
+        masters); the others do (staying listed in their place), and it
         collects the keys (given back, they are announced to it where it is first).
         ``entry`` is the waiter's own, with its hand-over value (an attempt may
         have been sent without)."""
@@ -102,5 +123,5 @@ class HandOvers:
         if entry is None or not held or len(held) >= self.core.quorum:
             return
         if any(i not in held and behind(reply) for i, reply in enumerate(replies)):
-            self.core.drop_handed(key, entry, held)
+            self.drop(key, entry, held)
             self.forget(ticket)

@@ -19,8 +19,8 @@ import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
-from asyncredlock._keys import channel, queue_keys, terms_key
-from asyncredlock._scripts import DEQUEUE, evalsha
+from asyncredlock._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
+from asyncredlock._scripts import ACQUIRE, DEQUEUE, evalsha
 from asyncredlock._wakeup import INBOX_PREFIX
 from asyncredlock.testing import ServerGroup, client_state
 
@@ -388,6 +388,25 @@ class TestSplitHandOvers:
 
         order = await take_turns(servers, masters, "split", split, patience=5, node_timeout=CONFIRM)
         assert sorted(order) == [0, 1, 2]
+
+    async def test_the_holder_still_listed_is_not_an_earlier_waiter(self, masters: Masters) -> None:
+        """A writer granted the lock stays first in the queue while it holds it: a
+        later waiter's refusal must not say an earlier waiter is ahead of it (it
+        would give back keys handed to it while the holder's release is on its way
+        to the other masters); an earlier waiter, queued before the holder, does."""
+        client, key = masters.clients[0], "ahead"
+
+        async def attempt(waiter: str, score: int) -> list[int]:
+            keys = (key, undo_key(key, waiter), aux_key(key, "fence"), readers_key(key))
+            keys += (*queue_keys(key), terms_key(key))
+            args = (f"value-{waiter}", 10_000, "0", waiter, score, 10_000)
+            return [int(each) for each in await evalsha(client, ACQUIRE, keys, args)]
+
+        assert await attempt("w:holder:1", 20) == [1]  # granted, and listed
+        assert (await attempt("w:later:1", 30))[2:] == [1, 1, 0]  # queued, none ahead
+        assert (await attempt("w:earlier:1", 10))[2:] == [1, 1, 0]  # first in line
+        assert (await attempt("w:later:1", 30))[2:] == [1, 1, 1]  # now one is ahead
+        await client.delete(key, *queue_keys(key), terms_key(key))
 
     async def test_waiters_that_never_retry_are_woken_to_give_way(
         self, servers: ServerGroup, masters: Masters

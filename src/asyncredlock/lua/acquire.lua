@@ -22,7 +22,8 @@
 -- long in ms (the key's first PX; its lease extends it)
 -- Returns {1} when granted ({1, counter per resource} with fencing), {0, pttl, 0}
 -- when another holder has one of the resources ({0, pttl, 1, 1, ahead} for a waiter
--- with its id, queued: ahead is 1 when an earlier waiter is queued before it), {0, ms, queued, 2} when readers hold
+-- with its id, queued: ahead is 1 when an earlier waiter than it is queued, other
+-- than the holder), {0, ms, queued, 2} when readers hold
 -- one (ms until the last entry lapses), {0, -1, queued, 3} when the lock is free but
 -- an earlier waiter is queued, {-1} when the attempt was already undone here (its SET
 -- arrived late), {0, pttl, 0, 4, count} when the key was already handed to this waiter
@@ -81,6 +82,7 @@ if n == 1 then
     if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4], queue, expiries) == 0 then
       if waiter then
         enqueue()  -- listed, as on the masters that refuse it
+        note_holder(terms, expiries, waiter)
       end
       return grant()
     end
@@ -106,7 +108,7 @@ for i = 0, n - 1 do
     local pttl = redis.call('PTTL', KEYS[4 * i + 1])
     if waiter then
       enqueue()
-      local ahead = redis.call('ZRANK', queue, waiter) > 0 and 1 or 0
+      local ahead = waiting_ahead(queue, terms, waiter) and 1 or 0
       return {0, pttl, 1, 1, ahead}
     end
     return {0, pttl, 0}
@@ -132,6 +134,7 @@ if queue then
     if redis.call('ZRANK', queue, waiter) > 0 then
       return {0, -1, 1, 3}
     end
+    note_holder(terms, expiries, waiter)
   elseif redis.call('EXISTS', queue) == 1 then
     return {0, -1, 0, 3}
   end

@@ -22,7 +22,7 @@
 -- the earliest writer, the same on every master.
 -- Returns {1} when granted ({1, counter} with fencing), {0, ms left, queued, why}
 -- when refused (why: 1 a writer holds the key, then ahead: 1 when an earlier waiter
--- is queued before this one, else 0; 2 readers hold it (ms until the last
+-- than this one is queued, other than the holder, else 0; 2 readers hold it (ms until the last
 -- entry lapses), 3 an earlier writer is queued (ms left -1)), {-1} when the attempt
 -- was already undone here (it arrived late), {0, pttl, 0, 4, count} when the key was
 -- already handed to this writer (left alone; count is its fence counter, '0' without
@@ -60,7 +60,7 @@ if queued then
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local ahead = q == 1 and redis.call('ZRANK', KEYS[5], ARGV[4]) > 0 and 1 or 0
+  local ahead = q == 1 and waiting_ahead(KEYS[5], KEYS[7], ARGV[4]) and 1 or 0
   return {0, redis.call('PTTL', KEYS[1]), q, 1, ahead}
 end
 if not reader then
@@ -84,6 +84,8 @@ if queued then
   if reader then
     redis.call('ZREM', KEYS[5], ARGV[4])
     redis.call('ZREM', KEYS[6], ARGV[4])
+  else
+    note_holder(KEYS[7], KEYS[6], ARGV[4])
   end
 end
 if reader then

@@ -31,9 +31,7 @@ local holder = ARGV[3 + n]
 for i = 0, n - 1 do
   local key = KEYS[7 * i + 1]
   if holder ~= '' then
-    redis.call('ZREM', KEYS[7 * i + 3], holder)
-    redis.call('ZREM', KEYS[7 * i + 4], holder)
-    redis.call('HDEL', KEYS[7 * i + 5], holder)
+    unlist(KEYS[7 * i + 3], KEYS[7 * i + 4], KEYS[7 * i + 5], holder)
   end
   if redis.call('GET', key) == ARGV[1] then
     redis.call('DEL', key)
@@ -60,6 +58,7 @@ for i = 0, n - 1 do
           -- it stays listed (its release takes it out): should it wait for a quorum
           -- in vain, the waiters behind it know who came first (see dequeue.lua)
           redis.call('HDEL', terms, first)
+          note_holder(terms, expiries, first)
           message = first .. ' handed:' .. attempt .. ' ' .. count
         end
       end
