@@ -28,8 +28,8 @@ class NodeLockState:
             reader's value and the seconds until its entry lapses.
         queue: The waiters queued there for a fair or read-write lock, in
             arrival order: ``r:...`` for a reader, ``w:...`` for a writer. A
-            writer that was granted or handed the lock stays listed until its
-            release (or the end of its ``acquire()``) takes it out.
+            writer granted the lock while queued, or handed it, stays listed
+            until its release (or the end of its ``acquire()``) takes it out.
     """
 
     node: str

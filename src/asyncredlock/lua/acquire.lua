@@ -23,12 +23,12 @@
 -- Returns {1} when granted ({1, counter per resource} with fencing), {0, pttl, 0}
 -- when another holder has one of the resources ({0, pttl, 1, 1, ahead} for a waiter
 -- with its id, queued: ahead is 1 when an earlier waiter than it is queued, other
--- than the holder), {0, ms, queued, 2} when readers hold
--- one (ms until the last entry lapses), {0, -1, queued, 3} when the lock is free but
--- an earlier waiter is queued, {-1} when the attempt was already undone here (its SET
--- arrived late), {0, pttl, 0, 4, count} when the key was already handed to this waiter
--- (see release.lua; left alone; count is its fence counter, '0' without fencing).
--- queued is 1 when the waiter's entry is in the queue.
+-- than the holder), {0, ms, queued, 2} when readers hold one (ms until the last
+-- entry lapses), {0, -1, queued, 3} when the lock is free but an earlier waiter is
+-- queued, {-1} when the attempt was already undone here (its SET arrived late),
+-- {0, pttl, 0, 4, count} when the key was already handed to this waiter (see
+-- release.lua; left alone; count is its fence counter, '0' without fencing). queued
+-- is 1 when the waiter's entry is in the queue.
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),

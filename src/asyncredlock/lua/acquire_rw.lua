@@ -22,12 +22,12 @@
 -- the earliest writer, the same on every master.
 -- Returns {1} when granted ({1, counter} with fencing), {0, ms left, queued, why}
 -- when refused (why: 1 a writer holds the key, then ahead: 1 when an earlier waiter
--- than this one is queued, other than the holder, else 0; 2 readers hold it (ms until the last
--- entry lapses), 3 an earlier writer is queued (ms left -1)), {-1} when the attempt
--- was already undone here (it arrived late), {0, pttl, 0, 4, count} when the key was
--- already handed to this writer (left alone; count is its fence counter, '0' without
--- fencing). queued is 1 when the waiter's entry is in the queue. Both queue keys and
--- the readers key expire with their latest entry.
+-- than this one is queued, other than the holder, else 0; 2 readers hold it (ms
+-- until the last entry lapses), 3 an earlier writer is queued (ms left -1)), {-1}
+-- when the attempt was already undone here (it arrived late), {0, pttl, 0, 4, count}
+-- when the key was already handed to this writer (left alone; count is its fence
+-- counter, '0' without fencing). queued is 1 when the waiter's entry is in the queue.
+-- Both queue keys and the readers key expire with their latest entry.
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
 -- fence_count() (fence.lua), handed_already() (handed.lua).
 if redis.replicate_commands then
