@@ -283,21 +283,21 @@ async def take_turns(
     name: str,
     tamper: Callable[[list[bytes]], Awaitable[None]],
     *,
-    patience: float = HANG_GUARD,
+    ttl: float = 10.0,
     node_timeout: float = 0.1,
     retry_delay: float = 0.05,
 ) -> list[int]:
     """A holder, then three waiters of separate clients queued behind it; ``tamper``
     (given the waiters' ids) breaks the queue on the masters; the holder releases.
-    Every waiter must get the lock (each within ``patience``), one at a time, each
-    finding it on a quorum of masters: the order they got it in."""
+    Every waiter must get the lock, one at a time, each finding it on a quorum of
+    masters: the order they got it in."""
     order: list[int] = []
     holding = 0
     async with (
         AsyncRedlock(servers.urls) as holder,
         clients(servers.urls, 3, retry_delay=retry_delay, node_timeout=node_timeout) as waiters,
     ):
-        held = await holder.lock(name).acquire()
+        held = await holder.lock(name, ttl=ttl).acquire()
         waiting = Waiting(waiters)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
@@ -305,7 +305,7 @@ async def take_turns(
 
                     async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
                         nonlocal holding
-                        async with redlock.lock(name, timeout=patience):
+                        async with redlock.lock(name, ttl=ttl, timeout=HANG_GUARD):
                             holding += 1
                             assert holding == 1  # never two holders at once
                             assert await masters.holding(name) >= 3
@@ -365,28 +365,37 @@ class TestQueueUnderFaults:
         assert sorted(order) == [0, 1, 2]
 
 
+def split_three(masters: Masters, name: str) -> Callable[[list[bytes]], Awaitable[None]]:
+    """A ``tamper`` for `take_turns`: the first waiter missing from the queues of
+    masters 0, 1 and 4, the second from that of master 4 (as if their attempts came
+    after the release there). The release then hands masters 2 and 3 to the first
+    waiter, 0 and 1 to the second, 4 to the third: none of them on a quorum."""
+
+    async def split(ids: list[bytes]) -> None:
+        for client in masters.clients[:2]:
+            await client.zrem(f"{{{name}}}:queue", ids[0])
+        await masters.clients[4].zrem(f"{{{name}}}:queue", ids[0], ids[1])
+
+    return split
+
+
 class TestSplitHandOvers:
     """Masters that heard the waiters in different orders hand the key to different
     waiters, none of them on a quorum: all but the earliest give their keys back."""
 
-    async def test_keys_handed_to_three_waiters_go_to_the_earliest(
+    async def test_keys_handed_to_three_waiters_none_on_a_quorum_are_given_back(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
-        """The release hands masters 2 and 3 to the first waiter, 0 and 1 to the second
-        (the first is missing from their queues, as if its attempt came after the
-        release there), 4 to the third. The handed keys live the entry TTL (15 s here:
-        inbox confirmations are waited for up to 5 s); each waiter must get the lock
-        within 5 s, so none can wait for another's handed keys to expire: the later
-        waiters, seeing the first queued ahead of them, give theirs back. (Most often
-        the first then collects them; the second goes first when it takes masters 0,
-        1 and 4 before the first's next attempt lists it there again.)"""
-
-        async def split(ids: list[bytes]) -> None:
-            for client in masters.clients[:2]:
-                await client.zrem("{split}:queue", ids[0])
-            await masters.clients[4].zrem("{split}:queue", ids[0], ids[1])
-
-        order = await take_turns(servers, masters, "split", split, patience=5, node_timeout=CONFIRM)
+        """The key handed on 2, 2 and 1 masters (`split_three`). The handed keys live
+        the entry TTL: 60 s here (a node timeout of 20 s, never reached by healthy
+        masters), past the test's hang guard, so no waiter may wait for another's
+        handed keys to expire: the later waiters, seeing the first queued ahead of
+        them, give theirs back. (Most often the first then collects them; the second
+        goes first when it takes masters 0, 1 and 4 before the first's next attempt
+        lists it there again.)"""
+        order = await take_turns(
+            servers, masters, "split", split_three(masters, "split"), ttl=120, node_timeout=20
+        )
         assert sorted(order) == [0, 1, 2]
 
     async def test_the_holder_still_listed_is_not_an_earlier_waiter(self, masters: Masters) -> None:
@@ -414,16 +423,17 @@ class TestSplitHandOvers:
         """The same split, but the waiters never try again on their own (retry delay
         60 s): each, handed the key by fewer than a quorum of masters, is woken a
         quarter of ``node_timeout`` (1.25 s here) after the first hand-over to attempt,
-        and so finds out it must give way. The handed keys live the lock's TTL (10 s);
-        each waiter must get the lock within 5 s."""
-
-        async def split(ids: list[bytes]) -> None:
-            for client in masters.clients[:2]:
-                await client.zrem("{stuck}:queue", ids[0])
-            await masters.clients[4].zrem("{stuck}:queue", ids[0], ids[1])
-
+        and so finds out it must give way. The handed keys live the lock's TTL
+        (120 s), past the test's hang guard, and so does the holder's key (a waiter
+        refused by it would try again when it expires)."""
         order = await take_turns(
-            servers, masters, "stuck", split, patience=5, node_timeout=CONFIRM, retry_delay=PATIENT
+            servers,
+            masters,
+            "stuck",
+            split_three(masters, "stuck"),
+            ttl=120,
+            node_timeout=CONFIRM,
+            retry_delay=PATIENT,
         )
         assert sorted(order) == [0, 1, 2]
 
