@@ -30,6 +30,7 @@ from ._protocol import (
     fence_tokens,
     granted,
     holder_expires_in,
+    queued_by,
     settled_grant,
 )
 from ._quorum import Decision, Round
@@ -48,12 +49,17 @@ __all__ = ["Acquisition", "refuse_if_closing"]
 class _Failed:
     """An attempt that did not take the lock: the counted replies, whether a
     quorum did grant it but too late (validity used up), and in how many seconds
-    the holder's keys expire (``inf`` when not known). Its undo is on its way,
-    ahead of any later attempt on each master's connection."""
+    the holder's keys expire (``inf`` when not known), and its replies. Its undo is
+    on its way, ahead of any later attempt on each master's connection."""
 
     decision: Decision
     expired: bool
     free_in: float = math.inf
+    replies: Sequence[asyncio.Future[Reply]] = ()
+
+    def in_line(self, quorum: int) -> bool:
+        """Whether a quorum of masters queued the waiter (or refreshed its entry)."""
+        return sum(map(queued_by, self.replies)) >= quorum
 
 
 class Acquisition:
@@ -201,14 +207,32 @@ class Acquisition:
 
     async def _pause(self, outcome: _Failed) -> None:
         """Wait out the retry delay (less if the holder's keys expire sooner, or
-        the deadline comes), or until a release wakes it."""
-        core = self.core
-        pause = max(0.0, min(core.retry_pause(), outcome.free_in, self.deadline - core.clock()))
+        the deadline comes), or until a release wakes it. A writer in line waits
+        at least a refresh pause (`QueueEntry.refresh_pause`): the release that
+        hands it the key tells it, and its attempts only keep its entry fresh."""
+        core, entry = self.core, self.entry
+        pause = core.retry_pause()
+        if entry is not None and outcome.in_line(core.quorum) and self._told():
+            pause = max(pause, entry.refresh_pause())
+        pause = max(0.0, min(pause, outcome.free_in, self.deadline - core.clock()))
         core.note("waiting")
         if self.ticket is None:
             await anyio.sleep(pause)
         elif await core.waker.wait(self.ticket, pause):
             core.note("woken")
+
+    def _told(self) -> bool:
+        """Whether a release will tell it: it listens to its inbox only, a quorum
+        of masters confirmed the inbox's subscription, and no master handed it the
+        key yet (a partial hand-over is settled by its attempts, see
+        `HandOvers.give_way`)."""
+        ticket = self.ticket
+        return (
+            ticket is not None
+            and self.inbox_only
+            and self.core.waker.inbox_ready()
+            and not self.hand_overs.held(ticket)
+        )
 
     def _leave(self) -> None:
         """Out of the wake-ups and, in the background, of the masters' queue.
@@ -335,7 +359,7 @@ class Acquisition:
         expired = decision.reached
         if expired:
             decision = expired_decision(decision, core.clock() - start, spec.ttl)
-        return _Failed(decision, expired=expired, free_in=holder_expires_in(rnd.tasks))
+        return _Failed(decision, expired, holder_expires_in(rnd.tasks), rnd.tasks)
 
     def _taken(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ __all__ = [
     "holds_ours",
     "may_be_queued",
     "ms",
+    "queued_by",
     "settled_grant",
 ]
 
@@ -61,6 +63,14 @@ class QueueEntry:
     ttl: float
     handover: str | None = None
     handover_ttl: float = 0.0
+
+    def refresh_pause(self) -> float:
+        """A pause for a waiter in line, between the attempts that keep its entry
+        (and its hand-over terms) fresh: uniform in ``[L / 2, L]``, ``L`` a third of
+        the shorter of the two lifetimes, so that at least two refreshes come
+        before either lapses."""
+        shortest = self.ttl if self.handover is None else min(self.ttl, self.handover_ttl)
+        return random.uniform(shortest / 6, shortest / 3)
 
 
 def ms(seconds: float) -> int:
@@ -174,6 +184,15 @@ def holds_ours(future: asyncio.Future[Reply]) -> bool:
     if reply.error is not None:
         return not isinstance(reply.error, NodeSkippedError)
     return granted(reply)
+
+
+def queued_by(future: asyncio.Future[Reply]) -> bool:
+    """Whether an attempt's reply says the master refused it and queued the waiter
+    (or refreshed its entry)."""
+    if not future.done() or (reply := future.result()).error is not None:
+        return False
+    value = reply.value
+    return len(value) > 3 and int(value[0]) == 0 and int(value[2]) == 1
 
 
 def may_be_queued(future: asyncio.Future[Reply]) -> bool:

@@ -229,13 +229,8 @@ class Waker:
             if len(addressed.handed) == self.quorum:
                 self.wakeups += 1
                 addressed.event.set()
-            elif addressed.nudge is None:
-                # The other masters hand the key over within a round's spread of
-                # this one, far less than a node timeout. If they do not, they
-                # handed it to another waiter: its attempt finds out whom, and
-                # gives the key back when that one came first (see `HandOvers`).
-                loop = asyncio.get_running_loop()
-                addressed.nudge = loop.call_later(self.confirm_within / 4, self._nudge, addressed)
+            else:
+                self._arm_nudge(addressed)
             return
         # wake it once a quorum of masters announced it first in line (a release,
         # or waiters leaving: not always the same one on each master), counting
@@ -253,11 +248,26 @@ class Waker:
             heard.clear()
             self.wakeups += 1
             addressed.event.set()
+        else:
+            self._arm_nudge(addressed)
+
+    def _arm_nudge(self, ticket: Ticket) -> None:
+        """Wake ``ticket`` soon unless a quorum of masters tells it by then. The
+        masters hand the key over (or announce a waiter first) within a round's
+        spread of each other, far less than a node timeout. If the others do
+        not, they named another waiter: its attempt finds out whom, and gives a
+        key back when that one came first (see `HandOvers`); a waiter in line
+        would otherwise sleep until its next refresh."""
+        if ticket.nudge is None:
+            loop = asyncio.get_running_loop()
+            ticket.nudge = loop.call_later(self.confirm_within / 4, self._nudge, ticket)
 
     def _nudge(self, ticket: Ticket) -> None:
-        """Wake ``ticket`` if fewer than a quorum of masters handed it the key."""
+        """Wake ``ticket`` if some masters, but fewer than a quorum, handed it the
+        key or named it first in line."""
         ticket.nudge = None
-        if 0 < len(ticket.handed) < self.quorum and ticket.waiter in self.addressed:
+        partial = 0 < len(ticket.handed) < self.quorum or ticket.heard
+        if partial and ticket.waiter in self.addressed:
             self.wakeups += 1
             ticket.event.set()
 

@@ -18,11 +18,11 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock, Lease
+from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError
 from asyncredlock._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
 from asyncredlock._scripts import ACQUIRE, DEQUEUE, evalsha
 from asyncredlock._wakeup import INBOX_PREFIX
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock.testing import ServerGroup, client_state, whole_retry_delay
 
 from .conftest import Masters, Waiting, clients, queues
 
@@ -536,3 +536,74 @@ class TestHandOver:
             await waiter.settle()
             assert await queues(masters, "partly") == [[]] * 5
         assert await masters.keys() == [[]] * 5
+
+
+class TestInLine:
+    """A writer queued by a quorum of masters, its inbox heard, waits for the release
+    that tells it: its attempts only keep its entry fresh (docs/algorithm.md, waiting
+    in line)."""
+
+    async def test_a_waiter_in_line_does_not_poll_at_the_retry_delay(
+        self, servers: ServerGroup
+    ) -> None:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=0.01, node_timeout=CONFIRM) as redlock,
+        ):
+            held = await holder.lock("inline").acquire()
+            waiting = Waiting([redlock])
+            leases: list[Lease] = []
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        leases.append(await redlock.lock("inline", timeout=HANG_GUARD).acquire())
+
+                    tg.start_soon(take)
+                    await waiting.reach(1)
+                    # The holder keeps the lock a second: a waiter retrying every 0-10 ms
+                    # would send about a hundred attempts meanwhile.
+                    await anyio.sleep(1.0)
+                    attempts = redlock.statistics().attempts
+                    await held.release()
+            (lease,) = leases
+            assert lease.statistics().source == "hand-over"
+            # refused without a place in line, refused and queued; then at most one
+            # refresh (its entry lives 15.6 s here: refreshed every 1.7-3.3 s)
+            assert attempts <= 3
+            await lease.release()
+            await redlock.settle()
+
+    async def test_a_release_announced_by_a_minority_wakes_the_waiter_soon(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A waiter without hand-over terms (its lease does not extend itself) is
+        told of a release by an announcement. Heard from fewer than a quorum of
+        masters (the others lost the holder's key), it is woken a quarter of a node
+        timeout later to try, not at its next refresh (its retry delay and the
+        holder's TTL a minute here)."""
+        async with (
+            AsyncRedlock(servers.urls, ttl=PATIENT) as holder,
+            AsyncRedlock(servers.urls, retry_delay=PATIENT, node_timeout=CONFIRM) as redlock,
+        ):
+            held = await holder.lock("minority").acquire()
+            waiting = Waiting([redlock])
+            leases: list[Lease] = []
+            with whole_retry_delay(redlock), anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        lock = redlock.lock("minority", auto_extend=False, timeout=HANG_GUARD)
+                        leases.append(await lock.acquire())
+
+                    tg.start_soon(take)
+                    await waiting.reach(1)
+                    for client in masters.clients[2:]:
+                        await client.delete("minority")  # gone there, unannounced
+                    with pytest.raises(LockNotOwnedError):
+                        await held.release()  # announced by masters 0 and 1 only
+            (lease,) = leases
+            assert waiting.woken == 1
+            assert lease.statistics().source == "attempt"
+            await lease.release()
+            await redlock.settle()

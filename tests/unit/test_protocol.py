@@ -9,6 +9,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from asyncredlock._node import Reply
 from asyncredlock._protocol import (
+    QueueEntry,
     behind,
     classify_acquire,
     classify_flag,
@@ -17,6 +18,7 @@ from asyncredlock._protocol import (
     holder_expires_in,
     holds_ours,
     may_be_queued,
+    queued_by,
 )
 from asyncredlock._quorum import NodeSkippedError, Verdict
 
@@ -145,3 +147,39 @@ class TestReplies:
         )
         assert [holds_ours(reply) for reply in replies] == [True, True, False, False, False]
         assert [may_be_queued(reply) for reply in replies] == [True, True, True, False, False]
+
+    def test_a_refusal_that_queued_the_waiter_says_so(self) -> None:
+        """Queued (or its entry refreshed): held by another, by readers, the lock
+        free but an earlier waiter first. Not queued: refused without an id, free
+        with nobody queued before an id came, handed already, granted, failed, out."""
+        out = still_out()
+        replies = [
+            *settled(
+                Reply([0, 900, 1, 1, 0]),
+                Reply([0, 40, 1, 2]),
+                Reply([0, -1, 1, 3]),
+                Reply([0, 900, 0]),
+                Reply([0, -1, 0, 3]),
+                Reply([0, 900, 0, 4, b"0"]),
+                Reply([1]),
+                Reply(error=RedisConnectionError("reset")),
+            ),
+            out,
+        ]
+        assert [queued_by(reply) for reply in replies] == [True] * 3 + [False] * 6
+
+
+class TestQueueEntry:
+    @pytest.mark.parametrize(
+        ("ttl", "handover", "handover_ttl", "shortest"),
+        [(1.0, "v", 10.0, 1.0), (15.6, "v", 10.0, 10.0), (15.6, None, 10.0, 15.6)],
+    )
+    def test_a_refresh_pause_lets_two_refreshes_come_before_anything_lapses(
+        self, ttl: float, handover: str | None, handover_ttl: float, shortest: float
+    ) -> None:
+        """Between a sixth and a third of the shorter of the entry's life and, for a
+        waiter with hand-over terms, the key a release would hand it."""
+        entry = QueueEntry("w:c:1", 1, ttl, handover, handover_ttl)
+        pauses = [entry.refresh_pause() for _ in range(200)]
+        assert all(shortest / 6 <= pause <= shortest / 3 for pause in pauses)
+        assert max(pauses) - min(pauses) > shortest / 12  # drawn, not fixed
