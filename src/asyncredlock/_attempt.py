@@ -35,6 +35,7 @@ from ._protocol import (
 )
 from ._quorum import Decision, Round
 from ._refusal import acquisition_error, refusal
+from ._releasing import LateUndo
 from ._stats import LockCounters, Taken
 from ._telemetry import note_attempts
 from ._wakeup import Ticket, waiter_id
@@ -83,6 +84,7 @@ class Acquisition:
         "handed_by",
         "inbox_only",
         "key",
+        "late",
         "single",
         "spec",
         "started",
@@ -115,6 +117,7 @@ class Acquisition:
         self.attempts = 0  # rounds sent to the masters
         self.granted: int | None = None  # masters that granted the latest round
         self.won: Sequence[asyncio.Future[Reply]] = ()  # the replies to the round that took it
+        self.late: list[LateUndo] = []  # the last failed attempt's undos still to send
 
     async def run(self, span: Span | None = None) -> Lease:
         """Attempt until one takes the lock or the deadline passes (adding the
@@ -221,6 +224,13 @@ class Acquisition:
         elif await core.waker.wait(self.ticket, pause):
             core.note("woken")
 
+    def _undo_now(self) -> None:
+        """Send the last failed attempt's undos still waiting for a reply (behind
+        its ``SET`` on each master's connection)."""
+        late, self.late = self.late, []
+        for undo in late:
+            undo.now()
+
     def _told(self) -> bool:
         """Whether a release will tell it: it listens to its inbox only, a quorum
         of masters confirmed the inbox's subscription, and no master handed it the
@@ -245,6 +255,7 @@ class Acquisition:
         master. A reply still out, or failed, may yet be a refusal that queued
         it (and left hand-over terms): dequeued there."""
         core = self.core
+        self._undo_now()
         if self.ticket is not None:
             core.waker.leave(self.ticket, acquired=self.acquired)
         if self.entry is not None and self.trace is not None and not self.handed_by:
@@ -321,13 +332,11 @@ class Acquisition:
 
     async def _attempt(self, queue: bool, *, terms: bool) -> Lease | _Failed:
         """One round on every master (and, fenced, its commit round when needed)."""
-        core, spec, entry = self.core, self.spec, self.entry
+        core, spec = self.core, self.spec
+        self._undo_now()  # the last attempt's undos go out ahead of this one
         value = holder_value(core.settings.identity)
         start = core.clock()
-        if not terms and entry is not None and entry.handover is not None:
-            entry = dataclasses.replace(entry, handover=None)
-        if entry is not None and entry.handover is not None:
-            self.hand_overs.remember(value, start)
+        entry = self._sent_entry(terms, value, start)
         core.counters.attempts += 1
         self.counters.attempts += 1
         self.attempts += 1
@@ -353,13 +362,24 @@ class Acquisition:
         if decision.holds(expires_at, core.clock):
             return self._taken(rnd.tasks, value, expires_at, tokens)
         core.counters.failed_attempts += 1
-        core.undo(spec.target.keys, value, rnd.tasks, spec.ttl, shared=spec.shared)
+        self.late = core.undo_failed(spec, value, rnd.tasks)
         await self.hand_overs.note(rnd.tasks, start, self.ticket)
         self.hand_overs.give_way(self.key, self.entry, self.ticket, rnd.tasks)
         expired = decision.reached
         if expired:
             decision = expired_decision(decision, core.clock() - start, spec.ttl)
         return _Failed(decision, expired, holder_expires_in(rnd.tasks), rnd.tasks)
+
+    def _sent_entry(self, terms: bool, value: str, start: float) -> QueueEntry | None:
+        """The entry an attempt holding ``value`` carries: its hand-over terms only
+        with ``terms``; one that carries them is remembered (a master may hand it
+        the key with them)."""
+        entry = self.entry
+        if not terms and entry is not None and entry.handover is not None:
+            entry = dataclasses.replace(entry, handover=None)
+        if entry is not None and entry.handover is not None:
+            self.hand_overs.remember(value, start)
+        return entry
 
     def _taken(
         self,

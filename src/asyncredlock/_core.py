@@ -26,7 +26,7 @@ from ._quorum import (
     Timing,
     quorum_of,
 )
-from ._releasing import Releases
+from ._releasing import LateUndo, Releases
 from ._scripts import (
     ACQUIRE,
     ACQUIRE_RW,
@@ -347,6 +347,24 @@ class Core:
         (not once this ``AsyncRedlock`` is closed: the keys expire with the TTL)."""
         if not self.closed:
             self.release_round(keys, value, acquired, ttl, shared=shared)
+
+    def undo_failed(
+        self, spec: LockSpec, value: str, acquired: Sequence[asyncio.Future[Reply]]
+    ) -> list[LateUndo]:
+        """Release a failed attempt of ``spec`` where it may hold a key: at once
+        where its reply is in, and where it is still out once it comes (`LateUndo`;
+        at the latest a quarter of ``node_timeout`` later). The undos still to come
+        are returned: ``now()`` them before the next attempt."""
+        if self.closed:
+            return []
+        keys, ttl, shared = spec.target.keys, spec.ttl, spec.shared
+        within = self.settings.node_timeout / 4
+        late = []
+        for node, reply in zip(self.nodes, acquired, strict=True):
+            undo = self.releases.later(node, keys, value, reply, ttl, shared=shared, within=within)
+            if undo is not None:
+                late.append(undo)
+        return late
 
     async def settle(self) -> None:
         """Wait until no call to any master and no background job is still out."""

@@ -3,7 +3,8 @@
 Both go out on the master's one connection, behind the attempt's ``SET`` there, so a
 release never overtakes what it releases; both leave an undo marker where the
 ``SET``'s outcome is unknown (its call failed), which refuses it should it still
-arrive.
+arrive. The undo of a failed attempt whose reply is still out waits for that reply
+(`LateUndo`): a refusal needs none.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ._protocol import holds_ours, ms
 from ._quorum import TaskTracker
 from ._scripts import RELEASE, RELEASE_READ
 
-__all__ = ["Owner", "Releases"]
+__all__ = ["LateUndo", "Owner", "Releases"]
 
 
 class Owner(Protocol):
@@ -86,6 +87,27 @@ class Releases:
         first.add_done_callback(settle)
         return self._owner.tracker.follow(result)
 
+    def later(
+        self,
+        node: Node,
+        keys: Sequence[str],
+        value: str,
+        acquired: asyncio.Future[Reply],
+        ttl: float,
+        *,
+        shared: bool = False,
+        within: float,
+    ) -> LateUndo | None:
+        """The undo of a failed attempt on one master: at once if its reply is in
+        (`on`), else once it comes (`LateUndo`, returned)."""
+        if acquired.done():
+            self.on(node, keys, value, acquired, ttl, shared=shared)
+            return None
+        tracker = self._owner.tracker
+        return LateUndo(
+            self, tracker, node, keys, value, acquired, ttl, shared=shared, within=within
+        )
+
     def _delete(
         self,
         node: Node,
@@ -122,3 +144,56 @@ class Releases:
             args = (value, marker_ttl, *(channel(key) for key in keys), waiter)
         self._last = (keys, value, marker_ttl, shared, waiter, script, script_keys, args)
         return node.call(script, script_keys, args)
+
+
+class LateUndo:
+    """The undo, on one master, of a failed attempt whose reply is still out.
+
+    Sent when the reply comes, only if it holds a key of ours (a grant, or a failure:
+    the outcome unknown); at the latest ``within`` seconds later, or when `now` is
+    called (before the acquisition's next attempt, or at its end), it goes out
+    behind the ``SET`` as `Releases.on` sends it. A failed attempt's remaining
+    replies come a moment after its decision, and are refusals as a rule: no call,
+    and no round trip between a release and the lock's next holder.
+    """
+
+    __slots__ = ("_args", "_releases", "_timer", "done")
+
+    def __init__(
+        self,
+        releases: Releases,
+        tracker: TaskTracker,
+        node: Node,
+        keys: Sequence[str],
+        value: str,
+        acquired: asyncio.Future[Reply],
+        ttl: float,
+        *,
+        shared: bool,
+        within: float,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._releases = releases
+        self._args = (node, keys, value, acquired, ttl, shared)
+        #: Resolves once nothing of the attempt is left there (``aclose()`` waits).
+        self.done: asyncio.Future[Reply] = tracker.follow(loop.create_future())
+        self._timer: asyncio.TimerHandle | None = loop.call_later(within, self.now)
+        acquired.add_done_callback(self._answered)
+
+    def _answered(self, _: object) -> None:
+        if self._timer is not None:
+            self.now()
+
+    def now(self) -> None:
+        """Send the undo now (behind the ``SET`` if its reply is still out), or
+        nothing if the master refused; once."""
+        if self._timer is None:
+            return
+        self._timer.cancel()
+        self._timer = None
+        node, keys, value, acquired, ttl, shared = self._args
+        undone = self._releases.on(node, keys, value, acquired, ttl, shared=shared)
+        if isinstance(undone, Reply):
+            self.done.set_result(undone)
+        else:
+            undone.add_done_callback(lambda call: self.done.set_result(call.result()))

@@ -10,11 +10,13 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.lock import Lock as RedisPyLock
 
-from asyncredlock import AsyncRedlock, LockTimeoutError, QuorumUnavailableError
+from asyncredlock import AsyncRedlock, Lease, LockTimeoutError, QuorumUnavailableError
 from asyncredlock.testing import FaultProxy, ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters
+from .conftest import Masters, Waiting
+
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
 
 pytestmark = pytest.mark.anyio
 
@@ -52,6 +54,11 @@ class TestOutages:
             assert redlock.statistics().unavailable == 1
             await redlock.settle()
         assert await _keys_everywhere_running(group) == [[], []]
+
+
+async def _evalsha_calls(master: Redis) -> int:
+    stats = await master.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 async def _keys_everywhere_running(group: ServerGroup) -> list[list[bytes]]:
@@ -141,6 +148,57 @@ class TestUndoOfAFailedAttempt:
                     await held.release()
                 finally:
                     await masters.aclose()
+
+    @pytest.mark.parametrize(
+        ("held_on", "calls"), [(3, 4), (5, 3)], ids=["late-grant", "late-refusal"]
+    )
+    async def test_a_waiting_acquisition_undoes_its_attempt_once_the_reply_comes(
+        self, make_servers: MakeServers, held_on: int, calls: int
+    ) -> None:
+        """An acquisition that goes on waiting sends the undo of its failed attempt, to a
+        master whose reply is still out, when the reply comes and only if it holds a key
+        there: a late grant is undone, a late refusal gets no call. Its next attempt goes
+        out behind the undo all the same (docs/algorithm.md, failure cleanup)."""
+        group = make_servers(5)
+        async with (
+            AsyncRedlock(group.urls[:held_on]) as holder,
+            AsyncRedlock(group.urls, node_timeout=30) as other,  # master 4 slow, not silent
+        ):
+            await (await other.lock("undo:warm").acquire()).release()
+            await other.settle()  # connected, nothing out
+            lease = await holder.lock("undo:waiting").acquire()
+            await holder.settle()  # held on every master it has: none grants the waiter
+            master = Redis.from_url(group[4].url)
+            before = await _evalsha_calls(master)
+            waiting = Waiting([other])
+            taken: list[Lease] = []
+            group[4].pause()
+            try:
+                with anyio.fail_after(HANG_GUARD):
+                    async with anyio.create_task_group() as tg:
+
+                        async def take() -> None:
+                            lock = other.lock("undo:waiting", auto_extend=False, timeout=60)
+                            taken.append(await lock.acquire())
+
+                        tg.start_soon(take)
+                        await waiting.reach(1)  # two attempts failed, it waits in line
+                        # the first SET, its undo (sent before the second attempt went out
+                        # behind it), the second SET: its undo waits for the reply
+                        assert client_state(other).in_flight[4] == 3
+                        group[4].resume()  # granted: both SETs land on a free key
+                        await other.settle()
+                        # refused: the second SET needs no undo
+                        assert await _evalsha_calls(master) - before == calls
+                        assert (await master.get("undo:waiting")) == (
+                            None if held_on == 3 else lease.value.encode()
+                        )
+                        await lease.release()
+            finally:
+                group[4].resume()
+                await master.aclose()
+            await taken[0].release()
+        assert await _keys_everywhere(group) == [[]] * 5
 
     async def test_aclose_waits_for_the_reply_and_undoes_a_late_grant(
         self, make_servers: MakeServers
