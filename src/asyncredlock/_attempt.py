@@ -333,10 +333,9 @@ class Acquisition:
     async def _attempt(self, queue: bool, *, terms: bool) -> Lease | _Failed:
         """One round on every master (and, fenced, its commit round when needed)."""
         core, spec = self.core, self.spec
-        self._undo_now()  # the last attempt's undos go out ahead of this one
         value = holder_value(core.settings.identity)
         start = core.clock()
-        entry = self._sent_entry(terms, value, start)
+        entry = self._starting(terms, value, start)
         core.counters.attempts += 1
         self.counters.attempts += 1
         self.attempts += 1
@@ -370,10 +369,14 @@ class Acquisition:
             decision = expired_decision(decision, core.clock() - start, spec.ttl)
         return _Failed(decision, expired, holder_expires_in(rnd.tasks), rnd.tasks)
 
-    def _sent_entry(self, terms: bool, value: str, start: float) -> QueueEntry | None:
-        """The entry an attempt holding ``value`` carries: its hand-over terms only
-        with ``terms``; one that carries them is remembered (a master may hand it
-        the key with them)."""
+    def _starting(self, terms: bool, value: str, start: float) -> QueueEntry | None:
+        """An attempt holding ``value`` goes out: the last attempt's undos go
+        ahead of it, its ticket is told (`Ticket.attempting`). The entry it
+        carries: its hand-over terms only with ``terms``; one that carries them is
+        remembered (a master may hand it the key with them)."""
+        self._undo_now()
+        if self.ticket is not None:
+            self.ticket.attempting(value)
         entry = self.entry
         if not terms and entry is not None and entry.handover is not None:
             entry = dataclasses.replace(entry, handover=None)

@@ -68,7 +68,7 @@ class QueueEntry:
         """A pause for a waiter in line, between the attempts that keep its entry
         (and its hand-over terms) fresh: uniform in ``[L / 2, L]``, ``L`` a third of
         the shorter of the two lifetimes, so that at least two refreshes come
-        before either lapses."""
+        before either lapses (unless its retry delay is longer still)."""
         shortest = self.ttl if self.handover is None else min(self.ttl, self.handover_ttl)
         return random.uniform(shortest / 6, shortest / 3)
 

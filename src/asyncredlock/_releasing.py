@@ -87,6 +87,11 @@ class Releases:
         first.add_done_callback(settle)
         return self._owner.tracker.follow(result)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``aclose()`` failed the calls still out (nothing more is sent)."""
+        return self._owner.closed
+
     def later(
         self,
         node: Node,
@@ -191,6 +196,9 @@ class LateUndo:
             return
         self._timer.cancel()
         self._timer = None
+        if self._releases.closed:  # nothing is sent any more: the key expires
+            self.done.set_result(Reply(0))
+            return
         node, keys, value, acquired, ttl, shared = self._args
         undone = self._releases.on(node, keys, value, acquired, ttl, shared=shared)
         if isinstance(undone, Reply):

@@ -63,7 +63,17 @@ class Ticket:
     """One waiting ``acquire()``: its channels (one per resource of its lock), its
     place in each channel's queue, and its wake-up flag."""
 
-    __slots__ = ("channels", "event", "everyone", "handed", "heard", "nudge", "spent", "waiter")
+    __slots__ = (
+        "channels",
+        "event",
+        "everyone",
+        "handed",
+        "heard",
+        "nudge",
+        "own",
+        "spent",
+        "waiter",
+    )
 
     def __init__(
         self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
@@ -85,6 +95,17 @@ class Ticket:
         self.handed: dict[int, tuple[str, int]] = {}
         # the wake-up due if fewer than a quorum of masters hand it the key
         self.nudge: asyncio.TimerHandle | None = None
+        # the values of its latest attempts: the undo of one that a master granted
+        # announces this waiter there (it is first), which tells it nothing
+        self.own: dict[bytes, None] = {}
+
+    def attempting(self, value: str) -> None:
+        """An attempt holding ``value`` goes out: what it finds supersedes the
+        announcements heard so far from fewer than a quorum of masters."""
+        self.heard.clear()
+        self.own[value.encode()] = None
+        if len(self.own) > _OWN_KEPT:
+            del self.own[next(iter(self.own))]
 
 
 class Waker:
@@ -236,7 +257,7 @@ class Waker:
         # or waiters leaving: not always the same one on each master), counting
         # those that handed it the key: its attempt then finds the lock free, or
         # its own, on enough
-        if cause in addressed.spent:
+        if cause in addressed.spent or cause in addressed.own:
             return
         heard = addressed.heard
         heard[index] = cause
@@ -313,6 +334,9 @@ class Waker:
             if listener is not None:
                 await listener.aclose()
 
+
+#: How many of its latest attempts' values a waiter remembers (see `Ticket.own`).
+_OWN_KEPT = 4
 
 #: How many of the announcements that woke a waiter it remembers (their copies from
 #: the other masters may come after those of the next few).

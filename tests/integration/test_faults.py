@@ -162,7 +162,8 @@ class TestUndoOfAFailedAttempt:
         group = make_servers(5)
         async with (
             AsyncRedlock(group.urls[:held_on]) as holder,
-            AsyncRedlock(group.urls, node_timeout=30) as other,  # master 4 slow, not silent
+            # master 4 slow, not silent, nor dropped
+            AsyncRedlock(group.urls, node_timeout=30, socket_timeout=60) as other,
         ):
             await (await other.lock("undo:warm").acquire()).release()
             await other.settle()  # connected, nothing out
