@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -538,6 +539,26 @@ class TestHandOver:
         assert await masters.keys() == [[]] * 5
 
 
+@asynccontextmanager
+async def waiting_in_line(
+    redlock: AsyncRedlock, name: str, **settings: bool
+) -> AsyncIterator[tuple[Waiting, list[Lease]]]:
+    """An ``acquire()`` of ``name`` by ``redlock`` in a task, once it waits (two
+    attempts failed); the block's end waits for it to get the lock (the lease is
+    then in the list)."""
+    waiting = Waiting([redlock])
+    leases: list[Lease] = []
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+
+            async def take() -> None:
+                leases.append(await redlock.lock(name, timeout=HANG_GUARD, **settings).acquire())
+
+            tg.start_soon(take)
+            await waiting.reach(1)
+            yield waiting, leases
+
+
 class TestInLine:
     """A writer queued by a quorum of masters, its inbox heard, waits for the release
     that tells it: its attempts only keep its entry fresh (docs/algorithm.md, waiting
@@ -551,21 +572,12 @@ class TestInLine:
             AsyncRedlock(servers.urls, retry_delay=0.01, node_timeout=CONFIRM) as redlock,
         ):
             held = await holder.lock("inline").acquire()
-            waiting = Waiting([redlock])
-            leases: list[Lease] = []
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-
-                    async def take() -> None:
-                        leases.append(await redlock.lock("inline", timeout=HANG_GUARD).acquire())
-
-                    tg.start_soon(take)
-                    await waiting.reach(1)
-                    # The holder keeps the lock a second: a waiter retrying every 0-10 ms
-                    # would send about a hundred attempts meanwhile.
-                    await anyio.sleep(1.0)
-                    attempts = redlock.statistics().attempts
-                    await held.release()
+            async with waiting_in_line(redlock, "inline") as (_, leases):
+                # The holder keeps the lock a second: a waiter retrying every 0-10 ms
+                # would send about a hundred attempts meanwhile.
+                await anyio.sleep(1.0)
+                attempts = redlock.statistics().attempts
+                await held.release()
             (lease,) = leases
             assert lease.statistics().source == "hand-over"
             # refused without a place in line, refused and queued; then at most one
@@ -588,22 +600,13 @@ class TestInLine:
             AsyncRedlock(servers.urls, retry_delay=PATIENT, node_timeout=CONFIRM) as redlock,
         ):
             held = await holder.lock("minority").acquire()
-            waiting = Waiting([redlock])
-            leases: list[Lease] = []
-            with whole_retry_delay(redlock), anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-
-                    async def take() -> None:
-                        lock = redlock.lock("minority", auto_extend=False, timeout=HANG_GUARD)
-                        leases.append(await lock.acquire())
-
-                    tg.start_soon(take)
-                    await waiting.reach(1)
+            with whole_retry_delay(redlock):
+                async with waiting_in_line(redlock, "minority", auto_extend=False) as in_line:
                     for client in masters.clients[2:]:
                         await client.delete("minority")  # gone there, unannounced
                     with pytest.raises(LockNotOwnedError):
                         await held.release()  # announced by masters 0 and 1 only
-            (lease,) = leases
+            waiting, (lease,) = in_line
             assert waiting.woken == 1
             assert lease.statistics().source == "attempt"
             await lease.release()
@@ -623,21 +626,11 @@ class TestInLine:
             held = await holder.lock("own").acquire()
             for client in masters.clients[3:]:
                 await client.delete("own")
-            waiting = Waiting([redlock])
-            leases: list[Lease] = []
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-
-                    async def take() -> None:
-                        lock = redlock.lock("own", auto_extend=False, timeout=HANG_GUARD)
-                        leases.append(await lock.acquire())
-
-                    tg.start_soon(take)
-                    await waiting.reach(1)
-                    # two nudges' time (its refresh pause is 2.6-5.2 s here)
-                    await anyio.sleep(2 * CONFIRM / 4)
-                    woken = redlock.statistics().wakeups
-                    await held.release()
+            async with waiting_in_line(redlock, "own", auto_extend=False) as (_, leases):
+                # two nudges' time (its refresh pause is 2.6-5.2 s here)
+                await anyio.sleep(2 * CONFIRM / 4)
+                woken = redlock.statistics().wakeups
+                await held.release()
             assert woken == 0
             (lease,) = leases
             await lease.release()
