@@ -51,7 +51,8 @@ class _Failed:
     """An attempt that did not take the lock: the counted replies, whether a
     quorum did grant it but too late (validity used up), and in how many seconds
     the holder's keys expire (``inf`` when not known), and its replies. Its undo is
-    on its way, ahead of any later attempt on each master's connection."""
+    on its way: where a reply is still out, once it comes, or at the latest ahead
+    of the next attempt on that master's connection (`LateUndo`)."""
 
     decision: Decision
     expired: bool
@@ -245,7 +246,8 @@ class Acquisition:
         )
 
     def _leave(self) -> None:
-        """Out of the wake-ups and, in the background, of the masters' queue.
+        """Out of the wake-ups and, in the background, of the masters' queue (the
+        last failed attempt's undos still waiting for a reply go first).
 
         A granted waiter may still be listed by the masters that refused; a key
         handed to it that it is not using is given back. Not where its attempt
