@@ -47,7 +47,7 @@ if ARGV[4] == '1' then
   return 1
 end
 local rank = redis.call('ZRANK', KEYS[1], ARGV[1])
-local removed = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
+local removed = rank and 1 or 0
 unlist(KEYS[1], KEYS[2], KEYS[4], ARGV[1])
 if handed then
   rank = 0  -- it was first in line when handed the key (its entry may have lapsed)

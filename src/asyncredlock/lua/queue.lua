@@ -5,17 +5,22 @@
 -- The field of the hand-over terms that names the waiter holding the key (granted or
 -- handed it, it stays listed until its release): no waiter id starts with '='.
 local HOLDER = '=holder'
+-- Take ``waiter`` out of the queue (and, when that key is given, its terms; the
+-- holder noted, if that was it).
+local function unlist(queue, expiries, terms, waiter)
+  redis.call('ZREM', queue, waiter)
+  redis.call('ZREM', expiries, waiter)
+  if terms then
+    redis.call('HDEL', terms, waiter)
+    if redis.call('HGET', terms, HOLDER) == waiter then
+      redis.call('HDEL', terms, HOLDER)
+    end
+  end
+end
 -- Drop the entries that lapsed by ``now`` (and their terms, when that key is given).
 local function purge(queue, expiries, terms, now)
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
-    redis.call('ZREM', queue, gone)
-    redis.call('ZREM', expiries, gone)
-    if terms then
-      redis.call('HDEL', terms, gone)
-      if redis.call('HGET', terms, HOLDER) == gone then
-        redis.call('HDEL', terms, HOLDER)
-      end
-    end
+    unlist(queue, expiries, terms, gone)
   end
 end
 -- The inbox channel of a writer's client, named in its id 'w:<client>:<random>'; nil
@@ -39,13 +44,4 @@ local function waiting_ahead(queue, terms, waiter)
     return false
   end
   return rank > 1 or redis.call('ZRANGE', queue, 0, 0)[1] ~= redis.call('HGET', terms, HOLDER)
-end
--- Take ``waiter`` out of the queue (and its terms; the holder noted, if that was it).
-local function unlist(queue, expiries, terms, waiter)
-  redis.call('ZREM', queue, waiter)
-  redis.call('ZREM', expiries, waiter)
-  redis.call('HDEL', terms, waiter)
-  if redis.call('HGET', terms, HOLDER) == waiter then
-    redis.call('HDEL', terms, HOLDER)
-  end
 end
