@@ -8,6 +8,7 @@ release and cleanup share, so each is written once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
@@ -358,12 +359,13 @@ class Core:
         if self.closed:
             return []
         keys, ttl, shared = spec.target.keys, spec.ttl, spec.shared
-        within = self.settings.node_timeout / 4
         late = []
         for node, reply in zip(self.nodes, acquired, strict=True):
-            undo = self.releases.later(node, keys, value, reply, ttl, shared=shared, within=within)
-            if undo is not None:
-                late.append(undo)
+            undo = functools.partial(self.releases.on, node, keys, value, reply, ttl, shared=shared)
+            if reply.done():
+                undo()
+            else:
+                late.append(LateUndo(undo, reply, self, self.settings.node_timeout / 4))
         return late
 
     async def settle(self) -> None:

@@ -10,7 +10,7 @@ arrive. The undo of a failed attempt whose reply is still out waits for that rep
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
@@ -87,32 +87,6 @@ class Releases:
         first.add_done_callback(settle)
         return self._owner.tracker.follow(result)
 
-    @property
-    def closed(self) -> bool:
-        """Whether ``aclose()`` failed the calls still out (nothing more is sent)."""
-        return self._owner.closed
-
-    def later(
-        self,
-        node: Node,
-        keys: Sequence[str],
-        value: str,
-        acquired: asyncio.Future[Reply],
-        ttl: float,
-        *,
-        shared: bool = False,
-        within: float,
-    ) -> LateUndo | None:
-        """The undo of a failed attempt on one master: at once if its reply is in
-        (`on`), else once it comes (`LateUndo`, returned)."""
-        if acquired.done():
-            self.on(node, keys, value, acquired, ttl, shared=shared)
-            return None
-        tracker = self._owner.tracker
-        return LateUndo(
-            self, tracker, node, keys, value, acquired, ttl, shared=shared, within=within
-        )
-
     def _delete(
         self,
         node: Node,
@@ -157,31 +131,27 @@ class LateUndo:
     Sent when the reply comes, only if it holds a key of ours (a grant, or a failure:
     the outcome unknown); at the latest ``within`` seconds later, or when `now` is
     called (before the acquisition's next attempt, or at its end), it goes out
-    behind the ``SET`` as `Releases.on` sends it. A failed attempt's remaining
-    replies come a moment after its decision, and are refusals as a rule: no call,
-    and no round trip between a release and the lock's next holder.
+    behind the ``SET`` as `Releases.on` sends it (``undo``: that call, bound to the
+    master and the attempt). A failed attempt's remaining replies come a moment
+    after its decision, and are refusals as a rule: no call, and no round trip
+    between a release and the lock's next holder. Nothing is sent once ``owner`` is
+    closed.
     """
 
-    __slots__ = ("_args", "_releases", "_timer", "done")
+    __slots__ = ("_owner", "_timer", "_undo", "done")
 
     def __init__(
         self,
-        releases: Releases,
-        tracker: TaskTracker,
-        node: Node,
-        keys: Sequence[str],
-        value: str,
+        undo: Callable[[], asyncio.Future[Reply] | Reply],
         acquired: asyncio.Future[Reply],
-        ttl: float,
-        *,
-        shared: bool,
+        owner: Owner,
         within: float,
     ) -> None:
         loop = asyncio.get_running_loop()
-        self._releases = releases
-        self._args = (node, keys, value, acquired, ttl, shared)
+        self._undo = undo
+        self._owner = owner
         #: Resolves once nothing of the attempt is left there (``aclose()`` waits).
-        self.done: asyncio.Future[Reply] = tracker.follow(loop.create_future())
+        self.done: asyncio.Future[Reply] = owner.tracker.follow(loop.create_future())
         self._timer: asyncio.TimerHandle | None = loop.call_later(within, self.now)
         acquired.add_done_callback(self._answered)
 
@@ -196,11 +166,10 @@ class LateUndo:
             return
         self._timer.cancel()
         self._timer = None
-        if self._releases.closed:  # nothing is sent any more: the key expires
+        if self._owner.closed:  # nothing is sent any more: the key expires
             self.done.set_result(Reply(0))
             return
-        node, keys, value, acquired, ttl, shared = self._args
-        undone = self._releases.on(node, keys, value, acquired, ttl, shared=shared)
+        undone = self._undo()
         if isinstance(undone, Reply):
             self.done.set_result(undone)
         else:
