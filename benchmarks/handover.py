@@ -29,9 +29,11 @@ hold ends when the reply is read, where a sleep on asyncio's default loop ends n
 sooner than a whole millisecond after the loop's last wake-up (its poll takes
 milliseconds), so that the replies a lock reads during the hold lengthen it.
 
-Each row records acquisitions per second, wait p50 and p99, how often the same worker
-took the lock again, the holds that overlapped, and the CPU time per hold of the
-client process and of the five servers (Linux: ``/proc``).
+Each row records acquisitions per second, wait p50 and p99, where a cycle of the lock
+goes (how long a hold lasted, and the hand-over from a ``release()`` call to the next
+holder's ``acquire()`` returning), how often the same worker took the lock again, the
+holds that overlapped, and the CPU time per hold of the client process and of the
+five servers (Linux: ``/proc``).
 
 Each repetition runs the rows in turn, starting one row later than the repetition
 before it. Run from the repository root: ``python benchmarks/handover.py`` (about 2 minutes;
@@ -50,6 +52,8 @@ import asyncio
 import collections
 import contextlib
 import gc
+import itertools
+import statistics
 import subprocess
 import sys
 import time
@@ -64,7 +68,7 @@ from lockbench.handover_report import HandoverReport, RowRun, write_outputs
 from lockbench.harness import add_report_option, environment, process_cpu, read_report
 from lockbench.settings import CONTENTION_WORKERS, WAIT
 from lockbench.workloads import Failures, bounded, quiet_loggers
-from peers import CONTENTION_HOLD, contention_holds, contention_result
+from peers import CONTENTION_HOLD, Hold, contention_holds, contention_result
 
 from asyncredlock.testing import ServerGroup
 
@@ -264,10 +268,28 @@ async def run_row(
     return {
         **result,
         **failures.counts(),
+        **cycle_parts(holds, start + seconds),
         "client_cpu_ms_per_hold": round(cpu * per_hold, 3),
         "servers_cpu_ms_per_hold": None
         if served is None or after is None
         else round((after - served) * per_hold, 3),
+    }
+
+
+def cycle_parts(holds: Sequence[Hold], end: float) -> dict[str, float | None]:
+    """Where a cycle of the lock goes, from the holds that began before ``end``:
+    how long a hold lasted (``acquire()`` returning to ``release()`` called; for a
+    sleep, the sleep as the loop ended it) and the hand-over, from ``release()``
+    called to the next holder's ``acquire()`` returning (medians, in ms)."""
+    inside = sorted((h for h in holds if h.got < end), key=lambda h: h.got)
+    pairs = list(itertools.pairwise(inside))
+    return {
+        "hold_p50_ms": round(statistics.median(h.releasing - h.got for h in inside) * 1000, 3)
+        if inside
+        else None,
+        "handover_p50_ms": round(statistics.median(b.got - a.releasing for a, b in pairs) * 1000, 3)
+        if pairs
+        else None,
     }
 
 

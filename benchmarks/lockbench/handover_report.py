@@ -79,7 +79,7 @@ def _line(report: HandoverReport, row: str) -> str:
     runs = [run for run in report["rows"][row] if _ok(run)]
     if not runs:
         reasons = sorted({str(run.get("reason")) for run in report["rows"][row]})
-        return f"| {row} | failed: {'; '.join(reasons)} | | | | | | | |"
+        return f"| {row} | failed: {'; '.join(reasons)} | | | | | | | | | |"
     rates = [run["acquisitions_per_s"] for run in runs]
     ratios = _ratios(report, row)
     ratio = "n/a" if not ratios else f"{statistics.median(ratios):.2f}x"
@@ -93,6 +93,8 @@ def _line(report: HandoverReport, row: str) -> str:
         ratio,
         _fmt(_median([run["wait"]["p50_ms"] for run in runs]), ".2f"),
         _fmt(_median([run["wait"]["p99_ms"] for run in runs]), ".2f"),
+        _fmt(_median([h for run in runs if (h := run.get("hold_p50_ms")) is not None]), ".2f"),
+        _fmt(_median([h for run in runs if (h := run.get("handover_p50_ms")) is not None]), ".2f"),
         _percent(_median([a for run in runs if (a := run["same_worker_again"]) is not None])),
         _fmt(_median([run["client_cpu_ms_per_hold"] for run in runs]), ".3f"),
         _fmt(
@@ -152,9 +154,9 @@ def table(report: HandoverReport, *, heading: bool = True) -> str:
         " repetitions.",
         "",
         "| Row | acquisitions/s | ÷ aioredlock | wait p50 (ms) | wait p99 (ms) |"
-        " same worker again | client CPU ms / hold | servers CPU ms / hold |"
-        " overlaps + failures |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        " hold p50 (ms) | hand-over p50 (ms) | same worker again | client CPU ms / hold |"
+        " servers CPU ms / hold | overlaps + failures |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
         *(_line(report, row) for row in report["rows"]),
         "",
         "- floor model: not a lock. Each acquire is one round of `PING` to every master"
@@ -164,6 +166,10 @@ def table(report: HandoverReport, *, heading: bool = True) -> str:
         " release's round, the releasing worker's next acquire that queues it again) at"
         " no cost of scripts, keys or library code, the next waiter woken for free (a"
         " real lock's masters must tell it).",
+        "- A cycle of the lock is a hold and a hand-over. Hold: from `acquire()` returning"
+        " to `release()` called (a sleep lasts as long as the loop makes it). Hand-over:"
+        " from `release()` called to the next holder's `acquire()` returning (aioredlock's"
+        " mostly to the same worker).",
         "- CPU per hold: the client process's, and the five servers' together (from"
         " `/proc`); both share the host's cores.",
         *_verdict(report),

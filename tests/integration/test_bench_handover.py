@@ -56,6 +56,8 @@ def test_each_row_ran_without_overlap_or_failure(quick_run: tuple[Path, dict[str
         assert only["exclusion_violations"] == 0
         assert only["failures"] == 0
         assert only["client_cpu_ms_per_hold"] > 0
+        assert only["hold_p50_ms"] > 0
+        assert only["handover_p50_ms"] > 0
 
 
 def test_the_table_and_the_docs_section_are_written(
@@ -115,13 +117,16 @@ def test_an_empty_or_repeated_row_is_refused(tmp_path: Path, only: str) -> None:
     assert not (tmp_path / "handover.json").exists()
 
 
-def _run(rate: float, *, same: float | None = 0.0) -> dict[str, Any]:
-    """A made-up ok run of one row."""
+def _run(rate: float, *, same: float | None = 0.0, parts: bool = True) -> dict[str, Any]:
+    """A made-up ok run of one row (``parts``: with the hold and hand-over times,
+    which results written before them lack)."""
     wait = {"p50_ms": 10.0, "p99_ms": 20.0}
+    cycle = {"hold_p50_ms": 1.25, "handover_p50_ms": 0.5} if parts else {}
     return {
         "status": "ok",
         "acquisitions_per_s": rate,
         "wait": wait,
+        **cycle,
         "same_worker_again": same,
         "client_cpu_ms_per_hold": 0.5,
         "servers_cpu_ms_per_hold": None,
@@ -161,15 +166,18 @@ def test_the_report_pairs_repetitions_and_tolerates_gaps(report_module: ModuleTy
     report = made_up(
         {
             "floor model": [_run(700.0), _run(650.0)],
-            "asyncredlock": [failed, _run(450.0, same=None)],
+            "asyncredlock": [failed, _run(450.0, same=None, parts=False)],
             "aioredlock": [_run(500.0, same=0.97), _run(500.0, same=0.99)],
         }
     )
     lines = report_module.table(report).splitlines()
     assert "| floor model | 675 (650-700) | 1.35x (1.30-1.40) |" in "\n".join(lines)
     ours = next(line for line in lines if line.startswith("| asyncredlock |"))
-    assert ours.startswith("| asyncredlock | 450 | 0.90x | 10.00 | 20.00 | n/a | 0.500 | n/a |")
-    assert "| aioredlock | 500 (500-500) | 1.00x | 10.00 | 20.00 | 98% |" in "\n".join(lines)
+    assert ours.startswith(
+        "| asyncredlock | 450 | 0.90x | 10.00 | 20.00 | n/a | n/a | n/a | 0.500 | n/a |"
+    )
+    theirs = "| aioredlock | 500 (500-500) | 1.00x | 10.00 | 20.00 | 1.25 | 0.50 | 98% |"
+    assert theirs in "\n".join(lines)
     assert "- The floor model measured 1.35x aioredlock's rate (1.30-1.40)." in "\n".join(lines)
     assert "asks a lock for 0.96x the model's rate (0.93-1.00)" in "\n".join(lines)
     assert "- asyncredlock: 0.69x the floor model's rate." in lines
@@ -193,3 +201,25 @@ def test_a_row_that_never_ran_is_reported_with_its_reason(report_module: ModuleT
     assert "| floor model | 700 | n/a |" in text
     assert "quick smoke run: not a measurement" in text
     assert "The floor model measured" not in text  # nothing to compare with
+
+
+def test_a_cycle_is_split_into_the_hold_and_the_hand_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hold: ``acquire()`` returned to ``release()`` called; hand-over: ``release()``
+    called to the next holder's ``acquire()`` returning (holds taken in the order they
+    began, those that began after the window left out); medians, in ms."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    handover = importlib.import_module("handover")
+    hold = importlib.import_module("peers").Hold
+    holds = [  # worker, asked, got, releasing, released (seconds)
+        hold(1, 0.0, 1.0020, 1.0035, 1.0036),
+        hold(0, 0.0, 1.0000, 1.0012, 1.0013),
+        hold(2, 0.0, 1.0045, 1.0058, 1.0059),
+        hold(0, 0.0, 9.0000, 9.0050, 9.0051),  # began after the window
+    ]
+    parts = handover.cycle_parts(holds, end=5.0)
+    assert parts == {"hold_p50_ms": 1.3, "handover_p50_ms": 0.9}
+    assert handover.cycle_parts([], end=5.0) == {"hold_p50_ms": None, "handover_p50_ms": None}
+    lone = handover.cycle_parts(holds[:1], end=5.0)
+    assert lone == {"hold_p50_ms": 1.5, "handover_p50_ms": None}  # no next holder
