@@ -65,17 +65,18 @@ class _Connection(Stream):
         sock = transport.get_extra_info("socket")
         self.fd = -1 if sock is None else sock.fileno()
 
-    def send(self, packed: bytes, request: _Request, *, alone: bool = False) -> None:
+    def send(self, packed: bytes, request: _Request, *, ahead: int | None = None) -> None:
         """Queue ``packed`` for this iteration's write; its reply resolves ``request``.
 
-        ``alone``: nothing else is out on the connection, so no later command of
-        this iteration is likely to join it: it is written at once (one loop
-        iteration less of latency when the connection is idle).
+        ``ahead``: the link's calls out before this one (``None``: not a caller's). With
+        at most one (no burst on), unless a write waits, it is written now, not after the
+        loop iteration's remaining callbacks; with none, a busy poll may follow (`Spin`).
         """
         self.pending.append(request)
-        if alone and not self.out and self.transport is not None and not self.lost:
+        quiet = ahead is not None and ahead <= 1 and not self.out
+        if quiet and self.transport is not None and not self.lost:
             self.transport.write(packed)
-            if self.link.spin is not None:
+            if ahead == 0 and self.link.spin is not None:
                 self.link.spin.wrote(self.fd, self.link.busy_poll)
             return
         if not self.out:
@@ -229,7 +230,7 @@ class Link:
         self.outstanding += 1
         conn = self._conn
         if conn is not None and not conn.lost:
-            conn.send(packed, (future, args, source), alone=self.outstanding == 1)
+            conn.send(packed, (future, args, source), ahead=self.outstanding - 1)
         else:
             self._queued.append((packed, (future, args, source)))
             if self._connecting is None:

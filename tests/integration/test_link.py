@@ -116,6 +116,31 @@ class TestOwnPing:
         assert (link.outstanding, link.calls, link.pings) == (0, 0, 1)
 
 
+class TestWrites:
+    async def test_a_call_goes_out_at_once_unless_a_burst_is_on_the_connection(
+        self, servers: ServerGroup
+    ) -> None:
+        """A call with no call, or one, out before it on the link is written at once;
+        from two on, the calls of a loop iteration wait for one write at its end."""
+        node, _ = make_node(servers.urls[0], DEFAULTS)
+        link = node.link
+        assert link is not None
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                await link.call(("PING",))  # connected
+                conn = link._conn
+                assert conn is not None
+                calls = [link.call(("ECHO", "a")), link.call(("ECHO", "b"))]
+                assert conn.out == []  # both written already
+                calls += [link.call(("ECHO", "c")), link.call(("ECHO", "d"))]
+                assert len(conn.out) == 2  # c and d: this iteration's write, to come
+                replies = [(await call).value for call in calls]
+                assert replies == [b"a", b"b", b"c", b"d"]
+                assert conn.out == []
+        finally:
+            await node.aclose()
+
+
 class TestSilence:
     async def test_a_stall_before_a_calls_write_is_not_the_masters_silence(
         self, servers: ServerGroup
@@ -141,12 +166,15 @@ class TestSilence:
         try:
             with anyio.fail_after(HANG_GUARD):
                 await link.call(("PING",))  # connected
-                link.call(("PING",))  # written at once (alone)
-                first = link.call(("ECHO", "first"))  # these two join one write: their
-                second = link.call(("ECHO", "second"))  # replies are read together
+                link.call(("PING",))  # written at once (nothing out before it)
+                link.call(("ECHO", "next"))  # and so is this one (one call out)
+                first = link.call(("ECHO", "first"))  # these three join one write:
+                second = link.call(("ECHO", "second"))  # their replies are read
+                last = link.call(("ECHO", "last"))  # together (two out: third waits)
                 assert link.listen(first, stall, 0)
                 assert (await first).value == b"first"
                 assert (await second).value == b"second"
+                assert (await last).value == b"last"
                 assert (await third[0]).value == b"third"
             assert (alarms, link.silent) == ([], False)
         finally:
