@@ -3,8 +3,8 @@
 redis-py opens and authenticates each connection (every form a user can configure),
 then hands the socket to a `Link`, whose ``asyncio.Protocol`` parses replies with
 hiredis. Every command for the master goes out on that connection, in order: commands
-of one event-loop iteration leave in one write, replies resolve the callers' futures
-(no task per call), and an undo runs on the master after the ``SET`` it undoes.
+of one event-loop iteration leave in one write (one behind at most one other, at once),
+replies resolve the callers' futures (no task per call), and an undo runs after its ``SET``.
 
 A master is *silent* when requests have been out for ``node_timeout`` with not one byte
 back, judged only by a timer that fired on time and with nothing unread in the socket (a
@@ -66,15 +66,15 @@ class _Connection(Stream):
         self.fd = -1 if sock is None else sock.fileno()
 
     def send(self, packed: bytes, request: _Request, *, ahead: int | None = None) -> None:
-        """Queue ``packed`` for this iteration's write; its reply resolves ``request``.
+        """Send ``packed`` now or with this iteration's write; its reply resolves ``request``.
 
-        ``ahead``: the link's calls out before this one (``None``: not a caller's). With
+        ``ahead``: the link's requests out before it (``None``: not a caller's call). With
         at most one (no burst on), unless a write waits, it is written now, not after the
         loop iteration's remaining callbacks; with none, a busy poll may follow (`Spin`).
         """
         self.pending.append(request)
-        quiet = ahead is not None and ahead <= 1 and not self.out
-        if quiet and self.transport is not None and not self.lost:
+        at_once = ahead is not None and ahead <= 1 and not self.out  # else: out of order
+        if at_once and self.transport is not None and not self.lost:
             self.transport.write(packed)
             if ahead == 0 and self.link.spin is not None:
                 self.link.spin.wrote(self.fd, self.link.busy_poll)

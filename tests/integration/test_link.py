@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
+import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +19,7 @@ from asyncredlock._config import DEFAULTS
 from asyncredlock._connect import make_node
 from asyncredlock._node import Reply
 from asyncredlock._transport import Link
+from asyncredlock._wire import Stream
 from asyncredlock.testing import ServerGroup
 
 pytestmark = pytest.mark.anyio
@@ -120,12 +123,10 @@ class TestWrites:
     async def test_a_call_goes_out_at_once_unless_a_burst_is_on_the_connection(
         self, servers: ServerGroup
     ) -> None:
-        """A call with no call, or one, out before it on the link is written at once;
-        from two on, the calls of a loop iteration wait for one write at its end."""
-        node, _ = make_node(servers.urls[0], DEFAULTS)
-        link = node.link
-        assert link is not None
-        try:
+        """A call with no request, or one, out before it on the link is written at once
+        (unless a write already waits); from two on, the calls of a loop iteration wait
+        for one write at its end."""
+        async with _link(servers.urls[0]) as link:
             with anyio.fail_after(HANG_GUARD):
                 await link.call(("PING",))  # connected
                 conn = link._conn
@@ -137,8 +138,61 @@ class TestWrites:
                 replies = [(await call).value for call in calls]
                 assert replies == [b"a", b"b", b"c", b"d"]
                 assert conn.out == []
-        finally:
-            await node.aclose()
+
+    async def test_a_call_behind_one_joins_the_write_of_a_new_connection(
+        self, servers: ServerGroup
+    ) -> None:
+        """A call with one request out before it, made while a new connection's first
+        write (its scripts, then the call queued while it opened) waits, joins that
+        write: written at once, it would pass them, and every reply would go to the
+        wrong call."""
+        async with _link(servers.urls[0]) as link:
+            opener, late, seen = link.opener, [], []
+
+            async def open_then_call(conn: Stream) -> None:
+                await opener(conn)
+
+                def call() -> None:  # after the connection queued its writes, before them
+                    seen.append((link._conn is conn and bool(conn.out), link.outstanding))
+                    late.append(link.call(("ECHO", "b")))
+
+                asyncio.get_running_loop().call_soon(call)
+
+            link.opener = open_then_call
+            with anyio.fail_after(HANG_GUARD):
+                assert (await link.call(("ECHO", "a"))).value == b"a"
+                assert (await late[0]).value == b"b"
+            assert seen == [(True, 1)]
+
+    async def test_a_call_behind_one_joins_the_write_of_a_script_sent_again(
+        self, servers: ServerGroup
+    ) -> None:
+        """A script the master did not have (``NOSCRIPT``) is sent again as ``EVAL``,
+        in the iteration's write; a call made before that write, with one request out
+        before it, joins it behind the ``EVAL``."""
+        source = f"return 'sent again {random.random()}'"
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        async with _link(servers.urls[0]) as link:
+            with anyio.fail_after(HANG_GUARD):
+                await link.call(("PING",))  # connected
+                conn = link._conn
+                assert conn is not None
+                link.call(("PING",))
+                link.call(("PING",))  # these two written at once, the next two together:
+                script = link.call(("EVALSHA", sha, 0), source)  # their replies are
+                echo = link.call(("ECHO", "p"))  # read together, as a rule
+                later: list[asyncio.Future[Reply]] = []
+                waiting: list[bool] = []
+
+                def hook(_: int, __: Reply) -> None:  # the EVAL waits to be written
+                    waiting.append(bool(conn.out))
+                    later.append(link.call(("ECHO", "c")))
+
+                assert link.listen(echo, hook, 0)
+                assert (await echo).value == b"p"
+                assert (await script).value == source[8:-1].encode()
+                assert (await later[0]).value == b"c"
+            assert waiting == [True]
 
 
 class TestSilence:
@@ -158,9 +212,11 @@ class TestSilence:
         alarms: list[str] = []
         link.watchers.add(lambda: alarms.append("silent"))
         third: list[asyncio.Future[Reply]] = []
+        queued: list[bool] = []
 
         def stall(i: int, reply: Reply) -> None:
             third.append(link.call(("ECHO", "third")))  # joins the next write
+            queued.append(link._conn is not None and bool(link._conn.out))  # (two out)
             time.sleep(node_timeout * 1.25)  # the loop stalls before that write
 
         try:
@@ -169,13 +225,14 @@ class TestSilence:
                 link.call(("PING",))  # written at once (nothing out before it)
                 link.call(("ECHO", "next"))  # and so is this one (one call out)
                 first = link.call(("ECHO", "first"))  # these three join one write:
-                second = link.call(("ECHO", "second"))  # their replies are read
+                second = link.call(("ECHO", "second"))  # their replies are usually read
                 last = link.call(("ECHO", "last"))  # together (two out: third waits)
                 assert link.listen(first, stall, 0)
                 assert (await first).value == b"first"
                 assert (await second).value == b"second"
                 assert (await last).value == b"last"
                 assert (await third[0]).value == b"third"
+            assert queued == [True]
             assert (alarms, link.silent) == ([], False)
         finally:
             await node.aclose()
