@@ -73,7 +73,7 @@ class _Connection(Stream):
         loop iteration's remaining callbacks; with none, a busy poll may follow (`Spin`).
         """
         self.pending.append(request)
-        at_once = ahead is not None and ahead <= 1 and not self.out  # else: out of order
+        at_once = ahead is not None and ahead <= 1 and not self.out  # never past a waiting write
         if at_once and self.transport is not None and not self.lost:
             self.transport.write(packed)
             if ahead == 0 and self.link.spin is not None:
