@@ -103,9 +103,7 @@ class Ticket:
         """An attempt holding ``value`` goes out: what it finds supersedes the
         announcements heard so far from fewer than a quorum of masters."""
         self.heard.clear()
-        self.own[value.encode()] = None
-        if len(self.own) > _OWN_KEPT:
-            del self.own[next(iter(self.own))]
+        _keep_latest(self.own, (value.encode(),), _OWN_KEPT)
 
 
 class Waker:
@@ -262,10 +260,7 @@ class Waker:
         heard = addressed.heard
         heard[index] = cause
         if len(heard.keys() | addressed.handed.keys()) >= self.quorum:
-            for each in heard.values():
-                addressed.spent[each] = None
-            while len(addressed.spent) > _SPENT_KEPT:
-                del addressed.spent[next(iter(addressed.spent))]
+            _keep_latest(addressed.spent, heard.values(), _SPENT_KEPT)
             heard.clear()
             self.wakeups += 1
             addressed.event.set()
@@ -333,6 +328,14 @@ class Waker:
         for listener in self.listeners:
             if listener is not None:
                 await listener.aclose()
+
+
+def _keep_latest(recent: dict[bytes, None], items: Iterable[bytes], kept: int) -> None:
+    """Add ``items`` to ``recent`` (an ordered set), keeping the latest ``kept``."""
+    for item in items:
+        recent[item] = None
+    while len(recent) > kept:
+        del recent[next(iter(recent))]
 
 
 #: How many of its latest attempts' values a waiter remembers (see `Ticket.own`).
