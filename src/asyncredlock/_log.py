@@ -59,7 +59,10 @@ def _failed(outcomes: Sequence[NodeOutcome]) -> str:
 
 
 def log_acquired(lease: Held, attempts: int, waited: float) -> None:
-    """A lease taken after waiting: more than one attempt, or handed over (INFO)."""
+    """A lease taken after waiting: more than one attempt, or handed over (INFO).
+    Nothing is built when INFO is off (every waited acquisition passes here)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
     reason = f"waited {waited:.3f} s, {attempts} attempts"
     logger.info(
         "acquired %r after waiting (%s)", lease.resource, reason, extra=_facts(lease, (), reason)
