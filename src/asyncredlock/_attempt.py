@@ -285,7 +285,7 @@ class Acquisition:
     async def _take_handed(self) -> Lease | None:
         """The lease of a key that a quorum of masters handed to this waiter; or
         None (then given back where it was handed, unless others may still hand
-        it over).
+        it over). None is made once ``aclose()`` began: the closing error.
 
         A master hands the key over (``release.lua``) with the terms of the last
         attempt it queued the waiter with, so after that attempt was sent: the key
@@ -319,6 +319,7 @@ class Acquisition:
         if not usable or expiries[core.quorum - 1] <= core.clock():
             self.hand_overs.drop(self.key, entry, live)
             return None
+        refuse_if_closing(core)  # no lease: _leave() gives the handed keys back
         expires_at = expiries[core.quorum - 1]
         now = core.clock()
         # the key lives a hand-over TTL: extended to the lease's own TTL once a third

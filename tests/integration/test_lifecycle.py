@@ -3,6 +3,8 @@
 - A cold burst of callers on fresh clients over healthy masters is never an outage.
 - ``aclose()`` while calls wait on a hung majority ends every one of them with an
   error, long before the masters' ``socket_timeout`` would have.
+- A key handed over to a waiter once ``aclose()`` began makes no lease: it is given
+  back, and the waiter's ``acquire()`` ends with the closing error.
 
 The storm of cancelled acquisitions across clients is in ``test_cancellation.py``.
 """
@@ -26,7 +28,7 @@ from asyncredlock.testing import ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .. import loops
-from .conftest import Masters, library_tasks
+from .conftest import Masters, Waiting, library_tasks, polled
 
 pytestmark = pytest.mark.anyio
 
@@ -185,6 +187,60 @@ class TestCloseWithCallsOnAHungMajority:
         error, redlock = await self._close_while_pending(hung_majority, acquire)
         assert isinstance(error, RuntimeError | QuorumUnavailableError), error
         _nothing_left(redlock)
+
+
+class TestCloseWhileHandedOver:
+    async def test_a_key_handed_over_once_aclose_began_makes_no_lease(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A waiter is in line (its hand-over terms on every master) when its client's
+        aclose() begins, held up there by calls still out on a paused master. The
+        holder, another client, releases meanwhile: four masters hand the waiter the
+        key. acquire() must end with the closing error, not return a lease nobody will
+        release, and the handed keys must be given back."""
+        outcome: list[Lease | BaseException] = []
+        paused = servers[4]
+        async with AsyncRedlock(servers.urls) as holder:
+            waiter = AsyncRedlock(servers.urls, node_timeout=2.0)
+            try:
+                held = await holder.lock("line", ttl=60).acquire()
+                waiting = Waiting([waiter])
+                with anyio.fail_after(HANG_GUARD):
+                    async with anyio.create_task_group() as tg:
+
+                        async def take() -> None:
+                            try:
+                                outcome.append(await waiter.lock("line", timeout=30).acquire())
+                            except Exception as exc:
+                                outcome.append(exc)
+
+                        tg.start_soon(take)
+                        await waiting.reach(1)  # in line, its terms left on every master
+                        paused.pause()
+                        try:
+                            await waiter.lock("other", ttl=60).acquire()  # calls out on 4
+                            tg.start_soon(waiter.aclose)
+                            await anyio.wait_all_tasks_blocked()  # aclose() waits on 4
+                            with pytest.raises(RuntimeError, match="closed"):
+                                waiter.lock("probe")  # aclose() began
+                            await held.release()  # handed to the waiter on masters 0-3
+                            # aclose() cannot end before master 4 answers: it resumes
+                            # only once acquire() has ended
+                            assert await polled(lambda: bool(outcome))
+                            assert client_state(waiter).in_flight[4] > 0
+                            (result,) = outcome
+                            assert isinstance(result, RuntimeError), result
+                            assert "closed while acquire() waited" in str(result)
+                        finally:
+                            paused.resume()
+                # (master 4 may yet hand the key to the waiter's entry when it resumes:
+                # whether its give-back arrives first is open; that key expires with
+                # the entry)
+                assert [await client.exists("line") for client in masters.clients[:4]] == [0] * 4
+                stats = waiter.statistics()
+                assert (stats.in_flight, stats.background_tasks) == (0, 0)
+            finally:
+                await waiter.aclose()
 
 
 def _nothing_left(redlock: AsyncRedlock) -> None:
