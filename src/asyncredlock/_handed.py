@@ -109,9 +109,10 @@ class HandOvers:
         ticket: Ticket | None,
         replies: Sequence[asyncio.Future[Reply]],
     ) -> None:
-        """Handed the key by fewer than a quorum of masters while, on another, an
-        earlier waiter is queued ahead of it (by the attempt's ``replies``): give
-        the keys back. Masters that heard a release at different times may hand
+        """Handed the key by fewer than a quorum of masters while an earlier waiter
+        is queued ahead of it (by the attempt's ``replies``: on another master, or on
+        one that handed it the key, listed there since by attempts that came after
+        the release): give the keys back. Masters that heard a release at different times may hand
         the key to different waiters (each the first it had queued then); each
         would wait for the others' keys until they expire. The earliest waiter
         gives way to nobody (the holder, listed first, is not counted by the
@@ -122,6 +123,9 @@ class HandOvers:
         held = self.held(ticket)
         if entry is None or not held or len(held) >= self.core.quorum:
             return
-        if any(i not in held and behind(reply) for i, reply in enumerate(replies)):
+        # where it holds a handed key, only a reply that found it handed is news (a
+        # refusal there came before the hand-over)
+        found = handed_already(replies)
+        if any((i not in held or i in found) and behind(r) for i, r in enumerate(replies)):
             self.drop(key, entry, held)
             self.forget(ticket)

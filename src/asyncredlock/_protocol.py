@@ -149,13 +149,15 @@ def holder_expires_in(replies: Sequence[asyncio.Future[Reply]]) -> float:
 
 def behind(reply: asyncio.Future[Reply]) -> bool:
     """Whether an acquisition reply says an earlier waiter is queued ahead of this
-    one on that master (the lock free or held)."""
+    one on that master (the lock free, held, or handed to this one)."""
     if not reply.done() or (result := reply.result()).error is not None:
         return False
     value = result.value
     if int(value[0]) != 0 or len(value) < 4:
         return False
     why = int(value[3])
+    if why == _HANDED:
+        return len(value) > 5 and int(value[5]) == 1
     return why == _QUEUE or (why == _WRITER and len(value) > 4 and int(value[4]) == 1)
 
 

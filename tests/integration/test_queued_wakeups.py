@@ -18,12 +18,14 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError
 from asyncredlock._keys import aux_key, channel, queue_keys, readers_key, terms_key, undo_key
 from asyncredlock._scripts import ACQUIRE, DEQUEUE, evalsha
 from asyncredlock._wakeup import INBOX_PREFIX
 from asyncredlock.testing import ServerGroup, client_state, whole_retry_delay
+from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters, Waiting, clients, queues
 
@@ -437,6 +439,79 @@ class TestSplitHandOvers:
             retry_delay=PATIENT,
         )
         assert sorted(order) == [0, 1, 2]
+
+    async def test_a_two_way_split_with_a_master_down_is_settled(
+        self, make_servers: MakeServers
+    ) -> None:
+        """Master 4 down, two waiters: the key handed to the first on masters 0 and 1,
+        to the second on 2 and 3 (the first missing from their queues, as if its
+        attempts came after the release there), neither on a quorum. On 0 and 1 the
+        first is the noted holder, which the masters do not count as a waiter ahead;
+        on 2 and 3 the first's attempts list it again, ahead of the second, whose
+        attempts there find the key handed to it: that reply must say an earlier
+        waiter is ahead, or the second never gives way and the lock sits idle until
+        the handed keys expire (their PX, the entry TTL: 60 s here, past the hang
+        guard). Both get the lock, one at a time, on a quorum of the live masters."""
+        group = make_servers(5)
+        live = Masters(group.urls[:4])
+        spies = [client.pubsub() for client in live.clients]
+        name, order, holding = "split2", [], 0
+        try:
+            for spy in spies:
+                await spy.psubscribe(INBOX_PREFIX + "*")
+            async with (
+                AsyncRedlock(group.urls) as holder,
+                clients(group.urls, 2, retry_delay=0.05, node_timeout=20) as waiters,
+            ):
+                held = await holder.lock(name, ttl=120).acquire()
+                waiting = Waiting(waiters)
+                with anyio.fail_after(HANG_GUARD):
+                    async with anyio.create_task_group() as tg:
+                        for i, redlock in enumerate(waiters):
+
+                            async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
+                                nonlocal holding
+                                async with redlock.lock(name, ttl=120, timeout=HANG_GUARD):
+                                    holding += 1
+                                    assert holding == 1  # never two holders at once
+                                    assert await live.holding(name) >= 3
+                                    order.append(i)
+                                    holding -= 1
+
+                            tg.start_soon(take)
+                            await waiting.reach(waiting.entered + 1)
+                        ids = (await queues(live, name))[0]
+                        assert len(ids) == 2
+                        for client in live.clients[2:]:
+                            await client.zrem(f"{{{name}}}:queue", ids[0])
+                        group[4].stop()
+                        await held.release()
+                    # the release's hand-overs: the first 'handed' message of each master
+                    handed = [
+                        await first_handed(spy, live.clients[i]) for i, spy in enumerate(spies)
+                    ]
+                    assert handed == [ids[0], ids[0], ids[1], ids[1]]
+            assert sorted(order) == [0, 1]
+        finally:
+            for spy in spies:
+                await spy.aclose()
+            await live.aclose()
+
+
+async def first_handed(spy: PubSub, client: Redis) -> bytes | None:
+    """The waiter id of the first hand-over ``spy`` heard on its master's inboxes
+    (a message published after them closes the batch)."""
+    await client.publish(INBOX_PREFIX + "test:end", "end")
+    first = None
+    while True:
+        message = await spy.get_message(timeout=HANG_GUARD)
+        if message is None or message["type"] != "pmessage":
+            continue  # a subscription's confirmation
+        if message["data"] == b"end":
+            return first
+        waiter, cause = message["data"].split(b" ")[:2]
+        if first is None and cause.startswith(b"handed:"):
+            first = waiter
 
 
 class TestHandOver:

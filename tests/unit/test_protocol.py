@@ -115,23 +115,27 @@ class TestReplies:
 
     def test_an_earlier_waiter_ahead_is_read_from_a_refusal(self) -> None:
         """A refusal says an earlier waiter is queued ahead: the lock free but another
-        first (code 3), or held and the ahead flag set; not when first in line, held
-        by readers, handed to this waiter, granted, failed or still out."""
+        first (code 3), held and the ahead flag set, or handed to this waiter and the
+        flag set (an earlier one listed there since); not when first in line, held by
+        readers, handed to it with nobody earlier (or no flag in the reply),
+        granted, failed or still out."""
         out = still_out()
         replies = [
             *settled(
                 Reply([0, -1, 1, 3]),
                 Reply([0, 900, 1, 1, 1]),
+                Reply([0, 900, 0, 4, b"0", 1]),
                 Reply([0, 900, 1, 1, 0]),
                 Reply([0, 900, 0]),
                 Reply([0, 40, 1, 2]),
+                Reply([0, 900, 0, 4, b"0", 0]),
                 Reply([0, 900, 0, 4, b"0"]),
                 Reply([1]),
                 Reply(error=RedisConnectionError("reset")),
             ),
             out,
         ]
-        assert [behind(reply) for reply in replies] == [True, True] + [False] * 7
+        assert [behind(reply) for reply in replies] == [True] * 3 + [False] * 8
 
     def test_a_granted_writer_may_be_queued_and_holds_ours(self) -> None:
         """A grant leaves a writer listed (a dequeue may be needed) and holds the

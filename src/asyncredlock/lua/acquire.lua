@@ -26,9 +26,9 @@
 -- than the holder), {0, ms, queued, 2} when readers hold one (ms until the last
 -- entry lapses), {0, -1, queued, 3} when the lock is free but an earlier waiter is
 -- queued, {-1} when the attempt was already undone here (its SET arrived late),
--- {0, pttl, 0, 4, count} when the key was already handed to this waiter (see
--- release.lua; left alone; count is its fence counter, '0' without fencing). queued
--- is 1 when the waiter's entry is in the queue.
+-- {0, pttl, 0, 4, count, ahead} when the key was already handed to this waiter (see
+-- release.lua; left alone; count is its fence counter, '0' without fencing; ahead as
+-- above). queued is 1 when the waiter's entry is in the queue.
 -- Redis 3.2-4.x: replicate effects, so the TIME below may precede writes. Must come
 -- before the first write; a no-op from Redis 5 (the default) and 7 (the only mode).
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
@@ -101,7 +101,7 @@ if queue and redis.call('EXISTS', expiries) == 1 then
   purge(queue, expiries, terms, clock())
 end
 if handover and redis.call('GET', KEYS[1]) == handover then
-  return handed_already(KEYS[1], KEYS[3], ARGV[3])
+  return handed_already(KEYS[1], KEYS[3], ARGV[3], queue and waiting_ahead(queue, terms, waiter))
 end
 for i = 0, n - 1 do
   if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then

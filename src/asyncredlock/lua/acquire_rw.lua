@@ -24,9 +24,10 @@
 -- when refused (why: 1 a writer holds the key, then ahead: 1 when an earlier waiter
 -- than this one is queued, other than the holder, else 0; 2 readers hold it (ms
 -- until the last entry lapses), 3 an earlier writer is queued (ms left -1)), {-1}
--- when the attempt was already undone here (it arrived late), {0, pttl, 0, 4, count}
--- when the key was already handed to this writer (left alone; count is its fence
--- counter, '0' without fencing). queued is 1 when the waiter's entry is in the queue.
+-- when the attempt was already undone here (it arrived late), {0, pttl, 0, 4, count,
+-- ahead} when the key was already handed to this writer (left alone; count is its
+-- fence counter, '0' without fencing; ahead as above). queued is 1 when the waiter's
+-- entry is in the queue.
 -- Both queue keys and the readers key expire with their latest entry.
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua),
 -- fence_count() (fence.lua), handed_already() (handed.lua).
@@ -43,7 +44,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 purge(KEYS[5], KEYS[6], KEYS[7], now)
 local handover = not reader and ARGV[9]
 if handover and redis.call('GET', KEYS[1]) == handover then
-  return handed_already(KEYS[1], KEYS[3], ARGV[3])
+  return handed_already(KEYS[1], KEYS[3], ARGV[3], waiting_ahead(KEYS[5], KEYS[7], ARGV[4]))
 end
 local queued = ARGV[8] == '1' or redis.call('EXISTS', KEYS[5]) == 1
 local q = 0
