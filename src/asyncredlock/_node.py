@@ -111,17 +111,24 @@ class Node:
         # must not run first (it would find nothing, and the SET would stay).
         slot = key_slot(keys[0]) if keys else -1
         before = self._last.get(slot)
-        coroutine = _through(self, script, keys, args, before)
-        task = asyncio.get_running_loop().create_task(coroutine)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(_through(self, script, keys, args, before))
         self._tasks.add(task)
         self._last[slot] = task
-        task.add_done_callback(functools.partial(self._done, slot))
-        return task
+        # not the task itself: one cancelled before its first step never ran
+        # _through's handler, and would raise where its caller reads it
+        reply: asyncio.Future[Reply] = loop.create_future()
+        task.add_done_callback(functools.partial(self._done, slot, reply))
+        return reply
 
-    def _done(self, slot: int, task: asyncio.Task[Reply]) -> None:
+    def _done(self, slot: int, reply: asyncio.Future[Reply], task: asyncio.Task[Reply]) -> None:
         self._tasks.discard(task)
         if self._last.get(slot) is task:
             del self._last[slot]
+        if task.cancelled():  # only Node.aclose() cancels these
+            reply.set_result(Reply(error=ClosedError(_CLOSED)))
+        else:
+            reply.set_result(task.result())
 
     def listen(
         self, future: asyncio.Future[Reply], hook: Callable[[int, Reply], None], index: int
@@ -129,7 +136,7 @@ class Node:
         """Have ``hook(index, reply)`` called as soon as the reply of ``future`` (a
         call made here) is read. ``False`` when that cannot be done (the future is
         done, already hooked, not made by this master's connection, or a cluster
-        client's task): use a done callback."""
+        client's call): use a done callback."""
         return self.link is not None and self.link.listen(future, hook, index)
 
     def unlisten(self, future: asyncio.Future[Reply]) -> None:
@@ -185,6 +192,7 @@ class _LastPacked:
 
 
 _LAST = _LastPacked()
+_CLOSED = "this AsyncRedlock was closed while the call was out"
 
 
 async def _through(
@@ -202,7 +210,7 @@ async def _through(
             await asyncio.wait([before])
         value = await evalsha(node.client, script, keys, args)
     except asyncio.CancelledError:  # only Node.aclose() cancels these
-        return Reply(error=ClosedError("this AsyncRedlock was closed while the call was out"))
+        return Reply(error=ClosedError(_CLOSED))
     except Exception as exc:
         master_error(node.name, exc)
         return Reply(error=exc)

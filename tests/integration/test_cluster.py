@@ -18,8 +18,10 @@ from redis.asyncio import Redis, RedisCluster
 
 from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock._keys import aux_key, key_slot
+from asyncredlock._node import Node
 from asyncredlock._protocol import TOKEN_BLOCK
-from asyncredlock._scripts import ACQUIRE, SCRIPTS
+from asyncredlock._scripts import ACQUIRE, EXTEND, SCRIPTS
+from asyncredlock._wire import ClosedError
 from asyncredlock.testing import (
     ServerCluster,
     ServerProcess,
@@ -216,6 +218,26 @@ class TestServerCluster:
 
 
 # -- the library on cluster masters --
+
+
+class TestNode:
+    async def test_calls_cancelled_by_aclose_before_they_ran_end_with_a_reply(
+        self, clusters: list[ServerCluster]
+    ) -> None:
+        """A cluster master's calls are tasks; aclose() cancels those still out, some
+        before their first step (their coroutine never runs, so cannot catch it). The
+        future a call returns never raises, even then: it ends with a closed reply,
+        and the rounds and releases that read it in a callback do not raise there."""
+        client = clusters[0].client()
+        node = Node("cluster", client=client)
+        try:
+            calls = [node.call(EXTEND, ("never-sent",), ("value", 1000)) for _ in range(3)]
+            await node.aclose()  # no await before it cancels: none of them ran
+            replies = [call.result() for call in calls]
+            assert all(isinstance(reply.error, ClosedError) for reply in replies)
+            assert node.in_flight == 0
+        finally:
+            await client.aclose()
 
 
 class TestLock:
