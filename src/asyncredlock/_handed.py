@@ -110,16 +110,16 @@ class HandOvers:
         replies: Sequence[asyncio.Future[Reply]],
     ) -> None:
         """Handed the key by fewer than a quorum of masters while an earlier waiter
-        is queued ahead of it (by the attempt's ``replies``: on another master, or on
-        one that handed it the key, listed there since by attempts that came after
-        the release): give the keys back. Masters that heard a release at different times may hand
-        the key to different waiters (each the first it had queued then); each
-        would wait for the others' keys until they expire. The earliest waiter
-        gives way to nobody (the holder, listed first, is not counted by the
-        masters); the others do (staying listed in their place), and it
-        collects the keys (given back, they are announced to it where it is first).
-        ``entry`` is the waiter's own, with its hand-over value (an attempt may
-        have been sent without)."""
+        is queued ahead of it (by the attempt's ``replies``: on another master, or
+        on one that handed it the key, listed there since by attempts that came
+        after the release): give the keys back. Masters that heard a release at
+        different times may hand the key to different waiters (each the first it
+        had queued then); each would wait for the others' keys until they expire.
+        The earliest waiter gives way to nobody (the holder, listed first, is not
+        counted by the masters); the others do (staying listed in their place),
+        and it collects the keys (given back, they are announced to it where it
+        is first). ``entry`` is the waiter's own, with its hand-over value (an
+        attempt may have been sent without)."""
         held = self.held(ticket)
         if entry is None or not held or len(held) >= self.core.quorum:
             return
