@@ -8,7 +8,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from ._attempt import Acquisition
+from ._attempt import Acquisition, refuse_if_closing
 from ._config import LockOptions, LockSpec, Role
 from ._core import Core
 from ._errors import LockTimeoutError, QuorumUnavailableError
@@ -218,8 +218,11 @@ class Lock:
         gates = core.gates
         if gates.busy(self._slot):
             handed = await self._queue(started)
-            if handed is not None:
+            if handed is not None and handed.held:
                 return handed
+            if handed is not None:  # lost before this task ran (aclose(), a loss)
+                refuse_if_closing(core)
+                return await self._acquire(started, span)  # the slot went on with it
         else:
             gates.claim(self._slot)
         lease: Lease | None = None

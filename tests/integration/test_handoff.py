@@ -3,6 +3,7 @@ leases passed from one task to the next without calls to the masters."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -204,6 +205,61 @@ class TestLeavingTheQueue:
             stats = redlock.statistics()
         assert (stats.lost, stats.acquisitions, stats.handoffs) == (1, 2, 0)
         assert len(leases) == 1  # the queued task acquired on the masters
+
+
+class TestPassedOnAsItCloses:
+    """A lease passed to a waiting task, and aclose() before that task runs: closing
+    ends the new lease (lost, released on the masters) while its task has not
+    entered its block, so nothing would cancel that block."""
+
+    async def test_the_block_is_not_entered(self, servers: ServerGroup) -> None:
+        entered: list[Lease] = []
+        errors: list[BaseException] = []
+        redlock = AsyncRedlock(servers.urls)
+        try:
+            queue = Queue(redlock)
+            lock = redlock.lock("closing", timeout=HANG_GUARD)
+            first = await lock.acquire()
+
+            async def waiter() -> None:
+                try:
+                    async with lock as lease:
+                        entered.append(lease)
+                except Exception as exc:
+                    errors.append(exc)
+
+            with anyio.fail_after(HANG_GUARD):
+                task = asyncio.get_running_loop().create_task(waiter())
+                await queue.reach(1)
+                await first.release()  # passed on at once, no await inside
+                assert redlock.statistics().handoffs == 1
+                await redlock.aclose()  # the waiter's task has not run since
+                await task
+        finally:
+            await redlock.aclose()
+        assert entered == []  # its body never ran on a lease the masters no longer hold
+        (error,) = errors
+        assert isinstance(error, RuntimeError)
+        assert "closed while acquire() waited" in str(error)
+
+    async def test_a_waiting_acquire_ends_with_the_closing_error(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        redlock = AsyncRedlock(servers.urls)
+        try:
+            queue = Queue(redlock)
+            lock = redlock.lock("closing", timeout=HANG_GUARD)
+            first = await lock.acquire()
+            with anyio.fail_after(HANG_GUARD):
+                task = asyncio.get_running_loop().create_task(lock.acquire())
+                await queue.reach(1)
+                await first.release()
+                await redlock.aclose()
+                with pytest.raises(RuntimeError, match=r"closed while acquire\(\) waited"):
+                    await task
+        finally:
+            await redlock.aclose()
+        assert await masters.holding("closing") == 0
 
 
 class TestAcrossProcesses:
