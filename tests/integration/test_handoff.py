@@ -208,8 +208,8 @@ class TestLeavingTheQueue:
 
 
 class TestPassedOnAsItCloses:
-    """A lease passed to a waiting task, and aclose() before that task runs: closing
-    ends the new lease (lost, released on the masters) while its task has not
+    """A lease passed to a waiting task, and aclose() (or a loss) before that task
+    runs: the new lease ends lost, released on the masters, while its task has not
     entered its block, so nothing would cancel that block."""
 
     async def test_the_block_is_not_entered(self, servers: ServerGroup) -> None:
@@ -260,6 +260,30 @@ class TestPassedOnAsItCloses:
         finally:
             await redlock.aclose()
         assert await masters.holding("closing") == 0
+
+    async def test_a_passed_lease_lost_before_its_task_ran_is_acquired_again(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The same moment with a loss instead of aclose() (a failed extension, a
+        max_hold bound or force_release() could bring it then; made at once here):
+        the waiting task does not get the lost lease, it acquires on the masters."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            queue = Queue(redlock)
+            lock = redlock.lock("relost", timeout=HANG_GUARD)
+            first = await lock.acquire()
+            with anyio.fail_after(HANG_GUARD):
+                task = asyncio.get_running_loop().create_task(lock.acquire())
+                await queue.reach(1)
+                await first.release()
+                (passed,) = redlock._core.held  # the lease passed on, its task not run yet
+                passed._lose(None, "lost before its task ran")
+                lease = await task
+            assert lease is not passed
+            assert (lease.held, lease.statistics().source) == (True, "attempt")
+            assert await masters.holding("relost") == 5
+            await lease.release()
+            stats = redlock.statistics()
+        assert (stats.handoffs, stats.lost) == (1, 1)
 
 
 class TestAcrossProcesses:
