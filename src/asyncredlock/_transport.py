@@ -1,17 +1,18 @@
 """The I/O engine: one multiplexed, pipelined connection per master.
 
-redis-py opens and authenticates each connection (every form a user can configure),
-then hands the socket to a `Link`, whose ``asyncio.Protocol`` parses replies with
-hiredis. Every command for the master goes out on that connection, in order: commands
-of one event-loop iteration leave in one write (one behind at most one other, at once),
-replies resolve the callers' futures (no task per call), and an undo runs after its ``SET``.
+redis-py opens and authenticates each connection (every form a user can configure), then hands
+the socket to a `Link`, whose ``asyncio.Protocol`` parses replies with hiredis. Every command for
+the master goes out on that connection, in order: commands of one event-loop iteration leave in
+one write (one behind at most one other, at once), replies resolve the callers' futures (no task
+per call), an undo runs after its ``SET``, and a script the master lost (``NOSCRIPT``) is sent
+again only with nothing sent behind it (else that call fails, unrun).
 
-A master is *silent* when requests have been out for ``node_timeout`` with not one byte
-back, judged only by a timer that fired on time and with nothing unread in the socket (a
-busy loop says nothing about the master); any byte readmits it. After ``socket_timeout`` of
-silence the connection is dropped, its calls fail, and the silence ends with them: the next
-call opens a new connection, judged afresh. An idle connection PINGs after socket_timeout
-(a silent cut shows). A cold burst of callers opens one connection per master.
+A master is *silent* when requests have been out for ``node_timeout`` with not one byte back,
+judged only by a timer that fired on time and with nothing unread in the socket (a busy loop
+says nothing about the master); any byte readmits it. After ``socket_timeout`` of silence the
+connection is dropped, its calls fail, and the silence ends with them: the next call opens a
+new connection, judged afresh. An idle connection PINGs after socket_timeout (a silent cut
+shows). A cold burst of callers opens one connection per master.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ from ._wire import ClosedError, Hook, Opener, Reply, Stream, pack, pack_args
 __all__ = ["Link"]
 
 
-#: A request on the wire: the future its reply resolves (None: the link's own, unread)
-#: and, for an EVALSHA, its arguments and script source (sent as EVAL on NOSCRIPT).
+#: A request on the wire: its reply's future (None: the link's own), an EVALSHA's args, source.
 _Request = tuple["asyncio.Future[Reply] | None", "tuple[Any, ...]", "str | None"]
 
 
@@ -102,11 +102,12 @@ class _Connection(Stream):
             if isinstance(reply, hiredis.ReplyError):
                 text = str(reply)
                 if source is not None and text.startswith("NOSCRIPT"):
-                    # EVAL also caches the script: later EVALSHAs find it.
-                    self.send(pack("EVAL", source, *args[2:]), (future, args, None))
-                    continue
-                # A master turned replica (a Sentinel failover): reconnect, so
-                # that the opener finds the new master.
+                    # As EVAL (which caches it) only with nothing sent behind it: no reordering
+                    if not pending:
+                        self.send(pack("EVAL", source, *args[2:]), (future, args, None))
+                        continue
+                    self.send(pack("SCRIPT", "LOAD", source), (None, (), None))
+                # a master turned replica (a Sentinel failover): reconnect to the new one
                 demoted = demoted or text.startswith("READONLY")
                 if future is not None:
                     link.resolve(future, Reply(error=ResponseError(text)))
@@ -124,8 +125,7 @@ class _Connection(Stream):
         self.link.dropped(self, exc)
 
     def unread(self) -> bool:
-        """Whether bytes from the master wait in the socket, unread: this process's
-        loop is behind, the master is not silent."""
+        """Whether bytes from the master wait unread: our loop is behind, not the master."""
         return not self.lost and readable(self.transport)
 
     def fail(self, error: Exception) -> None:
@@ -212,8 +212,8 @@ class Link:
 
         Args:
             args: The command and its arguments.
-            source: For an ``EVALSHA``: the script, sent by ``EVAL`` instead if
-                the master answers ``NOSCRIPT``.
+            source: For an ``EVALSHA``: the script, for a ``NOSCRIPT`` reply (sent as
+                ``EVAL`` if nothing went out behind it, else the call fails, unrun).
             packed: ``args`` already in RESP (packed once for several masters).
         """
         if packed is None:

@@ -84,6 +84,32 @@ class TestPausedMaster:
             assert redlock.statistics().in_flight == 0
         assert await _keys_everywhere(group) == [[], [], [], [], []]
 
+    async def test_a_set_whose_script_was_flushed_cannot_overtake_its_release(
+        self, make_servers: MakeServers
+    ) -> None:
+        """The same late grant, on a master whose scripts were flushed (``SCRIPT
+        FLUSH``) and where another client's release has loaded ``release.lua`` again
+        since, but not ``acquire.lua``: the SET (an ``EVALSHA``) gets ``NOSCRIPT`` and
+        the release behind it runs. Sent again then, the SET would take the key after
+        its release, and nobody would release it; it fails instead, unrun."""
+        group = make_servers(3)
+        async with AsyncRedlock(group.urls) as redlock, AsyncRedlock(group.urls) as other:
+            held = await other.lock("other").acquire()
+            await (await redlock.lock("warm").acquire()).release()  # its links are open
+            operator = Redis.from_url(group[2].url)
+            await operator.script_flush()
+            await operator.aclose()
+            await held.release()  # release.lua, NOSCRIPT, sent again as EVAL: cached
+            await other.settle()
+            group[2].pause()
+            lease = await redlock.lock("flushed", timeout=0).acquire()  # masters 0, 1
+            assert client_state(redlock).in_flight[2] >= 1  # master 2's SET
+            await lease.release()  # behind the SET on master 2's connection
+            group[2].resume()
+            await redlock.settle()
+            assert redlock.statistics().in_flight == 0
+        assert await _keys_everywhere(group) == [[], [], []]
+
     async def test_set_outliving_its_socket_timeout_cannot_orphan_a_key(
         self, make_servers: MakeServers
     ) -> None:

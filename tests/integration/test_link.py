@@ -167,9 +167,9 @@ class TestWrites:
     async def test_a_call_behind_one_joins_the_write_of_a_script_sent_again(
         self, servers: ServerGroup
     ) -> None:
-        """A script the master did not have (``NOSCRIPT``) is sent again as ``EVAL``,
-        in the iteration's write; a call made before that write, with one request out
-        before it, joins it behind the ``EVAL``."""
+        """A script the master did not have (``NOSCRIPT``), with nothing sent behind
+        it, is sent again as ``EVAL`` in the iteration's write; a call made before that
+        write, with one request out before it, joins it behind the ``EVAL``."""
         source = f"return 'sent again {random.random()}'"
         sha = hashlib.sha1(source.encode()).hexdigest()
         async with _link(servers.urls[0]) as link:
@@ -177,22 +177,54 @@ class TestWrites:
                 await link.call(("PING",))  # connected
                 conn = link._conn
                 assert conn is not None
-                link.call(("PING",))
-                link.call(("PING",))  # these two written at once, the next two together:
-                script = link.call(("EVALSHA", sha, 0), source)  # their replies are
-                echo = link.call(("ECHO", "p"))  # read together, as a rule
                 later: list[asyncio.Future[Reply]] = []
                 waiting: list[bool] = []
+                send = conn.send
 
-                def hook(_: int, __: Reply) -> None:  # the EVAL waits to be written
-                    waiting.append(bool(conn.out))
-                    later.append(link.call(("ECHO", "c")))
+                def send_then_call(
+                    packed: bytes, request: Any, *, ahead: int | None = None
+                ) -> None:
+                    send(packed, request, ahead=ahead)
+                    if b"$4\r\nEVAL\r\n" in packed[:16] and not later:  # the EVAL waits
+                        waiting.append(bool(conn.out))
+                        later.append(link.call(("ECHO", "c")))
 
-                assert link.listen(echo, hook, 0)
-                assert (await echo).value == b"p"
+                conn.send = send_then_call  # type: ignore[method-assign]
+                script = link.call(("EVALSHA", sha, 0), source)  # alone on the wire
                 assert (await script).value == source[8:-1].encode()
                 assert (await later[0]).value == b"c"
             assert waiting == [True]
+
+    async def test_a_script_lost_with_calls_behind_it_fails_unrun_and_is_loaded_again(
+        self, servers: ServerGroup
+    ) -> None:
+        """A command sent after another runs after it on the master (what orders an
+        undo or a release behind its ``SET``). A script the master lost (``NOSCRIPT``,
+        after a ``SCRIPT FLUSH``) is known to be missing only once its reply is read,
+        after the calls sent behind it have run: sent again then, it would run after
+        them. So it fails, not run, and the script is loaded again for later calls."""
+        key = f"order:{random.random()}"
+        source = f"redis.call('RPUSH', KEYS[1], 'first') return {random.random()!r}"
+        sha = hashlib.sha1(source.encode()).hexdigest()  # a script no master has cached
+        async with _link(servers.urls[0]) as link:
+            with anyio.fail_after(HANG_GUARD):
+                await link.call(("PING",))  # connected
+                first = link.call(("EVALSHA", sha, 1, key), source)
+                second = link.call(("RPUSH", key, "second"))
+                failed = await first
+                assert failed.error is not None
+                assert str(failed.error).startswith("NOSCRIPT")
+                assert (await second).error is None
+                assert (await link.call(("LRANGE", key, 0, -1))).value == [b"second"]
+                again = link.call(("EVALSHA", sha, 1, key), source)
+                also = link.call(("RPUSH", key, "third"))  # behind it: found loaded
+                assert ((await again).error, (await also).error) == (None, None)
+                assert (await link.call(("LRANGE", key, 0, -1))).value == [
+                    b"second",
+                    b"first",
+                    b"third",
+                ]
+                await link.call(("DEL", key))
 
 
 class TestSilence:
