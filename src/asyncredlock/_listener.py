@@ -86,9 +86,15 @@ class Listener:
         self.confirmed: dict[str, asyncio.Future[None]] = {}
         self.connection: _Subscription | None = None
         self.task: asyncio.Task[None] | None = None
+        self.closed = False
 
     def subscribe(self, channel: str) -> asyncio.Future[None]:
-        """Add ``channel``; the future completes when the master confirmed it."""
+        """Add ``channel``; the future completes when the master confirmed it (is
+        cancelled once closed: nothing is opened after `aclose`)."""
+        if self.closed:
+            refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            refused.cancel()
+            return refused
         self.channels.add(channel)
         future = self.confirmed.get(channel)
         if future is None:
@@ -153,6 +159,7 @@ class Listener:
             self.on_message(self.index, channel, value)
 
     async def aclose(self) -> None:
+        self.closed = True
         task, self.task = self.task, None
         if task is not None:
             task.cancel()

@@ -286,6 +286,24 @@ class TestSubscriptions:
             assert await direct.client_list(_type="pubsub") == []
             await lease.release()
 
+    async def test_a_closed_subscription_is_not_reopened(self, servers: ServerGroup) -> None:
+        """aclose() closes the subscriptions one after the other; a waiter that enrolls
+        meanwhile (its inbox still confirmed by the others) subscribes on each. A
+        closed one must not open a connection again: its confirmation is cancelled."""
+        redlock = AsyncRedlock(servers.urls)
+        try:
+            await (await redlock.lock("reopen").acquire()).release()
+            listener: Any = redlock._core.waker.listeners[0]
+            listener.subscribe("reopen:probe")  # a subscription open, as a waiter's
+            with anyio.fail_after(HANG_GUARD):
+                assert await polled(lambda: listener.connection is not None)
+                await listener.aclose()
+                late = listener.subscribe("reopen:late")
+                assert late.cancelled()
+                assert listener.task is None  # no task, so no connection opened again
+        finally:
+            await redlock.aclose()
+
 
 class _FailedReconnections:
     """Counts the failed connection attempts of ``redlock``'s subscription to
