@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULTS",
     "MAX_BUSY_POLL",
     "MAX_SECONDS",
+    "MIN_TTL",
     "LockKwargs",
     "LockOptions",
     "LockSpec",
@@ -29,6 +30,7 @@ __all__ = [
     "check_names",
     "check_seconds",
     "check_text",
+    "check_ttl",
     "default_identity",
     "warn_max_connections",
 ]
@@ -42,6 +44,11 @@ MAX_SECONDS = 1e9
 
 #: The longest ``busy_poll``, in seconds: the event loop runs nothing else meanwhile.
 MAX_BUSY_POLL = 0.001
+
+#: The shortest ``ttl`` (and ``max_hold``, which bounds it), in seconds: a lock's
+#: validity is its TTL less the clock drift allowance (2 ms + ``drift_factor`` x TTL),
+#: nothing for a TTL of about 2 ms: such a lock could never be taken, nor extended.
+MIN_TTL = 0.01
 
 
 def check_seconds(
@@ -67,6 +74,21 @@ def check_seconds(
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
     if MAX_SECONDS < seconds < math.inf:
         raise ValueError(_too_long(name, value))
+    return seconds
+
+
+def check_ttl(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """Validate a ``ttl`` (or ``max_hold``): seconds, at least `MIN_TTL`.
+
+    Raises:
+        TypeError, ValueError: as `check_seconds`; ValueError also under `MIN_TTL`.
+    """
+    seconds = check_seconds(name, value, allow_inf=allow_inf)
+    if seconds < MIN_TTL:
+        raise ValueError(
+            f"{name} must be at least {MIN_TTL:g} s (the clock drift allowance would leave"
+            f" a lock no validity), got {value!r}"
+        )
     return seconds
 
 
@@ -196,12 +218,12 @@ class Settings:
 
     def __post_init__(self) -> None:
         seconds = {
-            "ttl": check_seconds("ttl", self.ttl),
+            "ttl": check_ttl("ttl", self.ttl),
             "timeout": check_seconds("timeout", self.timeout, allow_zero=True, allow_inf=True),
             "node_timeout": check_seconds("node_timeout", self.node_timeout),
             "retry_delay": check_seconds("retry_delay", self.retry_delay, allow_zero=True),
             "socket_timeout": check_seconds("socket_timeout", self.socket_timeout),
-            "max_hold": check_seconds("max_hold", self.max_hold, allow_inf=True),
+            "max_hold": check_ttl("max_hold", self.max_hold, allow_inf=True),
             "busy_poll": check_busy_poll(self.busy_poll),
         }
         for name, value in seconds.items():  # store floats, whatever number was given
@@ -256,7 +278,7 @@ class LockOptions:
 
     def __post_init__(self) -> None:
         if self.ttl is not None:
-            object.__setattr__(self, "ttl", check_seconds("ttl", self.ttl))
+            object.__setattr__(self, "ttl", check_ttl("ttl", self.ttl))
         if self.timeout is not None:
             timeout = check_seconds("timeout", self.timeout, allow_zero=True, allow_inf=True)
             object.__setattr__(self, "timeout", timeout)
@@ -266,7 +288,7 @@ class LockOptions:
         if not isinstance(self.fair, bool):
             raise TypeError("fair must be a bool")
         if self.max_hold is not None:
-            max_hold = check_seconds("max_hold", self.max_hold, allow_inf=True)
+            max_hold = check_ttl("max_hold", self.max_hold, allow_inf=True)
             object.__setattr__(self, "max_hold", max_hold)
 
     def kwargs(self) -> LockKwargs:

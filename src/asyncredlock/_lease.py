@@ -8,7 +8,7 @@ from types import TracebackType
 
 import anyio
 
-from ._config import LockSpec, check_seconds
+from ._config import LockSpec, check_ttl
 from ._core import Core
 from ._errors import HoldLimitError, LockLostError, LockNotOwnedError, QuorumUnavailableError
 from ._keeping import GONE, Keeping, State
@@ -145,7 +145,7 @@ class Lease(Keeping):
             QuorumUnavailableError: Too many masters failed to answer; the lease
                 keeps its previous validity and may be extended again.
         """
-        new_ttl = self.ttl if ttl is None else check_seconds("ttl", ttl)
+        new_ttl = self.ttl if ttl is None else check_ttl("ttl", ttl)
         self._core.check_loop()
         self._check_held("extend")
         decision = None if self._at_bound() else await self._extend_round(new_ttl)

@@ -218,6 +218,9 @@ class TestLockArguments:
             ({"ttl": "10"}, TypeError, r"^ttl must be a number"),
             ({"ttl": 1e20}, ValueError, r"^ttl must be at most 1e\+09 seconds"),
             ({"ttl": 10**400}, ValueError, r"^ttl must be at most 1e\+09 seconds"),
+            ({"ttl": 0.001}, ValueError, r"^ttl must be at least 0\.01 s \(the clock drift"),
+            ({"ttl": 0.0099}, ValueError, r"^ttl must be at least 0\.01 s"),
+            ({"max_hold": 0.002}, ValueError, r"^max_hold must be at least 0\.01 s"),
             ({"timeout": 1e20}, ValueError, r"^timeout must be at most 1e\+09 seconds"),
             ({"timeout": -1}, ValueError, r"^timeout must be >= 0"),
             ({"timeout": math.nan}, ValueError, r"^timeout must be a finite"),
@@ -270,7 +273,7 @@ class TestLockArguments:
             assert redlock.lock("name-0")._spec is not first._spec  # the oldest went
             assert redlock.lock(f"name-{SPECS_KEPT + 9}", ttl=7).ttl == 7
 
-    @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5", 1e20])
+    @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5", 1e20, 0.001])
     async def test_a_bad_extend_ttl_keeps_the_lease(
         self, servers: ServerGroup, masters: Masters, ttl: Any
     ) -> None:

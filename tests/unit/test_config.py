@@ -174,6 +174,17 @@ class TestSettings:
     def test_drift_factor_in_range_accepted(self, value: float) -> None:
         assert Settings(drift_factor=value).drift_factor == value
 
+    @pytest.mark.parametrize("name", ["ttl", "max_hold"])
+    @pytest.mark.parametrize("value", [0.001, 0.0099])
+    def test_a_ttl_the_drift_allowance_would_use_up_is_refused(
+        self, name: str, value: float
+    ) -> None:
+        """Validity is the TTL less 2 ms and ``drift_factor`` of it: a TTL of about 2 ms
+        leaves none (never acquired, every extension a loss)."""
+        with pytest.raises(ValueError, match=rf"^{name} must be at least 0\.01 s"):
+            Settings(**{name: value})
+        assert Settings(**{name: 0.01}).drift(0.01) < 0.01  # the shortest: some validity
+
     @pytest.mark.parametrize("value", [-0.01, 0.5, 1, math.nan, math.inf])
     def test_drift_factor_out_of_range_refused(self, value: float) -> None:
         with pytest.raises(ValueError, match=r"^drift_factor must be in \[0, 0\.5\)"):
