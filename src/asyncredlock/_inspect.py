@@ -19,7 +19,7 @@ class NodeLockState:
     Attributes:
         node: The master's display name.
         holder: The value in the lock key (the holder's identity and random id),
-            or ``None``.
+            or ``None``; bytes that are not UTF-8 (another client's) shown escaped.
         ttl: Seconds until the key expires, or ``None`` when there is no key or
             it has no expiry.
         fence: The resource's fence counter there, or ``None`` when it has none.
@@ -104,4 +104,5 @@ def node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockSt
 def _text(value: object) -> str | None:
     if value is None:
         return None
-    return value.decode() if isinstance(value, bytes) else str(value)
+    # another client's value need not be UTF-8 (the reference Redlock uses random bytes)
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)

@@ -340,3 +340,15 @@ class TestHolderIdentity:
         async with AsyncRedlock(servers.urls) as redlock:
             state = await redlock.inspect("foreign")
         assert (state.holder, state.identity) == ("5f2c9a0e", None)
+
+    async def test_a_value_that_is_not_text_is_shown_escaped(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The reference Redlock client holds the key with 20 random bytes: inspect()
+        shows such a value with its bytes escaped, and raises nothing."""
+        for client in masters.clients:
+            await client.set("binary", b"\xff\xfe\x00random", px=30_000)
+        async with AsyncRedlock(servers.urls) as redlock:
+            state = await redlock.inspect("binary")
+        assert all(node.error is None for node in state.nodes)
+        assert (state.holder, state.identity) == ("\\xff\\xfe\x00random", None)
