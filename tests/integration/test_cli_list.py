@@ -18,6 +18,8 @@ from asyncredlock._keys import aux_key, channel, queue_keys, readers_key, terms_
 from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
+from .conftest import Masters
+
 pytestmark = pytest.mark.anyio
 
 
@@ -161,6 +163,14 @@ class TestList:
         assert documents[0]["prefix"] == "app:"
         assert [lock["key"] for lock in documents[0]["locks"]] == ["app:jobs:1", "app:jobs:2"]
 
+    async def test_a_value_that_is_not_text_is_listed(
+        self, servers: ServerGroup, masters: Masters, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        for client in masters.clients:
+            await client.set("binary", b"\xff\xfe", px=60_000)
+        assert await cli("list", *master_args(servers.urls)) == 0
+        assert "binary" in table(capsys.readouterr().out)
+
     async def test_nothing_held_exits_0(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -195,6 +205,21 @@ class TestList:
         warnings = [line for line in captured.err.splitlines() if ": warning: " in line]
         assert len(warnings) == down
         assert ("error: only 2 of 5 masters answered" in captured.err) == (expected_code == 3)
+
+    async def test_a_sentinel_master_is_reported_not_scanned(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The lock's connections take redis-sentinel:// masters; the scan reaches each
+        master directly, which such a URL cannot: a warning for it, no traceback."""
+        urls = [*servers.urls[:4], "redis-sentinel://127.0.0.1:1/mymaster"]
+        async with AsyncRedlock(servers.urls) as redlock:
+            await hold(redlock, "up")
+            code = await cli("list", "--node-timeout", "0.5", *master_args(urls))
+        captured = capsys.readouterr()
+        assert code == 0
+        assert "up" in table(captured.out)
+        (warning,) = [line for line in captured.err.splitlines() if ": warning: " in line]
+        assert "its keys cannot be listed through this URL" in warning
 
     async def test_reads_at_most_about_max_keys_per_master(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]

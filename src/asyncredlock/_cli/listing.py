@@ -147,9 +147,12 @@ async def _read_states(redlock: AsyncRedlock, names: Sequence[str]) -> list[Lock
 async def _scan(url: str, node: str, args: argparse.Namespace) -> Scan:
     """Walk one master's keys; ``node`` names it (``url`` may hold a password)."""
     wait = args.node_timeout
-    client = Redis.from_url(
-        url, socket_timeout=wait, socket_connect_timeout=wait, retry=Retry(NoBackoff(), 0)
-    )
+    try:
+        client = Redis.from_url(
+            url, socket_timeout=wait, socket_connect_timeout=wait, retry=Retry(NoBackoff(), 0)
+        )
+    except ValueError as exc:  # a form only the lock's connections take (redis-sentinel://)
+        return Scan(node, error=f"its keys cannot be listed through this URL: {exc}")
     try:
         keys, truncated = await _scan_keys(client, args)
     except (RedisError, OSError) as exc:
