@@ -4,13 +4,14 @@ leases passed from one task to the next without calls to the masters."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncredlock import AsyncRedlock, Lease, LockLostError, LockTimeoutError
+from asyncredlock import AsyncRedlock, Lease, Lock, LockLostError, LockTimeoutError
 from asyncredlock._protocol import TOKEN_BLOCK
 from asyncredlock.testing import ServerGroup, client_state
 
@@ -19,6 +20,8 @@ from .conftest import Masters, Queue
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+T = TypeVar("T")
 
 
 async def queue_behind(
@@ -216,23 +219,17 @@ class TestPassedOnAsItCloses:
         entered: list[Lease] = []
         errors: list[BaseException] = []
         redlock = AsyncRedlock(servers.urls)
+
+        async def waiter(lock: Lock) -> None:
+            try:
+                async with lock as lease:
+                    entered.append(lease)
+            except Exception as exc:
+                errors.append(exc)
+
         try:
-            queue = Queue(redlock)
-            lock = redlock.lock("closing", timeout=HANG_GUARD)
-            first = await lock.acquire()
-
-            async def waiter() -> None:
-                try:
-                    async with lock as lease:
-                        entered.append(lease)
-                except Exception as exc:
-                    errors.append(exc)
-
             with anyio.fail_after(HANG_GUARD):
-                task = asyncio.get_running_loop().create_task(waiter())
-                await queue.reach(1)
-                await first.release()  # passed on at once, no await inside
-                assert redlock.statistics().handoffs == 1
+                task = await passed_on(redlock, "closing", waiter)
                 await redlock.aclose()  # the waiter's task has not run since
                 await task
         finally:
@@ -247,13 +244,8 @@ class TestPassedOnAsItCloses:
     ) -> None:
         redlock = AsyncRedlock(servers.urls)
         try:
-            queue = Queue(redlock)
-            lock = redlock.lock("closing", timeout=HANG_GUARD)
-            first = await lock.acquire()
             with anyio.fail_after(HANG_GUARD):
-                task = asyncio.get_running_loop().create_task(lock.acquire())
-                await queue.reach(1)
-                await first.release()
+                task = await passed_on(redlock, "closing", lambda lock: lock.acquire())
                 await redlock.aclose()
                 with pytest.raises(RuntimeError, match=r"closed while acquire\(\) waited"):
                     await task
@@ -268,13 +260,8 @@ class TestPassedOnAsItCloses:
         max_hold bound or force_release() could bring it then; made at once here):
         the waiting task does not get the lost lease, it acquires on the masters."""
         async with AsyncRedlock(servers.urls) as redlock:
-            queue = Queue(redlock)
-            lock = redlock.lock("relost", timeout=HANG_GUARD)
-            first = await lock.acquire()
             with anyio.fail_after(HANG_GUARD):
-                task = asyncio.get_running_loop().create_task(lock.acquire())
-                await queue.reach(1)
-                await first.release()
+                task = await passed_on(redlock, "relost", lambda lock: lock.acquire())
                 (passed,) = redlock._core.held  # the lease passed on, its task not run yet
                 passed._lose(None, "lost before its task ran")
                 lease = await task
@@ -284,6 +271,20 @@ class TestPassedOnAsItCloses:
             await lease.release()
             stats = redlock.statistics()
         assert (stats.handoffs, stats.lost) == (1, 1)
+
+
+async def passed_on(
+    redlock: AsyncRedlock, name: str, waiting: Callable[[Lock], Coroutine[Any, Any, T]]
+) -> asyncio.Task[T]:
+    """A task of ``redlock`` running ``waiting(lock)``, queued behind a lease of
+    ``name`` that is then released: passed on to it, its task not run since."""
+    queue, lock = Queue(redlock), redlock.lock(name, timeout=HANG_GUARD)
+    first = await lock.acquire()
+    task = asyncio.get_running_loop().create_task(waiting(lock))
+    await queue.reach(1)
+    await first.release()  # passed on at once, no await inside
+    assert redlock.statistics().handoffs == 1
+    return task
 
 
 class TestAcrossProcesses:
