@@ -289,19 +289,23 @@ async def take_turns(
     ttl: float = 10.0,
     node_timeout: float = 0.1,
     retry_delay: float = 0.05,
+    waiting: int = 3,
 ) -> list[int]:
-    """A holder, then three waiters of separate clients queued behind it; ``tamper``
-    (given the waiters' ids) breaks the queue on the masters; the holder releases.
-    Every waiter must get the lock, one at a time, each finding it on a quorum of
-    masters: the order they got it in."""
+    """A holder, then ``waiting`` waiters of separate clients queued behind it;
+    ``tamper`` (given the waiters' ids) breaks the queue on the masters; the holder
+    releases. Every waiter must get the lock, one at a time, each finding it on a
+    quorum of ``masters`` (those checked: all, or the ones left running): the order
+    they got it in."""
     order: list[int] = []
     holding = 0
     async with (
         AsyncRedlock(servers.urls) as holder,
-        clients(servers.urls, 3, retry_delay=retry_delay, node_timeout=node_timeout) as waiters,
+        clients(
+            servers.urls, waiting, retry_delay=retry_delay, node_timeout=node_timeout
+        ) as waiters,
     ):
         held = await holder.lock(name, ttl=ttl).acquire()
-        waiting = Waiting(waiters)
+        queued = Waiting(waiters)
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 for i, redlock in enumerate(waiters):
@@ -316,9 +320,9 @@ async def take_turns(
                             holding -= 1
 
                     tg.start_soon(take)
-                    await waiting.reach(waiting.entered + 1)
-                ids = (await queues(masters, name))[4]
-                assert len(ids) == 3
+                    await queued.reach(queued.entered + 1)
+                ids = (await queues(masters, name))[-1]
+                assert len(ids) == waiting
                 await tamper(ids)
                 await held.release()
         for redlock in waiters:
@@ -455,43 +459,24 @@ class TestSplitHandOvers:
         group = make_servers(5)
         live = Masters(group.urls[:4])
         spies = [client.pubsub() for client in live.clients]
-        name, order, holding = "split2", [], 0
+        queued: list[bytes] = []
+
+        async def split(ids: list[bytes]) -> None:
+            queued.extend(ids)
+            for client in live.clients[2:]:
+                await client.zrem("{split2}:queue", ids[0])
+            group[4].stop()
+
         try:
             for spy in spies:
                 await spy.psubscribe(INBOX_PREFIX + "*")
-            async with (
-                AsyncRedlock(group.urls) as holder,
-                clients(group.urls, 2, retry_delay=0.05, node_timeout=20) as waiters,
-            ):
-                held = await holder.lock(name, ttl=120).acquire()
-                waiting = Waiting(waiters)
-                with anyio.fail_after(HANG_GUARD):
-                    async with anyio.create_task_group() as tg:
-                        for i, redlock in enumerate(waiters):
-
-                            async def take(i: int = i, redlock: AsyncRedlock = redlock) -> None:
-                                nonlocal holding
-                                async with redlock.lock(name, ttl=120, timeout=HANG_GUARD):
-                                    holding += 1
-                                    assert holding == 1  # never two holders at once
-                                    assert await live.holding(name) >= 3
-                                    order.append(i)
-                                    holding -= 1
-
-                            tg.start_soon(take)
-                            await waiting.reach(waiting.entered + 1)
-                        ids = (await queues(live, name))[0]
-                        assert len(ids) == 2
-                        for client in live.clients[2:]:
-                            await client.zrem(f"{{{name}}}:queue", ids[0])
-                        group[4].stop()
-                        await held.release()
-                    # the release's hand-overs: the first 'handed' message of each master
-                    handed = [
-                        await first_handed(spy, live.clients[i]) for i, spy in enumerate(spies)
-                    ]
-                    assert handed == [ids[0], ids[0], ids[1], ids[1]]
+            order = await take_turns(
+                group, live, "split2", split, ttl=120, node_timeout=20, waiting=2
+            )
             assert sorted(order) == [0, 1]
+            with anyio.fail_after(HANG_GUARD):  # the release's hand-overs, master by master
+                handed = [await first_handed(spy, live.clients[i]) for i, spy in enumerate(spies)]
+            assert handed == [queued[0], queued[0], queued[1], queued[1]]
         finally:
             for spy in spies:
                 await spy.aclose()
