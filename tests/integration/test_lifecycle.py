@@ -28,7 +28,7 @@ from asyncredlock.testing import ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .. import loops
-from .conftest import Masters, Waiting, library_tasks, polled
+from .conftest import Masters, Waiting, library_tasks
 
 pytestmark = pytest.mark.anyio
 
@@ -199,6 +199,7 @@ class TestCloseWhileHandedOver:
         key. acquire() must end with the closing error, not return a lease nobody will
         release, and the handed keys must be given back."""
         outcome: list[Lease | BaseException] = []
+        ended = anyio.Event()
         paused = servers[4]
         async with AsyncRedlock(servers.urls) as holder:
             waiter = AsyncRedlock(servers.urls, node_timeout=2.0)
@@ -213,6 +214,8 @@ class TestCloseWhileHandedOver:
                                 outcome.append(await waiter.lock("line", timeout=30).acquire())
                             except Exception as exc:
                                 outcome.append(exc)
+                            finally:
+                                ended.set()
 
                         tg.start_soon(take)
                         await waiting.reach(1)  # in line, its terms left on every master
@@ -226,7 +229,7 @@ class TestCloseWhileHandedOver:
                             await held.release()  # handed to the waiter on masters 0-3
                             # aclose() cannot end before master 4 answers: it resumes
                             # only once acquire() has ended
-                            assert await polled(lambda: bool(outcome))
+                            await ended.wait()
                             assert client_state(waiter).in_flight[4] > 0
                             (result,) = outcome
                             assert isinstance(result, RuntimeError), result

@@ -294,9 +294,10 @@ class TestSubscriptions:
         try:
             await (await redlock.lock("reopen").acquire()).release()
             listener: Any = redlock._core.waker.listeners[0]
-            listener.subscribe("reopen:probe")  # a subscription open, as a waiter's
+            probe = listener.subscribe("reopen:probe")  # a subscription open, as a waiter's
             with anyio.fail_after(HANG_GUARD):
-                assert await polled(lambda: listener.connection is not None)
+                await probe  # confirmed by the master: its connection is open
+                assert listener.connection is not None
                 await listener.aclose()
                 late = listener.subscribe("reopen:late")
                 assert late.cancelled()
