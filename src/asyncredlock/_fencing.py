@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis, RedisCluster
 
+from ._config import check_text
 from ._errors import StaleTokenError
 from ._scripts import FENCED_READ, FENCED_WRITE, evalsha
 
@@ -170,6 +171,7 @@ class FencedStore:
     Raises:
         TypeError: ``client`` is not a ``redis.asyncio`` client, or ``prefix`` is not
             a ``str``.
+        ValueError: ``prefix`` cannot be encoded as UTF-8 (a lone surrogate).
     """
 
     def __init__(self, client: Redis | RedisCluster, *, prefix: str = "") -> None:
@@ -177,7 +179,7 @@ class FencedStore:
             raise TypeError(
                 f"client must be a redis.asyncio Redis or RedisCluster, not {type(client).__name__}"
             )
-        check_str(prefix, "prefix")
+        check_text("prefix", check_str(prefix, "prefix"))
         self._client = client
         self._prefix = prefix
 
@@ -194,13 +196,15 @@ class FencedStore:
                 written.
             TypeError: ``key`` is not a ``str``, ``value`` not ``bytes``, ``str``,
                 ``int`` or ``float``, or ``token`` not an ``int``.
-            ValueError: ``key`` is empty, or ``token`` is negative or over
-                ``2**63 - 1``.
+            ValueError: ``key`` is empty or not UTF-8, a ``str`` ``value`` is not
+                UTF-8, or ``token`` is negative or over ``2**63 - 1``.
         """
         name = self._key(key)
         token = check_int64(token)
         if isinstance(value, bool) or not isinstance(value, bytes | str | int | float):
             raise TypeError(f"value must be bytes, str, int or float, not {type(value).__name__}")
+        if isinstance(value, str):
+            check_text("value", value)
         await self._fenced(key, name, token, value)
 
     async def read(self, key: str, token: int | None = None) -> FencedValue | None:
@@ -224,7 +228,7 @@ class FencedStore:
             StaleTokenError: A fenced read whose ``token`` is older than the
                 record's fence; nothing was read or changed.
             TypeError: ``key`` is not a ``str``, or ``token`` not an ``int``.
-            ValueError: ``key`` is empty, or ``token`` is negative or over
+            ValueError: ``key`` is empty or not UTF-8, or ``token`` is negative or over
                 ``2**63 - 1``.
         """
         name = self._key(key)
@@ -257,7 +261,7 @@ class FencedStore:
             StaleTokenError: The record's fence is newer than ``token``; nothing was
                 deleted.
             TypeError: ``key`` is not a ``str``, or ``token`` not an ``int``.
-            ValueError: ``key`` is empty, or ``token`` is negative or over
+            ValueError: ``key`` is empty or not UTF-8, or ``token`` is negative or over
                 ``2**63 - 1``.
         """
         name = self._key(key)
@@ -267,7 +271,7 @@ class FencedStore:
         text = check_str(key, "key")
         if not text:
             raise ValueError("key must not be empty")
-        return self._prefix + text
+        return self._prefix + check_text("key", text)
 
     async def _fenced(self, key: str, name: str, token: int, *value: object) -> None:
         reply = await evalsha(self._client, FENCED_WRITE, [name], [str(token), *value])

@@ -249,6 +249,7 @@ class TestBadInput:
             pytest.param(42, TypeError, "key must be a str", id="int"),
             pytest.param(None, TypeError, "key must be a str", id="None"),
             pytest.param("", ValueError, "key must not be empty", id="empty"),
+            pytest.param("k\ud800", ValueError, "key cannot be encoded as UTF-8", id="surrogate"),
         ],
     )
     @pytest.mark.parametrize("operation", ["write", "read", "delete"])
@@ -273,6 +274,10 @@ class TestBadInput:
         with pytest.raises(TypeError, match="value must be bytes, str, int or float"):
             await store.write("k", value, 1)  # type: ignore[arg-type]
 
+    async def test_value_not_utf8(self, store: FencedStore) -> None:
+        with pytest.raises(ValueError, match="value cannot be encoded as UTF-8"):
+            await store.write("k", "v\udc80", 1)
+
     async def test_refused_write_of_existing_record_changes_nothing(
         self, store: FencedStore, client: Redis
     ) -> None:
@@ -289,3 +294,5 @@ class TestBadInput:
     async def test_prefix(self, client: Redis) -> None:
         with pytest.raises(TypeError, match="prefix must be a str"):
             FencedStore(client, prefix=b"app:")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="prefix cannot be encoded as UTF-8"):
+            FencedStore(client, prefix="app\ud800:")
