@@ -84,6 +84,7 @@ class Listener:
         self.unconfirmed: set[str] = set()  # resubscribed after a loss, not confirmed
         self.channels: set[str] = set()
         self.confirmed: dict[str, asyncio.Future[None]] = {}
+        self.asked: dict[str, int] = {}  # SUBSCRIBEs sent on this connection, unanswered
         self.connection: _Subscription | None = None
         self.task: asyncio.Task[None] | None = None
         self.closed = False
@@ -103,7 +104,7 @@ class Listener:
             if self.task is None:
                 self.task = asyncio.get_running_loop().create_task(self._run())
             elif self.connection is not None:
-                self.connection.send("SUBSCRIBE", channel)
+                self._ask(self.connection, channel)
         return future
 
     def unsubscribe(self, channel: str) -> None:
@@ -123,12 +124,12 @@ class Listener:
                 await self.opener(connection)
                 self.connection, opened = connection, True
                 connection.watch(self.quiet)
-                connection.send("SUBSCRIBE", *self.channels)
+                self._ask(connection, *self.channels)
                 await connection.closed
             except Exception as exc:
                 logger.debug("subscription to %s lost: %r", self.name, exc)
             finally:
-                self.connection = None
+                self.connection, self.asked = None, {}
                 for future in self.confirmed.values():
                     if not future.done():
                         future.cancel()
@@ -147,6 +148,10 @@ class Listener:
     def handle(self, kind: str, channel: str, data: object) -> None:
         """One message pushed by the master."""
         if kind == "subscribe":
+            left = self.asked.pop(channel, 1) - 1
+            if left > 0:  # an earlier SUBSCRIBE's reply: the latest is still to come
+                self.asked[channel] = left
+                return
             future = self.confirmed.get(channel)
             if future is not None and not future.done():
                 future.set_result(None)
@@ -157,6 +162,11 @@ class Listener:
         elif kind == "message":
             value = data if isinstance(data, bytes) else str(data).encode()
             self.on_message(self.index, channel, value)
+
+    def _ask(self, connection: _Subscription, *channels: str) -> None:
+        for channel in channels:
+            self.asked[channel] = self.asked.get(channel, 0) + 1
+        connection.send("SUBSCRIBE", *channels)
 
     async def aclose(self) -> None:
         self.closed = True

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import hiredis
 import pytest
 from redis.asyncio import Redis
 
@@ -304,6 +305,59 @@ class TestSubscriptions:
                 assert listener.task is None  # no task, so no connection opened again
         finally:
             await redlock.aclose()
+
+    async def test_a_subscription_renewed_before_its_reply_waits_for_its_own(
+        self, servers: ServerGroup
+    ) -> None:
+        """Subscribe, unsubscribe and subscribe again to one channel before the master's
+        first reply is read (a waiter leaving and another enrolling at once): the
+        first SUBSCRIBE's reply must not confirm the new subscription, which the master
+        may not have made yet (a release published in between would go unheard).
+        Only the third reply, the second SUBSCRIBE's, confirms it."""
+        redlock = AsyncRedlock(servers.urls)
+        try:
+            await (await redlock.lock("renew").acquire()).release()
+            listener: Any = redlock._core.waker.listeners[0]
+            with anyio.fail_after(HANG_GUARD):
+                await listener.subscribe("renew:open")  # the connection open
+                connection = listener.connection
+                held = _Held()  # the master's replies held back, as by a slow network
+                deliver, connection.data_received = connection.data_received, held
+                listener.subscribe("renew:ch")
+                listener.unsubscribe("renew:ch")
+                renewed = listener.subscribe("renew:ch")
+                await held.complete.wait()  # all three answered by the master
+                counted, read, confirmed_at = hiredis.Reader(), 0, None
+                for i in range(len(held.data)):  # then read, one byte at a time
+                    deliver(bytes(held.data[i : i + 1]))
+                    counted.feed(bytes(held.data[i : i + 1]))
+                    while counted.gets() is not False:
+                        read += 1
+                    if renewed.done():
+                        confirmed_at = read
+                        break
+                assert confirmed_at == 3
+        finally:
+            await redlock.aclose()
+
+
+class _Held:
+    """Takes a subscription's incoming bytes instead of it; `complete` is set once
+    they hold three replies."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.reader = hiredis.Reader()
+        self.replies = 0
+        self.complete = anyio.Event()
+
+    def __call__(self, data: bytes) -> None:
+        self.data += data
+        self.reader.feed(data)
+        while self.reader.gets() is not False:
+            self.replies += 1
+        if self.replies >= 3:
+            self.complete.set()
 
 
 class _FailedReconnections:
