@@ -128,13 +128,26 @@ def check_name(name: object) -> str:
 
     Raises:
         TypeError: ``name`` is not a ``str``.
-        ValueError: ``name`` is empty, or cannot be encoded as UTF-8.
+        ValueError: ``name`` is empty, holds a NUL, or cannot be encoded as UTF-8.
     """
     if not isinstance(name, str):
         raise TypeError(f"a lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("a lock name must not be empty")
-    return check_text("a lock name", name)
+    return check_text("a lock name", check_no_nul("a lock name", name))
+
+
+def check_no_nul(what: str, text: str) -> str:
+    """Refuse a NUL in a name or the prefix: the keys of a lock on several resources
+    are joined by one (its slot in the process, see ``Resources.slot``), so
+    ``"a\\0b"`` would share that slot with the lock on ``["a", "b"]``.
+
+    Raises:
+        ValueError: ``text`` holds a NUL character.
+    """
+    if "\0" in text:
+        raise ValueError(f"{what} must not contain a NUL character ('\\0'): {text!r}")
+    return text
 
 
 IDENTITY_MAX = 128  # characters: it is written into every lock key's value
@@ -236,7 +249,7 @@ class Settings:
             raise ValueError(f"drift_factor must be in [0, 0.5), got {self.drift_factor!r}")
         if not isinstance(self.prefix, str):
             raise TypeError(f"prefix must be a str, not {type(self.prefix).__name__}")
-        check_text("prefix", self.prefix)
+        check_text("prefix", check_no_nul("prefix", self.prefix))
         if not isinstance(self.auto_extend, bool):
             raise TypeError("auto_extend must be a bool")
         if not isinstance(self.fencing, bool):

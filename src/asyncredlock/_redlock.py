@@ -345,7 +345,7 @@ class AsyncRedlock(OperatorTools):
 
         Raises:
             TypeError: ``name`` is not a str, or a setting has the wrong type.
-            ValueError: ``name`` is empty or not UTF-8-encodable, or ``patience``
+            ValueError: ``name`` is empty, holds a NUL or is not UTF-8, or ``patience``
                 is negative, NaN or over 1e9.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
@@ -388,7 +388,7 @@ class AsyncRedlock(OperatorTools):
         Raises:
             TypeError: ``name`` is not a str, ``limit`` not an int, or a setting
                 has the wrong type.
-            ValueError: ``name`` is empty or not UTF-8-encodable, ``limit`` is out
+            ValueError: ``name`` is empty, holds a NUL or is not UTF-8, ``limit`` is out
                 of range, or a setting is (as for `lock`).
             RuntimeError: This ``AsyncRedlock`` is closed.
         """

@@ -183,6 +183,7 @@ class TestLockArguments:
             (42, TypeError, "must be a str, not int"),
             (None, TypeError, "must be a str, not NoneType"),
             ("k\ud800", ValueError, "cannot be encoded as UTF-8"),
+            ("a\0b", ValueError, r"must not contain a NUL character \('\\0'\)"),
         ],
     )
     async def test_bad_names_refused_everywhere(

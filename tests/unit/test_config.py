@@ -248,6 +248,7 @@ class TestAsyncRedlockSettings:
             ({"drift_factor": "0.01"}, TypeError, r"^drift_factor must be a number"),
             ({"prefix": b"app:"}, TypeError, r"^prefix must be a str"),
             ({"prefix": "app\udfff:"}, ValueError, r"^prefix cannot be encoded as UTF-8"),
+            ({"prefix": "app\0"}, ValueError, r"^prefix must not contain a NUL character"),
             ({"ttl": 1e20}, ValueError, r"^ttl must be at most 1e\+09 seconds"),
             ({"node_timeout": 2e9}, ValueError, r"^node_timeout must be at most"),
             ({"retry_delay": 1e10}, ValueError, r"^retry_delay must be at most"),
