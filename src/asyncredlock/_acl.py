@@ -54,7 +54,7 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
     They are: the commands asyncredlock sends and those its server-side scripts
     call (``+evalsha``, ``+set``, ``+publish``...); the key patterns of the lock
     keys and of every auxiliary key kept beside them (fence counter, readers,
-    queue, undo markers: ``{K}:...``, or ``K:...`` for a key with a hash tag);
+    queue, undo markers: ``{K}:...``, or ``{T}:<n>:K:...`` for a key with a ``}``);
     and the pub/sub channels (each lock's ``{K}:released``, each semaphore slot's
     ``{K}:sem:<i>:released``, and the clients' inboxes ``asyncredlock:inbox:*``).
     The rules only add permissions: give them to a new user (or start with
@@ -98,14 +98,14 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
 def _aux_bases(prefix: str, keys: str) -> list[str]:
     """Patterns for ``aux_key(K, "")`` of every lock key ``K`` that ``prefix + keys``
     matches (see `asyncredlock._keys.aux_key`): exactly that for one name; for a glob
-    ``P``, ``{P}:`` (a name without hash tag) and, when a name could hold a brace,
-    ``P:`` (a name with a hash tag) and ``{*}:P:`` (a ``}`` but no tag)."""
+    ``P``, ``{P}:`` (a name without ``}``) and, when a name could hold a brace,
+    ``{*}:*:P:`` (``{T}:<n>:K:``, a name with one)."""
     if not any(char in _GLOB for char in keys):
         return [glob_escape(aux_key(prefix + keys, ""))]
     pattern = glob_escape(prefix) + keys
     bases = ["{" + pattern + "}:"]
     if any(char in pattern for char in "*?[{}"):
-        bases += [pattern + ":", "{*}:" + pattern + ":"]
+        bases.append("{*}:*:" + pattern + ":")
     return bases
 
 

@@ -278,6 +278,9 @@ class TestBadInput:
             ["inspect", "", "--master", "redis://127.0.0.1:1"],
             ["inspect", "x", "--master", "redis://127.0.0.1:1", "--node-timeout", "0"],
             ["inspect", "k\udc80", "--master", "redis://127.0.0.1:1"],  # undecodable argv
+            ["inspect", "{a}:fence", "--master", "redis://127.0.0.1:1"],  # a reserved key
+            ["force-release", "fence", "--prefix", "{a}:", "--master", "redis://127.0.0.1:1"],
+            ["watch", "{a}:queue", "--master", "redis://127.0.0.1:1"],
             ["demo", "--requests", "0"],
             ["demo", "--limit", "three"],
             ["demo", "--servers", "0"],

@@ -248,7 +248,7 @@ async def _not_locks(client: Redis) -> None:
     await client.set("{ghost}:fence", "7")
 
 
-LOCK_KEYS = ["a", "jobs:1", "{user}:7", "a}b", "}", "a{b", "x}{y}", "{a}:fence"]
+LOCK_KEYS = ["a", "jobs:1", "{user}:7", "a}b", "}", "a{b", "x}{y}", "{a}", "{a9j}:a}b"]
 
 
 @pytest.mark.parametrize("key", LOCK_KEYS)
@@ -266,7 +266,9 @@ def test_auxiliary_keys_map_back_to_their_lock_key(key: str) -> None:
     assert {each: split_aux(each) for each in aux} == {each: (key, s) for each, s in aux.items()}
 
 
-@pytest.mark.parametrize("key", ["a", "jobs:1", "{user}:7", "a}b", "{user}:profile", "{}:fence"])
+@pytest.mark.parametrize(
+    "key", ["a", "jobs:1", "{user}:7", "a}b", "{user}:profile", "{}:fence", "{a}:3:{a}:x"]
+)
 def test_lock_keys_are_not_auxiliary(key: str) -> None:
     assert split_aux(key) is None
 

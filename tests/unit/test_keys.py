@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import string
 
 import pytest
 from redis.crc import key_slot as redis_py_key_slot
 
-from asyncredlock._keys import aux_key, has_hash_tag, holder_value, identity_of, lock_key
+from asyncredlock._keys import (
+    _tag_for_slot,
+    aux_key,
+    has_hash_tag,
+    holder_value,
+    identity_of,
+    lock_key,
+    split_aux,
+)
 
 
 def crc16_xmodem(data: bytes) -> int:
@@ -89,11 +98,14 @@ class TestAuxKey:
         [
             ("orders:42", "{orders:42}:fence"),
             ("a{b", "{a{b}:fence"),
-            ("{a}b", "{a}b:fence"),
-            ("x{y}z{w}", "x{y}z{w}:fence"),
+            ("{a}b", "{a}:4:{a}b:fence"),
+            ("x{y}z{w}", "{y}:8:x{y}z{w}:fence"),
+            ("a}b", "{a9j}:3:a}b:fence"),
         ],
     )
-    def test_wraps_untagged_keys_and_keeps_tagged_ones(self, key: str, expected: str) -> None:
+    def test_wraps_keys_without_brace_and_tags_and_measures_others(
+        self, key: str, expected: str
+    ) -> None:
         assert aux_key(key, "fence") == expected
 
     @pytest.mark.parametrize("key", ["orders:42", "a{b", "{a}b", "x{y}z{w}", "}{a}", "ключ"])
@@ -145,3 +157,79 @@ class TestHolderValue:
     )
     def test_other_values_have_no_identity(self, value: str) -> None:
         assert identity_of(value) is None
+
+
+#: Keys that shared auxiliary keys, or were another's, in the layout before
+#: ``{T}:<n>:K:``: a name and itself as a tag, a ``}`` name and its tagged wrap, a
+#: name and a semaphore's name ending in ``:sem``.
+TRICKY = ["a", "{a}", "a}b", "{a9j}:a}b", "{a9j}:3:a}b", "{x}", "x", "{x}:sem", "{}:fence"]
+SUFFIXES = [
+    "fence",
+    "readers",
+    "queue",
+    "queue:expiry",
+    "queue:terms",
+    "released",
+    "undo:host:1:" + "0" * 32,
+    "sem:0",
+    "sem:queue",
+    "sem:undo:host:1:" + "0" * 32,
+]
+
+
+class TestNoSharedKeys:
+    def test_distinct_lock_keys_never_share_an_auxiliary_key(self) -> None:
+        keys = [key for key in TRICKY if split_aux(key) is None]
+        made = [aux_key(key, suffix) for key in keys for suffix in SUFFIXES]
+        assert len(set(made)) == len(made)
+        assert set(made).isdisjoint(keys)
+
+    @pytest.mark.parametrize("key", TRICKY)
+    @pytest.mark.parametrize("suffix", SUFFIXES)
+    def test_an_auxiliary_key_splits_back(self, key: str, suffix: str) -> None:
+        if split_aux(key) is None:
+            assert split_aux(aux_key(key, suffix)) == (key, suffix)
+
+    def test_a_slots_auxiliary_keys_are_its_semaphores(self) -> None:
+        for key in ("s", "{s}:jobs", "a}b"):
+            assert aux_key(aux_key(key, "sem:0"), "fence") == aux_key(key, "sem:0:fence")
+
+    @pytest.mark.parametrize("name", ["{a}:fence", "{a}:sem:0", "{a}:4:{a}b:queue", "{a}:undo:v"])
+    def test_a_name_that_is_an_auxiliary_key_is_refused(self, name: str) -> None:
+        with pytest.raises(ValueError, match="is reserved"):
+            lock_key("", name)
+        with pytest.raises(ValueError, match="is reserved"):
+            lock_key("{a}", name[3:])  # the prefix counts: it is part of the key
+
+    @pytest.mark.parametrize("name", ["{a}:cart", "{a}:fences", "{a}:1:{a}:queue", "a:fence"])
+    def test_names_that_only_look_alike_are_lock_keys(self, name: str) -> None:
+        assert lock_key("", name) == name
+
+
+class TestTagForSlot:
+    def test_the_first_short_tag_in_order(self) -> None:
+        """Against every tag of up to three characters tried in order (the rule
+        the docs state), for a sample of slots (all 16384 have one)."""
+        alphabet = (string.ascii_letters + string.digits).encode()
+        first: dict[int, str] = {}
+        level = [(b"", 0)]
+        for _ in range(3):
+            level = [
+                (tag + bytes((char,)), _crc_step(crc, char))
+                for tag, crc in level
+                for char in alphabet
+            ]
+            for tag, crc in level:
+                first.setdefault(crc % 16384, tag.decode())
+        assert len(first) == 16384
+        for slot in [*range(0, 16384, 97), 15546, 16383]:
+            assert _tag_for_slot(slot) == first[slot]
+
+
+def _crc_step(crc: int, byte: int) -> int:
+    """`crc16_xmodem` one byte further."""
+    crc ^= byte << 8
+    for _ in range(8):
+        crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        crc &= 0xFFFF
+    return crc

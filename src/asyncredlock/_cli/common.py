@@ -14,6 +14,7 @@ from typing import NoReturn, TypeAlias
 
 from .._config import check_name
 from .._inspect import LockState
+from .._keys import lock_key
 from .._redlock import AsyncRedlock
 
 __all__ = [
@@ -191,9 +192,12 @@ def connect(args: argparse.Namespace) -> AsyncRedlock:
     """An ``AsyncRedlock`` over the masters the user named.
 
     Raises:
-        UsageError: No masters, a malformed URL or a bad prefix.
+        UsageError: No masters, a malformed URL, a bad prefix, or a name whose key
+            (after the prefix) is one of the library's own.
     """
     try:
+        if isinstance(name := getattr(args, "name", None), str):
+            lock_key(args.prefix, name)  # refuses a reserved key, before any call
         # The option bounds the whole wait: silence and a slow reply alike.
         wait = args.node_timeout
         return AsyncRedlock(

@@ -2,8 +2,9 @@
 
 Each master's keys are walked with ``SCAN`` (never ``KEYS``), at most about
 ``--max-keys`` of them; the library's auxiliary keys (``{K}:fence``,
-``{K}:undo:...``, the queue's keys...) are left out, and a read-write lock held only
-by readers is found by its ``{K}:readers`` set. Each lock found is then read with
+``{K}:undo:...``, the queue's keys, a semaphore's slots...; see ``split_aux``) are
+left out, and a read-write lock held only by readers is found by its ``{K}:readers``
+set. Each lock found is then read with
 ``inspect()``, as ``asyncredlock inspect`` does.
 """
 
@@ -14,7 +15,7 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -25,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from .._inspect import LockState
-from .._keys import aux_key, glob_escape, has_hash_tag, identity_of, key_slot
+from .._keys import glob_escape, identity_of, split_aux
 from .._redlock import AsyncRedlock
 from .common import (
     EXIT_OK,
@@ -43,10 +44,6 @@ from .common import (
 
 __all__ = ["add_list", "listed_key", "split_aux"]
 
-#: What follows ``{K}:`` in the library's auxiliary keys of a lock key ``K`` (and
-#: ``undo:<value>``); ``released`` is a channel, never a key, but a key of that
-#: shape is not a lock either.
-AUX_SUFFIXES = frozenset({"fence", "readers", "queue", "queue:expiry", "queue:terms", "released"})
 DEFAULT_MAX_KEYS = 100_000
 SCAN_COUNT = 1000  # keys asked of SCAN per call
 INSPECT_BATCH = 100  # locks read at once
@@ -200,36 +197,6 @@ def listed_key(raw: bytes | str, prefix: str, pattern: str) -> str | None:
     if not key.startswith(prefix) or not name or not fnmatchcase(name, pattern):
         return None
     return key
-
-
-def split_aux(key: str) -> tuple[str, str] | None:
-    """``(lock key, suffix)`` when ``key`` is ``aux_key(lock key, suffix)`` for a
-    suffix of the library's (`AUX_SUFFIXES`, ``undo:<value>``), else ``None``.
-
-    A resource whose own name has such a shape (``{a}:fence``) is taken for the
-    auxiliary key it looks like.
-    """
-    for base in _bases(key):
-        head = aux_key(base, "")
-        suffix = key[len(head) :]
-        if key.startswith(head) and (suffix in AUX_SUFFIXES or suffix.startswith("undo:")):
-            return base, suffix
-    return None
-
-
-def _bases(key: str) -> Iterator[str]:
-    """The lock keys ``K`` of which ``key`` may be an auxiliary key (see `aux_key`):
-    ``{K}:...``; ``{tag}:K:...`` for a ``K`` that holds a ``}`` but no hash tag (the
-    tag hashes to the slot of ``K``); ``K:...`` for a ``K`` with a hash tag."""
-    colons = [i for i, char in enumerate(key) if char == ":"]
-    end = key.find("}")
-    if key.startswith("{") and key[end + 1 : end + 2] == ":" and (tag := key[1:end]):
-        yield tag
-        for i in colons:
-            base = key[end + 2 : i]
-            if "}" in base and not has_hash_tag(base) and key_slot(base) == key_slot(tag):
-                yield base
-    yield from (key[:i] for i in colons if has_hash_tag(key[:i]))
 
 
 # -- output ----------------------------------------------------------------------------
