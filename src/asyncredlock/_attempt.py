@@ -123,11 +123,12 @@ class Acquisition:
     async def run(self, span: Span | None = None) -> Lease:
         """Attempt until one takes the lock or the deadline passes (adding the
         attempts to ``span``, the ``acquire()`` call's)."""
-        try:
-            lease = await self._attempts()
-        finally:
-            self._leave()
-            note_attempts(span, self.attempts, self.granted)
+        with self.core.acquiring_on_masters():  # aclose() waits for its _leave()
+            try:
+                lease = await self._attempts()
+            finally:
+                self._leave()
+                note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1 or self.handed_by:  # it waited (retried, or was handed it)
             log_acquired(lease, self.attempts, self.core.clock() - self.started)
         return lease
@@ -136,6 +137,7 @@ class Acquisition:
         core, spec = self.core, self.spec
         first = True  # the first attempt of this acquire()
         while True:
+            refuse_if_closing(core)  # woken by aclose(): _leave() takes it out of the queue
             if self.entry is not None:  # a waiter: handed the lock, or to enroll first?
                 handed = await self._take_handed()
                 if handed is not None:
@@ -221,7 +223,7 @@ class Acquisition:
         pause = max(0.0, min(pause, outcome.free_in, self.deadline - core.clock()))
         core.note("waiting")
         if self.ticket is None:
-            await anyio.sleep(pause)
+            await core.pause(pause)
         elif await core.waker.wait(self.ticket, pause):
             core.note("woken")
 

@@ -8,10 +8,13 @@ release and cleanup share, so each is written once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
-from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Protocol
+
+import anyio
 
 from ._config import LockSpec, Settings
 from ._gate import Gates
@@ -77,6 +80,9 @@ class Core:
         self.counters, self.timings = Counters(), Timings()  # totals; wait and hold times
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closing = self.closed = False  # closing: aclose() began; no new acquire()
+        self.stopping = asyncio.Event()  # set as aclose() begins: waiters stop waiting
+        # the acquire() calls on the masters: each one's end, once it left their queues
+        self.acquiring: set[asyncio.Future[None]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None  # the one of the first use
         self.timing = Timing(
             give_up_silent=True,
@@ -106,6 +112,37 @@ class Core:
                 asyncio.get_running_loop().call_exception_handler(
                     {"message": f"asyncredlock watcher {watcher!r} failed", "exception": exc}
                 )
+
+    def begin_closing(self) -> None:
+        """``aclose()`` began: no ``acquire()`` starts from now on, and those waiting
+        between attempts are woken (they find it closing, and leave the masters'
+        queues while the connections are still open)."""
+        self.closing = True
+        self.stopping.set()
+        self.waker.wake_all()
+
+    async def pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds, or until ``aclose()`` begins."""
+        with anyio.move_on_after(delay):
+            await self.stopping.wait()
+
+    @contextlib.contextmanager
+    def acquiring_on_masters(self) -> Iterator[None]:
+        """Around an ``acquire()``'s attempts and its leaving the masters' queues
+        (`dequeue`): ``aclose()`` waits for it to end (see `left`)."""
+        ended = asyncio.get_running_loop().create_future()
+        self.acquiring.add(ended)
+        try:
+            yield
+        finally:
+            self.acquiring.discard(ended)
+            ended.set_result(None)
+
+    async def left(self) -> None:
+        """Wait until every ``acquire()`` on the masters has ended (once closing,
+        each one ends at its next step, having left the masters' queues)."""
+        while self.acquiring:
+            await asyncio.wait(list(self.acquiring))
 
     def mark_contended(self, key: str) -> None:
         """Remember that an ``acquire()`` of ``key`` was refused (the latest

@@ -68,13 +68,18 @@ def end_leases(core: Core) -> None:
 
 
 async def shut_down(core: Core) -> None:
-    """``aclose()``: end the leases still held, wait up to ``node_timeout`` for their
-    releases and the calls still out, fail what is left, close the connections."""
+    """``aclose()``: end the leases still held and the ``acquire()`` calls still
+    waiting, wait up to ``node_timeout`` for their releases, their leaving the
+    masters' queues and the calls still out, fail what is left, close the
+    connections."""
     core.gates.close()
-    core.closing = True  # lock() and acquire() refuse from now on
+    core.begin_closing()  # lock() and acquire() refuse from now on; waiters wake
     with anyio.CancelScope(shield=True):
         with anyio.move_on_after(core.settings.node_timeout):
             end_leases(core)
+            # the acquire() calls still waiting leave the masters' queues (and give
+            # back a key a release handed them) while the connections are open
+            await core.left()
             await core.settle()
             while core.held:  # taken by an acquisition that was still out
                 end_leases(core)

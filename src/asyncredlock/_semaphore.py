@@ -229,16 +229,17 @@ class _Acquisition:
         self.place = _Place.new(self.core, semaphore.key) if semaphore.fair else None
 
     async def run(self, span: Span | None) -> Lease:
-        try:
-            lease = await self._attempts()
-        finally:
-            if self.ticket is not None:
-                self.core.waker.leave(self.ticket, acquired=self.acquired)
-            if self.place is not None and not self.core.closed:
-                # out of the queue where it is still listed (granted or not)
-                for node in self.core.nodes:
-                    node.call(SEM_DEQUEUE, self.place.keys, (self.place.waiter,))
-            note_attempts(span, self.attempts, self.granted)
+        with self.core.acquiring_on_masters():  # aclose() waits for it to leave
+            try:
+                lease = await self._attempts()
+            finally:
+                if self.ticket is not None:
+                    self.core.waker.leave(self.ticket, acquired=self.acquired)
+                if self.place is not None and not self.core.closed:
+                    # out of the queue where it is still listed (granted or not)
+                    for node in self.core.nodes:
+                        node.call(SEM_DEQUEUE, self.place.keys, (self.place.waiter,))
+                note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1:
             log_acquired(lease, self.attempts, self.core.clock() - self.started)
         return lease
@@ -246,6 +247,7 @@ class _Acquisition:
     async def _attempts(self) -> Lease:
         core = self.core
         while True:
+            refuse_if_closing(core)  # woken by aclose(): run() takes it out of the queue
             outcome = await self._attempt()
             if isinstance(outcome, Lease):
                 self.acquired = True
@@ -268,7 +270,7 @@ class _Acquisition:
         pause = max(0.0, min(core.retry_pause(), self.free_in, self.deadline - core.clock()))
         core.note("waiting")
         if self.ticket is None:
-            await anyio.sleep(pause)
+            await core.pause(pause)
         elif await core.waker.wait(self.ticket, pause):
             core.note("woken")
 

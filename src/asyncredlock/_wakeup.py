@@ -321,6 +321,10 @@ class Waker:
             for ticket in queue:
                 ticket.event.set()
 
+    def wake_all(self) -> None:
+        """Wake every waiter (``aclose()`` began: each finds it closing)."""
+        self._on_lost(None)
+
     async def aclose(self) -> None:
         """Close every subscription connection."""
         self.closed = True

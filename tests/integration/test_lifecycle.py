@@ -5,6 +5,8 @@
   error, long before the masters' ``socket_timeout`` would have.
 - A key handed over to a waiter once ``aclose()`` began makes no lease: it is given
   back, and the waiter's ``acquire()`` ends with the closing error.
+- ``aclose()`` takes the waiters still queued on the masters out of the queue (and
+  gives back a key a release handed them) before it closes the connections.
 
 The storm of cancelled acquisitions across clients is in ``test_cancellation.py``.
 """
@@ -24,6 +26,7 @@ from asyncredlock import (
     LockTimeoutError,
     QuorumUnavailableError,
 )
+from asyncredlock._keys import queue_keys, terms_key
 from asyncredlock.testing import ServerGroup, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -33,6 +36,10 @@ from .conftest import Masters, Waiting, library_tasks
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 60  # seconds; only stops a hung test, never decides an outcome
+#: node_timeout of a waiter that must be handed the key: it sends hand-over terms only
+#: once its inbox subscription is confirmed, waited for up to node_timeout (only until
+#: confirmed).
+CONFIRM = 5.0
 
 
 class TestColdBurst:
@@ -196,8 +203,9 @@ class TestCloseWhileHandedOver:
         """A waiter is in line (its hand-over terms on every master) when its client's
         aclose() begins, held up there by calls still out on a paused master. The
         holder, another client, releases meanwhile: four masters hand the waiter the
-        key. acquire() must end with the closing error, not return a lease nobody will
-        release, and the handed keys must be given back."""
+        key, unless the waiter's leaving the queue (aclose() wakes it) reached them
+        first. acquire() must end with the closing error, not return a lease nobody
+        will release, and the handed keys must be given back."""
         outcome: list[Lease | BaseException] = []
         ended = anyio.Event()
         paused = servers[4]
@@ -244,6 +252,165 @@ class TestCloseWhileHandedOver:
                 assert (stats.in_flight, stats.background_tasks) == (0, 0)
             finally:
                 await waiter.aclose()
+
+
+def _hold_lock(redlock: AsyncRedlock) -> Awaitable[Lease]:
+    return redlock.lock("job:9", ttl=60, timeout=0).acquire()
+
+
+def _hold_semaphore(redlock: AsyncRedlock) -> Awaitable[Lease]:
+    return redlock.semaphore("job:9", 1, ttl=60, timeout=0).acquire()
+
+
+#: For each kind of waiter: how a holder takes "job:9" at once (timeout=0), and how
+#: a waiter of that kind waits for it (each one queues on the masters).
+KINDS: dict[str, tuple[Callable[[AsyncRedlock], Awaitable[Lease]], ...]] = {
+    "lock": (_hold_lock, lambda redlock: redlock.lock("job:9", timeout=60).acquire()),
+    "fair lock": (
+        _hold_lock,
+        lambda redlock: redlock.lock("job:9", timeout=60, fair=True).acquire(),
+    ),
+    "writer": (
+        _hold_lock,
+        lambda redlock: redlock.rwlock("job:9", patience=0).write(timeout=60).acquire(),
+    ),
+    "fair reader": (
+        _hold_lock,
+        lambda redlock: redlock.rwlock("job:9", fair=True).read(timeout=60).acquire(),
+    ),
+    "fair semaphore": (
+        _hold_semaphore,
+        lambda redlock: redlock.semaphore("job:9", 1, timeout=60, fair=True).acquire(),
+    ),
+}
+
+
+class TestCloseWhileQueuedOnTheMasters:
+    """aclose() while an acquire() of its client waits in the masters' queue behind a
+    holder of another client: the waiter leaves the queue before the connections close,
+    so the holder's release hands the key to nobody and a third client takes it at
+    once; the acquire() ends with the closing error."""
+
+    @staticmethod
+    async def _close_while_queued(
+        urls: list[str],
+        masters: Masters,
+        kind: str,
+        between: Callable[[], Awaitable[None]] | None = None,
+        **settings: float,
+    ) -> BaseException | Lease:
+        """Queue a waiter of ``kind`` for "job:9" (held by another client) on every
+        master, run ``between``, close the waiter's client: the waiter's outcome."""
+        outcome: list[BaseException | Lease] = []
+        waiter = AsyncRedlock(urls, **settings)
+        try:
+            waiting = Waiting([waiter])
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        try:
+                            outcome.append(await KINDS[kind][1](waiter))
+                        except Exception as exc:
+                            outcome.append(exc)
+
+                    tg.start_soon(take)
+                    await waiting.reach(1)
+                    await waiter.settle()  # every master answered its attempts
+                    queued = [
+                        [key for key in keys if b"queue" in key] for keys in await masters.keys()
+                    ]
+                    assert all(queued), "queued on every master"
+                    if between is not None:
+                        await between()
+                    await waiter.aclose()
+                    assert outcome, "acquire() ended within aclose()"
+        finally:
+            await waiter.aclose()
+        (result,) = outcome
+        return result
+
+    @pytest.mark.parametrize("kind", list(KINDS))
+    async def test_the_waiter_leaves_the_queue(
+        self, servers: ServerGroup, masters: Masters, kind: str
+    ) -> None:
+        """Fails on the code before: the entry stayed on every master, and acquire()
+        raised "this AsyncRedlock is closed" from its next attempt; the release then
+        handed the key to the entry (or named it first, to a closed inbox), and the
+        third client was refused ("held by another holder") until the entry lapsed."""
+        hold, _ = KINDS[kind]
+        async with AsyncRedlock(servers.urls) as holder:
+            held = await hold(holder)
+            before = await masters.keys()  # the holder's key
+            result = await self._close_while_queued(servers.urls, masters, kind)
+            assert isinstance(result, RuntimeError), result
+            assert "closed while acquire() waited" in str(result)
+            assert await masters.keys() == before, "no entry left"
+            await held.release()
+            await holder.settle()
+        assert await masters.keys() == [[]] * 5, "nothing left but the fence counter"
+        async with AsyncRedlock(servers.urls) as third:
+            await (await hold(third)).release()  # at once: LockTimeoutError if not
+
+    async def test_a_key_handed_before_aclose_is_given_back(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Masters 2-4 lost the queue (as a master restarted empty does): the holder's
+        release hands the key to the waiter on masters 0 and 1 only, short of a quorum,
+        and the waiter has not acted on it yet (it would a quarter of node_timeout
+        later, 1.25 s) when its client closes: the two keys are given back. Fails on
+        the code before: they stayed, and the entry, until the entry lapsed."""
+        handed: list[list[bytes | None]] = []
+        async with AsyncRedlock(servers.urls) as holder:
+            held = await holder.lock("job:9", ttl=60).acquire()
+
+            async def release() -> None:
+                for client in masters.clients[2:]:
+                    await client.delete(*queue_keys("job:9"), terms_key("job:9"))
+                await held.release()  # hands the key over where the waiter is queued
+                await holder.settle()
+                handed.append([await client.get("job:9") for client in masters.clients])
+
+            result = await self._close_while_queued(
+                servers.urls, masters, "lock", release, node_timeout=CONFIRM
+            )
+        ((first, second, *others),) = handed
+        assert first is not None, handed
+        assert (second, others) == (first, [None] * 3), handed
+        assert isinstance(result, RuntimeError), result
+        assert "closed while acquire() waited" in str(result)
+        assert await masters.keys() == [[]] * 5, "nothing left but the fence counter"
+
+    async def test_a_master_that_does_not_answer_holds_aclose_up_no_longer(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Master 4 stops answering while the waiter is queued: aclose() still ends
+        (within node_timeout; the test's guard only stops a hang), the waiter leaves
+        the queue on masters 0-3, and a third client takes the lock at once."""
+        paused = servers[4]
+
+        async def pause() -> None:
+            paused.pause()
+
+        async with AsyncRedlock(servers.urls) as holder:
+            held = await holder.lock("job:9", ttl=60).acquire()
+            try:
+                result = await self._close_while_queued(servers.urls, masters, "lock", pause)
+                assert isinstance(result, RuntimeError), result
+                assert "closed while acquire() waited" in str(result)
+                queue = queue_keys("job:9")[0]  # on the masters that answer: empty
+                assert [await client.exists(queue) for client in masters.clients[:4]] == [0] * 4
+            finally:
+                paused.resume()
+            await held.release()
+            await holder.settle()
+        assert await _taken_at_once(servers.urls)
+
+
+async def _taken_at_once(urls: list[str]) -> bool:
+    """Whether a new client takes "job:9" with ``timeout=0`` (else LockTimeoutError)."""
+    async with AsyncRedlock(urls) as third, third.lock("job:9", timeout=0) as lease:
+        return lease.held
 
 
 def _nothing_left(redlock: AsyncRedlock) -> None:
