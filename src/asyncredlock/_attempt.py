@@ -123,12 +123,13 @@ class Acquisition:
     async def run(self, span: Span | None = None) -> Lease:
         """Attempt until one takes the lock or the deadline passes (adding the
         attempts to ``span``, the ``acquire()`` call's)."""
-        with self.core.acquiring_on_masters():  # aclose() waits for its _leave()
-            try:
-                lease = await self._attempts()
-            finally:
-                self._leave()
-                note_attempts(span, self.attempts, self.granted)
+        self.core.acquiring += 1  # aclose() waits for its _leave()
+        try:
+            lease = await self._attempts()
+        finally:
+            self._leave()
+            self.core.done_acquiring()
+            note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1 or self.handed_by:  # it waited (retried, or was handed it)
             log_acquired(lease, self.attempts, self.core.clock() - self.started)
         return lease

@@ -8,10 +8,9 @@ release and cleanup share, so each is written once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import random
-from collections.abc import Callable, Collection, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -81,8 +80,8 @@ class Core:
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closing = self.closed = False  # closing: aclose() began; no new acquire()
         self.stopping = asyncio.Event()  # set as aclose() begins: waiters stop waiting
-        # the acquire() calls on the masters: each one's end, once it left their queues
-        self.acquiring: set[asyncio.Future[None]] = set()
+        self.acquiring = 0  # acquire() calls on the masters, not yet out of their queues
+        self.all_left = asyncio.Event()  # set once closing and none is acquiring
         self.loop: asyncio.AbstractEventLoop | None = None  # the one of the first use
         self.timing = Timing(
             give_up_silent=True,
@@ -126,23 +125,18 @@ class Core:
         with anyio.move_on_after(delay):
             await self.stopping.wait()
 
-    @contextlib.contextmanager
-    def acquiring_on_masters(self) -> Iterator[None]:
-        """Around an ``acquire()``'s attempts and its leaving the masters' queues
-        (`dequeue`): ``aclose()`` waits for it to end (see `left`)."""
-        ended = asyncio.get_running_loop().create_future()
-        self.acquiring.add(ended)
-        try:
-            yield
-        finally:
-            self.acquiring.discard(ended)
-            ended.set_result(None)
+    def done_acquiring(self) -> None:
+        """An ``acquire()`` counted in `acquiring` ended, out of the masters' queues
+        (its `dequeue` calls sent)."""
+        self.acquiring -= 1
+        if self.closing and not self.acquiring:
+            self.all_left.set()
 
     async def left(self) -> None:
         """Wait until every ``acquire()`` on the masters has ended (once closing,
         each one ends at its next step, having left the masters' queues)."""
-        while self.acquiring:
-            await asyncio.wait(list(self.acquiring))
+        if self.acquiring:
+            await self.all_left.wait()
 
     def mark_contended(self, key: str) -> None:
         """Remember that an ``acquire()`` of ``key`` was refused (the latest

@@ -229,17 +229,18 @@ class _Acquisition:
         self.place = _Place.new(self.core, semaphore.key) if semaphore.fair else None
 
     async def run(self, span: Span | None) -> Lease:
-        with self.core.acquiring_on_masters():  # aclose() waits for it to leave
-            try:
-                lease = await self._attempts()
-            finally:
-                if self.ticket is not None:
-                    self.core.waker.leave(self.ticket, acquired=self.acquired)
-                if self.place is not None and not self.core.closed:
-                    # out of the queue where it is still listed (granted or not)
-                    for node in self.core.nodes:
-                        node.call(SEM_DEQUEUE, self.place.keys, (self.place.waiter,))
-                note_attempts(span, self.attempts, self.granted)
+        self.core.acquiring += 1  # aclose() waits for it to leave
+        try:
+            lease = await self._attempts()
+        finally:
+            if self.ticket is not None:
+                self.core.waker.leave(self.ticket, acquired=self.acquired)
+            if self.place is not None and not self.core.closed:
+                # out of the queue where it is still listed (granted or not)
+                for node in self.core.nodes:
+                    node.call(SEM_DEQUEUE, self.place.keys, (self.place.waiter,))
+            self.core.done_acquiring()
+            note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1:
             log_acquired(lease, self.attempts, self.core.clock() - self.started)
         return lease
