@@ -170,8 +170,9 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
     if isinstance(master, Redis) or kind == "client":
         pool = client.connection_pool
         kwargs = dict(pool.connection_kwargs)
-        if kwargs.get("socket_connect_timeout") is None:
-            kwargs["socket_connect_timeout"] = settings.socket_timeout
+        for timeout in ("socket_connect_timeout", "socket_timeout"):  # the handshake too
+            if kwargs.get(timeout) is None:
+                kwargs[timeout] = settings.socket_timeout
         opener = RedisPyOpener(pool.connection_class, {**kwargs, **_OWN_CONNECTION})
         node = _linked(_client_name(client), opener, settings)
         node.client = client  # kept alive: a Sentinel pool is referenced weakly

@@ -97,6 +97,31 @@ class TestConnectionForms:
             assert await client.ping() is True
         await client.aclose()
 
+    async def test_a_ready_clients_hung_handshake_is_given_up(self, guarded: Guarded) -> None:
+        """A client made with ``socket_timeout=None`` (redis-py's "wait forever"), its
+        master accepting connections but never answering AUTH: the connection's
+        handshake is given up after the AsyncRedlock's socket_timeout. Before, the
+        link stayed connecting for good, every later call queued behind it, and
+        settle() never returned."""
+        await _protect(guarded.server)
+        server = guarded.server
+        async with FaultProxy(server.host, server.port) as proxy:
+            proxy.blackhole = True  # TCP accepted, nothing answered
+            client = Redis(
+                host=proxy.host, port=proxy.port, password=PASSWORD, socket_timeout=None
+            )
+            try:
+                async with AsyncRedlock([client], socket_timeout=0.5) as redlock:
+                    with pytest.raises(QuorumUnavailableError):
+                        await redlock.lock("hung-auth", timeout=0).acquire()
+                    with anyio.move_on_after(HANG_GUARD):
+                        await redlock.settle()  # the connection attempt ended
+                    link = redlock._core.nodes[0].link
+                    assert link is not None
+                    assert (link._connecting, link._queued) == (None, [])
+            finally:
+                await client.aclose()
+
     async def test_a_wrong_password_is_an_outage_with_the_reason(self, guarded: Guarded) -> None:
         await _protect(guarded.server)
         server = guarded.server
