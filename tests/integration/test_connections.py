@@ -107,9 +107,7 @@ class TestConnectionForms:
         server = guarded.server
         async with FaultProxy(server.host, server.port) as proxy:
             proxy.blackhole = True  # TCP accepted, nothing answered
-            client = Redis(
-                host=proxy.host, port=proxy.port, password=PASSWORD, socket_timeout=None
-            )
+            client = Redis(host=proxy.host, port=proxy.port, password=PASSWORD, socket_timeout=None)
             try:
                 async with AsyncRedlock([client], socket_timeout=0.5) as redlock:
                     with pytest.raises(QuorumUnavailableError):
