@@ -30,7 +30,7 @@ from asyncredlock.testing import (
     client_state,
 )
 from asyncredlock.testing._slots import wait_until
-from asyncredlock.testing._support import resp_call
+from asyncredlock.testing._support import registry, resp_call
 
 from . import test_fencing, test_lock, test_rwlock
 from .conftest import Masters, cut_off_replica
@@ -202,6 +202,15 @@ class TestServerCluster:
             assert not any(node.running for node in cluster.nodes)
         finally:
             cluster.close()
+
+    def test_a_with_block_whose_start_fails_removes_what_it_made(self) -> None:
+        cluster = ServerCluster(1, replicas=1, extra_args=["--no-such-directive", "1"])
+        with pytest.raises(ServerStartError), cluster:
+            pytest.fail("the block ran")
+        assert not any(node.running for node in cluster.nodes)
+        assert not any(node.workdir.exists() for node in cluster.nodes)
+        assert registry.tempdirs.isdisjoint(node.workdir for node in cluster.nodes)
+        assert registry.ports.isdisjoint(node.port for node in cluster.nodes)
 
     def test_bad_moves_and_failovers_are_refused_before_anything_changes(
         self, clusters: list[ServerCluster]

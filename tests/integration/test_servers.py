@@ -171,6 +171,15 @@ class TestServerProcess:
         finally:
             server.close()
 
+    def test_a_with_block_whose_start_fails_removes_what_it_made(self) -> None:
+        """``__exit__`` does not run when ``__enter__`` raises: the start cleans up."""
+        server = ServerProcess(extra_args=["--no-such-directive", "1"])
+        with pytest.raises(ServerStartError), server:
+            pytest.fail("the block ran")
+        assert not server.workdir.exists()
+        assert server.workdir not in registry.tempdirs
+        assert server.port not in registry.ports
+
     def test_explicit_port_in_use_is_an_error(self) -> None:
         with socket.create_server(("127.0.0.1", 0)) as busy:
             server = ServerProcess(port=busy.getsockname()[1])
@@ -287,6 +296,15 @@ class TestServerGroup:
         group.close()
         assert not any(pid is not None and alive(pid) for pid in pids)
         assert not any(path.exists() for path in workdirs)
+
+    def test_a_with_block_whose_start_fails_removes_what_it_made(self) -> None:
+        group = ServerGroup(3, extra_args=["--no-such-directive", "1"])
+        with pytest.raises(ServerStartError), group:
+            pytest.fail("the block ran")
+        assert not any(server.running for server in group)
+        assert not any(server.workdir.exists() for server in group)
+        assert registry.tempdirs.isdisjoint(server.workdir for server in group)
+        assert registry.ports.isdisjoint(server.port for server in group)
 
     def test_indexing_and_iteration_agree(self, make_servers: MakeServers) -> None:
         group = make_servers(2, start=False)

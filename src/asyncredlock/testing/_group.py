@@ -139,7 +139,11 @@ class ServerGroup:
                 server.flushall()
 
     def __enter__(self) -> Self:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # no __exit__ follows: remove what the start made
+            raise
         return self
 
     def __exit__(

@@ -304,7 +304,11 @@ class ServerProcess:
             registry.tempdirs.discard(self._workdir)
 
     def __enter__(self) -> Self:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # no __exit__ follows: remove what the start made
+            raise
         return self
 
     def __exit__(
