@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -211,6 +212,16 @@ class TestServerCluster:
         assert not any(node.workdir.exists() for node in cluster.nodes)
         assert registry.tempdirs.isdisjoint(node.workdir for node in cluster.nodes)
         assert registry.ports.isdisjoint(node.port for node in cluster.nodes)
+
+    def test_start_after_close_is_refused(self, tmp_path: Path) -> None:
+        cluster = ServerCluster(1, workdir=tmp_path)
+        cluster.close()
+        try:
+            with pytest.raises(RuntimeError, match="is closed"):
+                cluster.start()
+            assert not any(node.running for node in cluster.nodes)
+        finally:
+            cluster.stop()
 
     def test_bad_moves_and_failovers_are_refused_before_anything_changes(
         self, clusters: list[ServerCluster]

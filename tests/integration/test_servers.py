@@ -306,6 +306,28 @@ class TestServerGroup:
         assert registry.tempdirs.isdisjoint(server.workdir for server in group)
         assert registry.ports.isdisjoint(server.port for server in group)
 
+    @pytest.mark.parametrize("private", [True, False], ids=["private-dirs", "workdir"])
+    def test_start_after_close_is_refused(self, tmp_path: Path, private: bool) -> None:
+        group = ServerGroup(2, workdir=None if private else tmp_path)
+        group.start()
+        group.close()
+        try:
+            with pytest.raises(RuntimeError, match="is closed"):
+                group.start()
+            assert not any(server.running for server in group)
+        finally:
+            group.stop()
+
+    def test_start_with_one_server_closed_starts_none(self) -> None:
+        group = ServerGroup(2)
+        try:
+            group[1].close()
+            with pytest.raises(RuntimeError, match="is closed"):
+                group.start()
+            assert not any(server.running for server in group)
+        finally:
+            group.close()
+
     def test_indexing_and_iteration_agree(self, make_servers: MakeServers) -> None:
         group = make_servers(2, start=False)
         assert list(group) == [group[0], group[1]]

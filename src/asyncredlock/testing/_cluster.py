@@ -149,7 +149,11 @@ class ServerCluster:
         Raises:
             ServerStartError: A node did not come up, or the cluster did not
                 become ready in time; the message says what was last seen.
+            RuntimeError: `close()` was called (on the cluster or one of its nodes);
+                nothing is started.
         """
+        if any(node._closed for node in self._nodes):
+            raise RuntimeError(f"{self!r} is closed")
         pending = [node for node in self._nodes if not node.running]
         for node in pending:
             node._spawn()

@@ -87,7 +87,11 @@ class ServerGroup:
 
         Raises:
             ServerStartError: A server did not come up.
+            RuntimeError: `close()` was called (on the group or one of its servers);
+                nothing is started.
         """
+        if any(server._closed for server in self._servers):
+            raise RuntimeError(f"{self!r} is closed")
         pending = [server for server in self._servers if not server.running]
         for server in pending:
             server._spawn()
