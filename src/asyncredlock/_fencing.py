@@ -16,6 +16,7 @@ from redis.asyncio import Redis, RedisCluster
 from ._config import check_text
 from ._errors import StaleTokenError
 from ._scripts import FENCED_READ, FENCED_WRITE, evalsha
+from ._sqlwords import RESERVED_WORDS
 
 __all__ = [
     "FenceGuard",
@@ -296,6 +297,12 @@ def check_identifier(name: object, what: str, *, dotted: bool = False) -> None:
     parts = text.split(".") if dotted else [text]
     if not all(_IDENTIFIER.fullmatch(part) for part in parts):
         raise ValueError(f"{what} {text!r} is not a SQL identifier ([A-Za-z_][A-Za-z0-9_]*)")
+    for part in parts:
+        if part.lower() in RESERVED_WORDS:
+            raise ValueError(
+                f"{what} {text!r}: {part!r} is a reserved word in SQLite or PostgreSQL, "
+                "which SQLFence cannot write unquoted"
+            )
 
 
 def check_key(key: object) -> None:

@@ -62,8 +62,10 @@ class SQLFence:
             ``tuple``.
 
     Raises:
-        ValueError: A name is not an identifier (``[A-Za-z_][A-Za-z0-9_]*``), the
-            key and fence columns are the same, or ``paramstyle`` is unknown.
+        ValueError: A name is not an identifier (``[A-Za-z_][A-Za-z0-9_]*``) or is
+            a word reserved in SQLite or PostgreSQL (``order``, ``user``: names are
+            written unquoted), the key and fence columns are the same, or
+            ``paramstyle`` is unknown.
         TypeError: A name is not a ``str``.
     """
 
@@ -104,7 +106,8 @@ class SQLFence:
             TypeError: ``key`` is None, ``values`` not a mapping of ``str``, or
                 ``token`` not an ``int``.
             ValueError: ``values`` is empty, names a column that is not an
-                identifier, the key or the fence column, or names one column twice;
+                identifier or is a reserved word (as the class's names), the key or
+                the fence column, or names one column twice;
                 ``token`` is negative or over ``2**63 - 1``.
         """
         return self._update(*self._check(key, values, token))

@@ -322,6 +322,38 @@ class TestSQLFenceValidation:
         with pytest.raises(ValueError, match=r"identifier|different"):
             SQLFence(**options)  # type: ignore[arg-type]
 
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            {"table": "order"},  # SQLite and PostgreSQL
+            {"table": "Group"},
+            {"table": "user"},  # PostgreSQL only
+            {"table": "main.order"},
+            {"table": "order.items"},
+            {"key_column": "values"},  # SQLite only
+            {"fence_column": "current_date"},  # would read the date, not the column
+        ],
+    )
+    def test_reserved_words_are_refused(self, kwargs: dict[str, str]) -> None:
+        """Names are written unquoted: a reserved word would fail only when a statement
+        runs (or mean something else), so it is refused at construction."""
+        options = {"table": "orders", **kwargs}
+        with pytest.raises(ValueError, match="reserved word"):
+            SQLFence(**options)  # type: ignore[arg-type]
+
+    def test_keywords_that_can_be_names_stay_accepted(self) -> None:
+        """Keywords that SQLite (and PostgreSQL) take as names work as before."""
+        connection = sqlite3.connect(":memory:")
+        connection.execute(
+            "CREATE TABLE key (name TEXT PRIMARY KEY, date TEXT, value TEXT, version BIGINT)"
+        )
+        fence = SQLFence("key", key_column="name", fence_column="version")
+        fence.upsert(connection, "a", {"date": "d1", "value": "v1"}, 1)
+        fence.update(connection, "a", {"value": "v2"}, 2)
+        with pytest.raises(StaleTokenError):
+            fence.update(connection, "a", {"value": "late"}, 1)
+        assert connection.execute("SELECT * FROM key").fetchall() == [("a", "d1", "v2", 2)]
+
     def test_identifier_not_a_str(self) -> None:
         with pytest.raises(TypeError, match="table must be a str"):
             SQLFence(b"orders")  # type: ignore[arg-type]
@@ -339,6 +371,7 @@ class TestSQLFenceValidation:
             pytest.param({"Fence": 9}, ValueError, "must not set 'Fence'", id="fence-case"),
             pytest.param({"status = 1; --": 1}, ValueError, "not a SQL identifier", id="inject"),
             pytest.param({"status": 1, "STATUS": 2}, ValueError, "twice", id="twice"),
+            pytest.param({"order": 1}, ValueError, "reserved word", id="reserved"),
             pytest.param({1: "x"}, TypeError, "column name must be a str", id="not-str"),
             pytest.param([("status", "x")], TypeError, "must be a mapping", id="not-mapping"),
         ],
