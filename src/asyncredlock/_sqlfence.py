@@ -166,6 +166,11 @@ class SQLFence:
             values: The new value of each column to change.
             token: The writer's fencing token (``lease.token``).
 
+        A record whose fence equals ``token`` when the statement counted no row was
+        written with this token already (a driver that counts only changed rows,
+        such as PyMySQL without ``CLIENT.FOUND_ROWS``, counts none for a retry that
+        changes nothing): the call returns.
+
         Raises:
             StaleTokenError: The record's fence is newer than ``token``; the row is
                 unchanged.
@@ -261,8 +266,13 @@ class SQLFence:
         newest = None if row is None else int(row[0])
         if newest is not None and newest > token:
             raise stale(str(key), token, newest)
-        # No row matched and the fence, which only grows, does not refuse the token
-        # now: the record was missing when the statement ran.
+        if newest == token:
+            # Written with this very token, which no other lease holds: by this
+            # statement, on a driver that counts only the rows it changed (PyMySQL
+            # without CLIENT.FOUND_ROWS, for a retry that changed nothing).
+            return
+        # No row counted, and the fence, which only grows, is below the token: the
+        # record was missing when the statement ran.
         raise MissingRecordError(
             f"fenced write to {self.table}: no record with {self.key_column} = {key!r}",
             resource=str(key),

@@ -160,6 +160,28 @@ class TestSQLFenceOnSQLite:
         assert str(caught.value) == "stale fencing token 4 for '42': the guard has seen 5"
         assert row(db) == ("new", 10.0, 5)
 
+    @pytest.mark.parametrize("method", ["update", "upsert"])
+    def test_a_write_counted_as_no_change_is_done(
+        self, db: sqlite3.Connection, fence: SQLFence, method: str
+    ) -> None:
+        """MySQL (PyMySQL without CLIENT.FOUND_ROWS) counts the rows a statement
+        changed, not those it matched: a retried write, same token and values, reports
+        0 rows. A trigger that skips such an update gives sqlite3 the same count."""
+        db.execute(
+            "CREATE TRIGGER unchanged BEFORE UPDATE ON orders WHEN NEW.status IS OLD.status "
+            "AND NEW.total IS OLD.total AND NEW.fence IS OLD.fence BEGIN SELECT RAISE(IGNORE); END"
+        )
+        write = getattr(fence, method)
+        write(db, 42, {"status": "paid"}, 6)
+        sql, params = fence.update_statement(42, {"status": "paid"}, 6)
+        assert db.execute(sql, params).rowcount == 0  # the retry counts no row
+        write(db, 42, {"status": "paid"}, 6)
+        assert row(db) == ("paid", 10.0, 6)
+        with pytest.raises(StaleTokenError):
+            write(db, 42, {"status": "paid"}, 5)
+        with pytest.raises(MissingRecordError):
+            fence.update(db, 7, {"status": "paid"}, 6)
+
     def test_update_of_a_missing_record(self, db: sqlite3.Connection, fence: SQLFence) -> None:
         with pytest.raises(MissingRecordError, match="no record with id = 7") as caught:
             fence.update(db, 7, {"status": "paid"}, 9)
