@@ -30,8 +30,9 @@ class NameTemplate:
     def __init__(self, text: object) -> None:
         """Raises:
         TypeError: ``text`` is not a ``str``.
-        ValueError: It is empty, malformed (an unmatched brace), or has a
-            positional field.
+        ValueError: It is empty, malformed (an unmatched brace, an empty
+            attribute, an unclosed item, an unknown conversion), or has a positional
+            field.
         """
         if not isinstance(text, str):
             raise TypeError(f"a lock name template must be a str, not {type(text).__name__}")
@@ -78,20 +79,47 @@ def _fields(text: str) -> list[str]:
         ValueError: A malformed template, or a field without a name.
     """
     try:
-        parsed = list(string.Formatter().parse(text))
+        parsed = list(_FORMATTER.parse(text))
     except ValueError as exc:
         raise ValueError(f"malformed: {exc}") from None
     roots = []
-    for _, field, spec, _ in parsed:
+    for _, field, spec, conversion in parsed:
         if field is None:
             continue
         root = field.partition(".")[0].partition("[")[0]
         if not root or root.isdigit():
             raise ValueError('fields must be named, as in "orders:{order_id}"')
+        _check_field(field, root, conversion)
         roots.append(root)
         if spec and "{" in spec:
             roots.extend(_fields(spec))
     return roots
+
+
+_FORMATTER = string.Formatter()
+
+
+class _Anything:
+    """A value with every attribute and item (itself): what a field reaches into."""
+
+    def __getattr__(self, name: str) -> _Anything:
+        return self
+
+    def __getitem__(self, key: object) -> _Anything:
+        return self
+
+
+def _check_field(field: str, root: str, conversion: str | None) -> None:
+    """Raise `ValueError`, as ``str.format`` would at every fill, if the field's
+    attributes and items (``"{job_id.}"``, ``"{job_id[0]]}"``) or its conversion
+    (``"{job_id!x}"``) are malformed: `Formatter.parse` leaves them unchecked."""
+    anything = _Anything()
+    try:
+        _FORMATTER.get_field(field, (), {root: anything})
+        _FORMATTER.convert_field(anything, conversion)
+    except ValueError as exc:
+        bang = "" if conversion is None else f"!{conversion}"
+        raise ValueError(f"malformed field {{{field}{bang}}}: {exc}") from None
 
 
 def serialize(

@@ -188,6 +188,8 @@ class TestHandlers:
             setup(web.Application(), ["redis://127.0.0.1:1"], errors=423)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="fields must be named"):
             locked("orders:{}")
+        with pytest.raises(ValueError, match="malformed field"):
+            locked("orders:{order_id.}")
         with pytest.raises(TypeError, match="async handlers"):
             locked("orders")(lambda request: web.Response())  # type: ignore[arg-type, return-value]
 

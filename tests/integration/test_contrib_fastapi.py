@@ -338,6 +338,8 @@ class TestDependency:
     def test_bad_template_or_setting_raises_when_made(self) -> None:
         with pytest.raises(ValueError, match="fields must be named"):
             locked("orders:{}")
+        with pytest.raises(ValueError, match="malformed field"):
+            locked("orders:{order_id!x}")
         with pytest.raises(ValueError, match=r"^timeout must be >= 0"):
             locked("orders:{order_id}", timeout=-1)
         with pytest.raises(ValueError, match=r"^max_hold must be > 0"):

@@ -152,6 +152,10 @@ class TestBadInput:
             ("jobs:{", ValueError, "malformed"),
             ("jobs:{}", ValueError, "fields must be named"),
             ("jobs:{0}", ValueError, "fields must be named"),
+            ("jobs:{job_id!x}", ValueError, r"malformed field \{job_id!x\}: Unknown conversion"),
+            ("jobs:{job_id.}", ValueError, r"malformed field \{job_id\.\}: Empty attribute"),
+            ("jobs:{job_id[0]]}", ValueError, r"malformed field \{job_id\[0\]\]\}"),
+            ("jobs:{job_id:{width!z}}", ValueError, r"malformed field \{width!z\}"),
         ],
     )
     def test_a_bad_template(self, template: Any, error: type[Exception], pattern: str) -> None:
