@@ -319,7 +319,8 @@ class FaultProxy:
 
     @property
     def connections(self) -> int:
-        """The number of open proxied connections."""
+        """Open proxied connections (not ended on both sides): one its client closes in a
+        blackhole counts until the lift, as the close is dropped and the server keeps it."""
         return len(self._pairs)
 
     @property
