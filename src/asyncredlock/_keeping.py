@@ -58,6 +58,7 @@ class Keeping(ABC):
     _extender: asyncio.Task[None] | None = None
     _limit: asyncio.TimerHandle | None = None  # ends the lease at its bound
     _holder: Span | None = None  # the span current where it was acquired (see telemetry)
+    _untaken = False  # passed to a task that has not taken it yet (see Lease._take)
     token: int | None = None
 
     def __init__(
@@ -220,8 +221,9 @@ class Keeping(ABC):
         if self._state is not State.HELD:
             return
         self._loss = decision
-        self._core.counters.lost += 1
-        log_lost(self, decision.outcomes if decision else (), reason)
+        if not self._untaken:  # else nobody's loss: the task it was passed to acquires
+            self._core.counters.lost += 1
+            log_lost(self, decision.outcomes if decision else (), reason)
         self._finish(State.LOST)
         self._ending.cancel_block()
         if not self._core.closed:
@@ -232,6 +234,8 @@ class Keeping(ABC):
         """The end is known (released or lost): tell `Ending`, count its hold time."""
         lost, ended_at = self._state is State.LOST, self._record.ended_at
         self._ending.announce(self, lost=lost)
+        if self._untaken:  # never held by a task: no hold to count
+            return
         held = (ended_at or self._core.clock()) - self._record.taken_at
         self._core.timings.ended(self.resource, held, lost=lost)
 

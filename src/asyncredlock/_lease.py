@@ -262,10 +262,16 @@ class Lease(Keeping):
             tokens=tokens,
         )
         successor._first_tokens, successor._handoffs = self._first_tokens, handoffs
+        successor._untaken = True  # counted as a hand-off once its task takes it
         self._finish(State.RELEASED)
-        core.counters.handoffs += 1
         gates.hand(slot, waiter, successor)  # the slot goes with it
         return True
+
+    def _take(self) -> None:
+        """The task this lease was passed to takes it: a hand-off, and from now on a
+        hold of its own (one passed on again, its task gone, is neither)."""
+        self._untaken = False
+        self._core.counters.handoffs += 1
 
     def _pass_on(self) -> None:
         """Hand the lease on, or release it in the background (its task gave up)."""

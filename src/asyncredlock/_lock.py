@@ -219,6 +219,7 @@ class Lock:
         if gates.busy(self._slot):
             handed = await self._queue(started)
             if handed is not None and handed.held:
+                handed._take()
                 return handed
             if handed is not None:  # lost before this task ran (aclose(), a loss)
                 refuse_if_closing(core)

@@ -60,10 +60,13 @@ class RedlockStatistics:
         extensions: Successful extensions (automatic or explicit).
         failed_extensions: Extension rounds that did not reach a quorum in time.
         releases: Release rounds started.
-        lost: Leases lost while held (not extended in time, or found taken).
+        lost: Leases lost while held (not extended in time, or found taken); not
+            one passed to a task that had not taken it yet (that task acquires again).
         handoffs: Leases passed on release straight to the next task of this
-            ``AsyncRedlock`` waiting for the same key, with no call to the masters
-            (counted in neither ``acquisitions`` nor ``releases``).
+            ``AsyncRedlock`` waiting for the same key, with no call to the masters,
+            and taken by that task (counted in neither ``acquisitions`` nor
+            ``releases``; a lease passed to a task cancelled before it ran is not
+            counted, nor its hold in ``hold``).
         held: Leases held right now.
         background_tasks: Background tasks running (calls still out, extenders).
         in_flight: Calls to masters waiting for a reply right now.

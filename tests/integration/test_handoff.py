@@ -258,7 +258,8 @@ class TestPassedOnAsItCloses:
     ) -> None:
         """The same moment with a loss instead of aclose() (a failed extension, a
         max_hold bound or force_release() could bring it then; made at once here):
-        the waiting task does not get the lost lease, it acquires on the masters."""
+        the waiting task does not get the lost lease, it acquires on the masters; the
+        lease no task took counts as neither a hand-off nor a loss."""
         async with AsyncRedlock(servers.urls) as redlock:
             with anyio.fail_after(HANG_GUARD):
                 task = await passed_on(redlock, "relost", lambda lock: lock.acquire())
@@ -270,7 +271,8 @@ class TestPassedOnAsItCloses:
             assert await masters.holding("relost") == 5
             await lease.release()
             stats = redlock.statistics()
-        assert (stats.handoffs, stats.lost) == (1, 1)
+        # two holds: the first lease's and the one acquired anew, not the passed one
+        assert (stats.handoffs, stats.lost, stats.hold.count) == (0, 0, 2)
 
 
 async def passed_on(
@@ -283,8 +285,30 @@ async def passed_on(
     task = asyncio.get_running_loop().create_task(waiting(lock))
     await queue.reach(1)
     await first.release()  # passed on at once, no await inside
-    assert redlock.statistics().handoffs == 1
+    assert (first.held, redlock.statistics().held) == (False, 1)  # the task's, untaken
     return task
+
+
+class TestPassedToACancelledTask:
+    async def test_is_neither_a_hand_off_nor_a_hold(self, servers: ServerGroup) -> None:
+        """The task a lease was passed to is cancelled before it runs: it passes the
+        lease on (here released, nobody else waits), which counts no hand-off and
+        no hold: one lease was held, the first."""
+
+        async def waiter(lock: Lock) -> None:
+            async with lock:
+                pytest.fail("the task was cancelled before it ran")
+
+        async with AsyncRedlock(servers.urls) as redlock:
+            with anyio.fail_after(HANG_GUARD):
+                task = await passed_on(redlock, "cancelled", waiter)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await redlock.settle()
+            stats = redlock.statistics()
+            assert (stats.handoffs, stats.hold.count, stats.held) == (0, 1, 0)
+            assert redlock.resource_statistics()["cancelled"].hold.count == 1
 
 
 class TestAcrossProcesses:
