@@ -12,7 +12,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 
 __all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "display_name", "parse_sentinel_url"]
 
@@ -65,10 +67,14 @@ class SentinelMaster:
 
     def client(self, timeout: float) -> Redis:
         """A client of the master through the sentinels (opening nothing yet);
-        ``timeout`` bounds each connection attempt and reply, sentinels included."""
+        ``timeout`` bounds each connection attempt and reply, sentinels included.
+        The sentinels' clients retry nothing (redis-py's default would retry a
+        sentinel that is down with seconds of backoff, on every new connection):
+        one that fails is passed over for the next."""
         timeouts: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        sentinel_kwargs = {**timeouts, "retry": Retry(NoBackoff(), 0), **self.sentinel_kwargs}
         sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-            self.sentinels, sentinel_kwargs={**timeouts, **self.sentinel_kwargs}, **timeouts
+            self.sentinels, sentinel_kwargs=sentinel_kwargs, **timeouts
         )
         client: Redis = sentinel.master_for(
             self.service, db=self.db, username=self.username, password=self.password

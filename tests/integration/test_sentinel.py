@@ -6,6 +6,8 @@ master, and a failover while a lock is held (the key lost, the counter set back)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -14,7 +16,7 @@ import anyio.to_thread
 import pytest
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
+from asyncredlock import AsyncRedlock, Lease, LockTimeoutError, QuorumUnavailableError
 from asyncredlock.__main__ import main
 from asyncredlock.testing import SentinelProcess, ServerGroup, ServerProcess, Waits
 from asyncredlock.testing._support import connected_clients
@@ -141,6 +143,54 @@ class TestThroughSentinels:
         free = await anyio.to_thread.run_sync(main, ["inspect", "sentinel:cli"])
         assert (held, free) == (0, 1)
         assert lease.value in capsys.readouterr().out
+
+
+class Hangup:
+    """A listener that ends every connection as soon as it is accepted (a sentinel
+    that is down, as a refused connection is), counting them."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.port = 0
+
+    async def _hang_up(self, _: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        writer.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Hangup]:
+        server = await asyncio.start_server(self._hang_up, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        async with server:
+            yield self
+
+
+class TestSentinelsDown:
+    """A sentinel that is down is asked once per discovery, never retried with
+    redis-py's default backoff (seconds per connection)."""
+
+    async def test_a_sentinel_down_is_asked_once_and_the_next_one_answers(
+        self, make_servers: MakeServers
+    ) -> None:
+        primary = make_servers(1)[0]
+        with SentinelProcess({"svc": primary}) as process:
+            async with Hangup().running() as down:
+                url = f"redis-sentinel://127.0.0.1:{down.port},127.0.0.1:{process.port}/svc"
+                with anyio.fail_after(HANG_GUARD):
+                    async with AsyncRedlock([url]) as redlock:
+                        lease = await redlock.lock("sentinel:down", timeout=0).acquire()
+                        await lease.release()
+                assert down.accepted == 1
+
+    async def test_every_sentinel_down_is_an_outage_after_one_question_each(self) -> None:
+        async with Hangup().running() as one, Hangup().running() as two:
+            url = f"redis-sentinel://127.0.0.1:{one.port},127.0.0.1:{two.port}/svc"
+            with anyio.fail_after(HANG_GUARD):
+                async with AsyncRedlock([url]) as redlock:
+                    with pytest.raises(QuorumUnavailableError, match="No master found"):
+                        await redlock.lock("sentinel:down", timeout=0).acquire()
+            # two connections: the attempt's, and its undo's (sent to every master)
+            assert (one.accepted, two.accepted) == (2, 2)
 
 
 class TestFailover:
