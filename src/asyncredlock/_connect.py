@@ -22,6 +22,7 @@ from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
 from ._tls import CLIENT_CERTIFICATE_HINT, certificate_error, ended_by_master, lost_reason
+from ._urls import redacted
 from ._wire import Stream
 
 __all__ = ["ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
@@ -218,28 +219,29 @@ def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
 def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
     if url.startswith(f"{SENTINEL}://"):
         return _node_from_sentinel(url, settings)
+    shown = redacted(url)  # errors never show the password
     if "," in url.partition("?")[0]:
         raise ValueError(
-            f"master URL {url!r} has a comma: one host per URL (only {SENTINEL}:// URLs"
+            f"master URL {shown!r} has a comma: one host per URL (only {SENTINEL}:// URLs"
             " list several, their sentinels), and each URL starts with its scheme"
         )
     parts = urlsplit(url)
     if parts.scheme not in _SCHEMES:
         raise ValueError(
-            f"master URL {url!r} must start with redis://, rediss://, unix:// or {SENTINEL}://"
+            f"master URL {shown!r} must start with redis://, rediss://, unix:// or {SENTINEL}://"
         )
     try:
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"master URL {url!r} has an invalid port") from exc
+        raise ValueError(f"master URL {shown!r} has an invalid port") from exc
     if parts.scheme != "unix" and not parts.hostname:
-        raise ValueError(f"master URL {url!r} names no host")
+        raise ValueError(f"master URL {shown!r} names no host")
     if parts.scheme == "unix" and not parts.path:
-        raise ValueError(f"master URL {url!r} names no socket path")
+        raise ValueError(f"master URL {shown!r} names no socket path")
     if parts.scheme != "unix" and port == 0:
-        raise ValueError(f"master URL {url!r} has port 0")
+        raise ValueError(f"master URL {shown!r} has port 0")
     if parts.scheme != "unix" and parts.path not in ("", "/") and not _is_db(parts.path):
-        raise ValueError(f"master URL {url!r}: the path must be a database number")
+        raise ValueError(f"master URL {shown!r}: the path must be a database number")
     # The pool only parses the URL into connection settings; it opens nothing.
     pool = ConnectionPool.from_url(
         url,

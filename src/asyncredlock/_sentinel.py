@@ -16,6 +16,8 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from ._urls import redacted
+
 __all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "display_name", "parse_sentinel_url"]
 
 SCHEME = "redis-sentinel"
@@ -112,6 +114,7 @@ def parse_sentinel_url(url: str) -> SentinelMaster:
     Raises:
         ValueError: The URL is not of that form.
     """
+    shown = redacted(url)  # errors never show a password
     rest = url[len(SCHEME) + 3 :]
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
@@ -121,45 +124,55 @@ def parse_sentinel_url(url: str) -> SentinelMaster:
         user, colon, secret = credentials.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon else None
-    sentinels = [_address(url, part) for part in hosts.split(",")]
+    sentinels = [_address(shown, part) for part in hosts.split(",")]
     service, _, db_text = path.partition("/")
     if not service:
-        raise ValueError(f"master URL {url!r} names no service (…/SERVICE after the sentinels)")
+        raise ValueError(f"master URL {shown!r} names no service (…/SERVICE after the sentinels)")
     if db_text and not db_text.isdigit():
-        raise ValueError(f"master URL {url!r}: after the service, only a database number")
+        raise ValueError(f"master URL {shown!r}: after the service, only a database number")
     return SentinelMaster(
         sentinels,
         unquote(service),
         db=int(db_text or 0),
         username=username,
         password=password,
-        sentinel_kwargs=_sentinel_credentials(url, query),
+        sentinel_kwargs=_sentinel_credentials(shown, query),
     )
 
 
-def _address(url: str, part: str) -> tuple[str, int]:
-    """``host``, ``host:port`` or ``[v6 address]:port``."""
+def _address(shown: str, part: str) -> tuple[str, int]:
+    """``host``, ``host:port`` or ``[v6 address]:port`` (``shown``: the URL for errors)."""
     port_text: str | None
     if part.startswith("["):
         host, bracket, rest = part[1:].partition("]")
         port_text = rest[1:] if rest.startswith(":") else None
         if not bracket or (rest and port_text is None):
-            raise ValueError(f"master URL {url!r} has a malformed sentinel address {part!r}")
+            raise ValueError(
+                f"master URL {shown!r} has a malformed sentinel address{_quoted(part, shown)}"
+            )
     else:
         host, colon, after = part.partition(":")
         port_text = after if colon else None
     if not host:
-        raise ValueError(f"master URL {url!r} names a sentinel without a host")
+        raise ValueError(f"master URL {shown!r} names a sentinel without a host")
     if port_text is None:
         return host.lower(), DEFAULT_PORT
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"master URL {url!r} has an invalid sentinel port {port_text!r}")
+        raise ValueError(
+            f"master URL {shown!r} has an invalid sentinel port{_quoted(port_text, shown)}"
+        )
     return host.lower(), int(port_text)
 
 
-def _sentinel_credentials(url: str, query: str) -> dict[str, str]:
+def _quoted(text: str, shown: str) -> str:
+    """`` 'text'`` for a message, if ``shown`` (the URL without its password) holds
+    it: a URL that does not parse may have put part of a password there."""
+    return f" {text!r}" if text in shown else ""
+
+
+def _sentinel_credentials(shown: str, query: str) -> dict[str, str]:
     found = parse_qs(query, keep_blank_values=True, strict_parsing=False)
     unknown = sorted(set(found) - set(_QUERY))
     if unknown:
-        raise ValueError(f"master URL {url!r}: unknown parameter {unknown[0]!r}")
+        raise ValueError(f"master URL {shown!r}: unknown parameter {unknown[0]!r}")
     return {name[len("sentinel_") :]: values[-1] for name, values in found.items()}

@@ -263,6 +263,23 @@ class TestBadInput:
         assert complaint in err
         assert "Traceback" not in err
 
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "redis://u:s3cretPW@127.0.0.1:99999",
+            "redis://u:s3cretPW@127.0.0.1/abc",
+            "rediss//u:s3cretPW@127.0.0.1",
+            "redis-sentinel://u:s3cretPW@127.0.0.1:0/svc",
+        ],
+    )
+    def test_a_malformed_url_is_shown_without_its_password(
+        self, url: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main(["inspect", "some:lock", "--master", url]) == 2
+        err = capsys.readouterr().err
+        assert "u@127.0.0.1" in err  # the URL is named, without its password
+        assert "s3cret" not in err
+
     def test_malformed_url_in_the_environment(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:

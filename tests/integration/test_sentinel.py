@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -63,6 +64,23 @@ class TestURL:
     def test_a_malformed_url_is_refused_at_construction(self, url: str, message: str) -> None:
         with pytest.raises(ValueError, match=message):
             AsyncRedlock([url])
+
+    @pytest.mark.parametrize(
+        ("url", "shown"),
+        [
+            ("redis-sentinel://u:s3cret@h:99999/svc", "'redis-sentinel://u@h:99999/svc' has an"),
+            ("redis-sentinel://u:s3cret@h", "'redis-sentinel://u@h' names no service"),
+            ("redis-sentinel://u:s3cret@h/svc/x", "'redis-sentinel://u@h/svc/x': after the"),
+            ("redis-sentinel://u:s3cret@[::1/svc", "'redis-sentinel://u@[::1/svc' has a"),
+            ("redis-sentinel://h/svc?sentinel_password=s3cret&x=1", "'redis-sentinel://h/svc':"),
+            # a "/" in the password (not %-encoded) ends the sentinels: "u:s3" is read as one
+            ("redis-sentinel://u:s3/cret@h/svc", "'redis-sentinel://u@h/svc' has an invalid"),
+        ],
+    )
+    def test_a_refused_url_is_shown_without_its_password(self, url: str, shown: str) -> None:
+        with pytest.raises(ValueError, match=re.escape(shown)) as refused:
+            AsyncRedlock([url])
+        assert "s3" not in str(refused.value)
 
     def test_display_names_the_first_sentinel_and_the_service_without_password(self) -> None:
         redlock = AsyncRedlock(

@@ -8,6 +8,7 @@ what each one said, never a hang.
 from __future__ import annotations
 
 import math
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from .conftest import Masters
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 10  # seconds: a hang fails the test instead of blocking CI
+SECRET = "s3cretPW"  # a password no error may show
 
 
 @contextmanager
@@ -90,6 +92,26 @@ class TestMasters:
     ) -> None:
         with pytest.raises(error, match=pattern):
             AsyncRedlock(masters_arg)
+
+    @pytest.mark.parametrize(
+        ("url", "shown"),
+        [
+            (f"redis://:{SECRET}@h:notaport", "'redis://h:notaport' has an invalid port"),
+            (f"redis://u:{SECRET}@h:99999", "'redis://u@h:99999' has an invalid port"),
+            (f"redis://u:{SECRET}@h/abc", "'redis://u@h/abc': the path must be"),
+            (f"redis://u:{SECRET}@:6379", "'redis://u@:6379' names no host"),
+            (f"redis://u:{SECRET}@h:0", "'redis://u@h:0' has port 0"),
+            (f"redis://u:{SECRET}@h1,h2", "'redis://u@h1,h2' has a comma"),
+            (f"rediss//u:{SECRET}@h", "'rediss//u@h' must start with"),
+            (f"http://u:{SECRET}@h", "'http://u@h' must start with"),
+            (f"redis://u:{SECRET[:3]}/{SECRET[3:]}@h:1", "'redis://u@h:1' has an invalid port"),
+            (f"unix://u:{SECRET}@", "'unix://u@' names no socket path"),
+        ],
+    )
+    def test_a_refused_url_is_shown_without_its_password(self, url: str, shown: str) -> None:
+        with pytest.raises(ValueError, match=re.escape(shown)) as refused:
+            AsyncRedlock([url])
+        assert SECRET[:3] not in str(refused.value)
 
     async def test_a_refused_construction_opens_nothing(
         self, servers: ServerGroup, masters: Masters
