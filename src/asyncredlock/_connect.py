@@ -9,7 +9,6 @@ import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any, cast
-from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.connection import SSLConnection
@@ -22,12 +21,10 @@ from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
 from ._tls import CLIENT_CERTIFICATE_HINT, certificate_error, ended_by_master, lost_reason
-from ._urls import redacted
+from ._urls import bracketed, checked, display
 from ._wire import Stream
 
 __all__ = ["ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
-
-_SCHEMES = ("redis", "rediss", "unix")
 
 try:  # redis-py >= 7.1 names the library through driver_info
     from redis.driver_info import DriverInfo
@@ -219,29 +216,7 @@ def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
 def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
     if url.startswith(f"{SENTINEL}://"):
         return _node_from_sentinel(url, settings)
-    shown = redacted(url)  # errors never show the password
-    if "," in url.partition("?")[0]:
-        raise ValueError(
-            f"master URL {shown!r} has a comma: one host per URL (only {SENTINEL}:// URLs"
-            " list several, their sentinels), and each URL starts with its scheme"
-        )
-    parts = urlsplit(url)
-    if parts.scheme not in _SCHEMES:
-        raise ValueError(
-            f"master URL {shown!r} must start with redis://, rediss://, unix:// or {SENTINEL}://"
-        )
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"master URL {shown!r} has an invalid port") from exc
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ValueError(f"master URL {shown!r} names no host")
-    if parts.scheme == "unix" and not parts.path:
-        raise ValueError(f"master URL {shown!r} names no socket path")
-    if parts.scheme != "unix" and port == 0:
-        raise ValueError(f"master URL {shown!r} has port 0")
-    if parts.scheme != "unix" and parts.path not in ("", "/") and not _is_db(parts.path):
-        raise ValueError(f"master URL {shown!r}: the path must be a database number")
+    parts, port = checked(url)
     # The pool only parses the URL into connection settings; it opens nothing.
     pool = ConnectionPool.from_url(
         url,
@@ -251,7 +226,7 @@ def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
         **_NO_CLIENT_SETINFO,
     )
     opener = RedisPyOpener(pool.connection_class, {**pool.connection_kwargs, **_OWN_CONNECTION})
-    name = _display(parts)
+    name = display(parts)
     # Two databases of one server are one failure domain: one master, not two.
     host = (parts.hostname or "").lower()
     identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
@@ -269,29 +244,13 @@ def _node_from_sentinel(url: str, settings: Settings) -> tuple[Node, object]:
     return node, master.identity
 
 
-def _is_db(path: str) -> bool:
-    return path[1:].isdigit() and path.startswith("/")
-
-
-def _display(parts: SplitResult) -> str:
-    """The URL with any password (and query) removed."""
-    if parts.scheme == "unix":
-        return f"unix://{parts.path}"
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    if parts.username:
-        netloc = f"{parts.username}@{netloc}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 def _client_name(client: Any) -> str:
     """A client's display name: its URL, ``redis-cluster://host:port`` (the first
     startup node) or ``redis-sentinel://host:port/service`` (the first sentinel)."""
     if isinstance(client, RedisCluster) or hasattr(client, "nodes_manager"):
         node = next(iter(client.nodes_manager.startup_nodes.values()), None)
         if node is not None:
-            return f"redis-cluster://{node.host}:{node.port}"
+            return f"redis-cluster://{bracketed(node.host)}:{node.port}"
     pool = getattr(client, "connection_pool", None)
     service = getattr(pool, "service_name", None)
     sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
@@ -303,5 +262,5 @@ def _client_name(client: Any) -> str:
         return f"unix://{kwargs['path']}"
     host, port = kwargs.get("host"), kwargs.get("port")
     if host is not None:
-        return f"redis://{host}:{port}/{kwargs.get('db', 0)}"
+        return f"redis://{bracketed(host)}:{port}/{kwargs.get('db', 0)}"
     return f"{type(client).__name__}@{id(client):x}"

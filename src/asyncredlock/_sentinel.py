@@ -16,11 +16,11 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from ._urls import redacted
+from ._urls import SENTINEL, bracketed, is_number, redacted
 
 __all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "display_name", "parse_sentinel_url"]
 
-SCHEME = "redis-sentinel"
+SCHEME = SENTINEL
 DEFAULT_PORT = 26379
 #: The query parameters a Sentinel URL may carry (the sentinels' own credentials).
 _QUERY = ("sentinel_username", "sentinel_password")
@@ -103,8 +103,7 @@ class OwnedClient:
 def display_name(host: object, port: object, service: str) -> str:
     """``redis-sentinel://host:port/service``: how a Sentinel-managed master shows,
     named by its first sentinel (an IPv6 address in brackets)."""
-    text = str(host)
-    return f"{SCHEME}://{f'[{text}]' if ':' in text else text}:{port}/{service}"
+    return f"{SCHEME}://{bracketed(host)}:{port}/{service}"
 
 
 def parse_sentinel_url(url: str) -> SentinelMaster:
@@ -115,6 +114,8 @@ def parse_sentinel_url(url: str) -> SentinelMaster:
         ValueError: The URL is not of that form.
     """
     shown = redacted(url)  # errors never show a password
+    if "#" in url:
+        raise ValueError(f"master URL {shown!r} has a fragment ('#...'): %-encode a '#'")
     rest = url[len(SCHEME) + 3 :]
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
@@ -128,7 +129,7 @@ def parse_sentinel_url(url: str) -> SentinelMaster:
     service, _, db_text = path.partition("/")
     if not service:
         raise ValueError(f"master URL {shown!r} names no service (…/SERVICE after the sentinels)")
-    if db_text and not db_text.isdigit():
+    if db_text and not is_number(db_text):
         raise ValueError(f"master URL {shown!r}: after the service, only a database number")
     return SentinelMaster(
         sentinels,
@@ -157,7 +158,7 @@ def _address(shown: str, part: str) -> tuple[str, int]:
         raise ValueError(f"master URL {shown!r} names a sentinel without a host")
     if port_text is None:
         return host.lower(), DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not is_number(port_text) or not 0 < int(port_text) < 65536:
         raise ValueError(
             f"master URL {shown!r} has an invalid sentinel port{_quoted(port_text, shown)}"
         )

@@ -53,6 +53,9 @@ class TestURL:
             ("redis-sentinel://h1:26379", "names no service"),
             ("redis-sentinel://h1:26379/", "names no service"),
             ("redis-sentinel://h1:26379/svc/x", "only a database number"),
+            ("redis-sentinel://h1:26379/svc/\u00b2", "only a database number"),  # ²
+            ("redis-sentinel://h1:\u00b2/svc", "invalid sentinel port"),
+            ("redis-sentinel://h1/svc#frag", r"'redis-sentinel://h1/svc' has a fragment"),
             ("redis-sentinel://h1:0/svc", "invalid sentinel port"),
             ("redis-sentinel://h1:99999/svc", "invalid sentinel port"),
             ("redis-sentinel://h1:26379,:1/svc", "without a host"),

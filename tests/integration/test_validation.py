@@ -81,6 +81,11 @@ class TestMasters:
             (["unix://"], ValueError, r"'unix://' names no socket path"),
             (["redis://h:0"], ValueError, r"'redis://h:0' has port 0"),
             (["redis://h/notadb"], ValueError, "the path must be a database number"),
+            (["redis://h/\u00b2"], ValueError, "the path must be a database number"),  # ²
+            (["redis://h/\u0663"], ValueError, "the path must be a database number"),  # ٣
+            (["unix://relative/s.sock"], ValueError, "'unix://relative/s.sock' names a host"),
+            (["unix://h:1/s.sock"], ValueError, "'unix://h:1/s.sock' names a host"),
+            (["redis://h/0#f"], ValueError, r"'redis://h/0' has a fragment \('#\.\.\.'\)"),
             (["redis://h:1/1", "redis://h:1/2"], ValueError, "is given twice"),
             (["redis://h:1", "redis://h:1"], ValueError, r"'redis://h:1' is given twice"),
             (["redis://h:1", "redis://H:1/0"], ValueError, "is given twice"),
@@ -179,6 +184,19 @@ class TestMasters:
             "redis-cluster://127.0.0.1:7000",
             "redis-sentinel://127.0.0.1:26379/orders",
             "redis://127.0.0.1:6379",
+        )
+        await redlock.aclose()
+
+    async def test_an_ipv6_master_displays_in_brackets(self) -> None:
+        cluster = RedisCluster(host="::1", port=7000)  # nothing is connected
+        redlock = AsyncRedlock(
+            ["redis://u:pw@[::1]:6399/0", "rediss://[fe80::1]", Redis(host="::2"), cluster]
+        )
+        assert redlock.masters == (
+            "redis://u@[::1]:6399/0",
+            "rediss://[fe80::1]",
+            "redis://[::2]:6379/0",
+            "redis-cluster://[::1]:7000",
         )
         await redlock.aclose()
 
