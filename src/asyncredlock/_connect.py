@@ -15,13 +15,14 @@ from redis.asyncio.connection import SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from ._config import Settings
 from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
 from ._tls import CLIENT_CERTIFICATE_HINT, certificate_error, ended_by_master, lost_reason
-from ._urls import bracketed, checked, display
+from ._urls import bracketed, checked, display, redacted
 from ._wire import Stream
 
 __all__ = ["ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
@@ -217,20 +218,32 @@ def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
     if url.startswith(f"{SENTINEL}://"):
         return _node_from_sentinel(url, settings)
     parts, port = checked(url)
-    # The pool only parses the URL into connection settings; it opens nothing.
-    pool = ConnectionPool.from_url(
-        url,
-        socket_timeout=settings.socket_timeout,
-        socket_connect_timeout=settings.socket_timeout,
-        # One round trip per new connection instead of three (two CLIENT SETINFO).
-        **_NO_CLIENT_SETINFO,
-    )
-    opener = RedisPyOpener(pool.connection_class, {**pool.connection_kwargs, **_OWN_CONNECTION})
+    opener = _url_opener(url, settings)
     name = display(parts)
     # Two databases of one server are one failure domain: one master, not two.
     host = (parts.hostname or "").lower()
     identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
     return _linked(name, opener, settings), identity
+
+
+def _url_opener(url: str, settings: Settings) -> RedisPyOpener:
+    """The opener of a checked URL's connections. One connection object is made
+    (not opened) now, so that a value redis-py refuses (``ssl_cert_reqs=maybe``) is
+    refused at construction rather than when the first connection opens."""
+    try:
+        # The pool only parses the URL into connection settings; it opens nothing.
+        pool = ConnectionPool.from_url(
+            url,
+            socket_timeout=settings.socket_timeout,
+            socket_connect_timeout=settings.socket_timeout,
+            # One round trip per new connection instead of three (two CLIENT SETINFO).
+            **_NO_CLIENT_SETINFO,
+        )
+        kwargs = {**pool.connection_kwargs, **_OWN_CONNECTION}
+        pool.connection_class(**kwargs)
+    except (TypeError, ValueError, RedisError) as exc:
+        raise ValueError(f"master URL {redacted(url)!r}: {exc}") from None
+    return RedisPyOpener(pool.connection_class, kwargs)
 
 
 def _node_from_sentinel(url: str, settings: Settings) -> tuple[Node, object]:

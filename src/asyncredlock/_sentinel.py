@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import unquote
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from ._urls import SENTINEL, bracketed, is_number, redacted
+from ._urls import SENTINEL, bracketed, is_number, options, redacted
 
 __all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "display_name", "parse_sentinel_url"]
 
@@ -172,8 +172,5 @@ def _quoted(text: str, shown: str) -> str:
 
 
 def _sentinel_credentials(shown: str, query: str) -> dict[str, str]:
-    found = parse_qs(query, keep_blank_values=True, strict_parsing=False)
-    unknown = sorted(set(found) - set(_QUERY))
-    if unknown:
-        raise ValueError(f"master URL {shown!r}: unknown parameter {unknown[0]!r}")
-    return {name[len("sentinel_") :]: values[-1] for name, values in found.items()}
+    found = options(query, _QUERY, shown)  # the same rules as other master URLs
+    return {name[len("sentinel_") :]: value for name, value in found.items()}

@@ -3,13 +3,50 @@ and shown without their password."""
 
 from __future__ import annotations
 
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+import ssl
+from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
 
-__all__ = ["SCHEMES", "SENTINEL", "bracketed", "checked", "display", "is_number", "redacted"]
+from ._config import check_seconds
+
+__all__ = [
+    "QUERY",
+    "SCHEMES",
+    "SENTINEL",
+    "bracketed",
+    "checked",
+    "display",
+    "is_number",
+    "options",
+    "redacted",
+]
 
 SCHEMES = ("redis", "rediss", "unix")
 #: The scheme of a master named by its sentinels (read by `_sentinel`).
 SENTINEL = "redis-sentinel"
+_COMMON = ("db", "username", "password", "client_name", "socket_timeout", "socket_connect_timeout")
+_TLS = (
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_ca_data",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_password",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+    "ssl_min_version",
+    "ssl_ciphers",
+    "ssl_include_verify_flags",
+    "ssl_exclude_verify_flags",
+)
+_TLS_VERSIONS = frozenset(version.value for version in ssl.TLSVersion)
+#: The query parameters a master URL may carry, by scheme: those redis-py reads
+#: into the settings of the connections asyncredlock opens (the rest would reach
+#: its connection class only when the first connection opens, and fail there).
+QUERY = {
+    "redis": (*_COMMON, "socket_keepalive"),
+    "rediss": (*_COMMON, "socket_keepalive", *_TLS),
+    "unix": _COMMON,
+}
 
 
 def checked(url: str) -> tuple[SplitResult, int | None]:
@@ -35,6 +72,7 @@ def checked(url: str) -> tuple[SplitResult, int | None]:
         port = parts.port
     except ValueError as exc:
         raise ValueError(f"master URL {shown!r} has an invalid port") from exc
+    options(parts.query, QUERY[parts.scheme], shown)
     if parts.scheme == "unix":
         _check_unix(parts, port, shown)
         return parts, port
@@ -55,6 +93,44 @@ def _check_unix(parts: SplitResult, port: int | None, shown: str) -> None:
         )
     if not parts.path:
         raise ValueError(f"master URL {shown!r} names no socket path")
+
+
+def options(query: str, known: tuple[str, ...], shown: str) -> dict[str, str]:
+    """The parameters of a URL's ``query``, each once and named in ``known``;
+    ``db`` a number, ``socket_timeout`` and ``socket_connect_timeout`` durations
+    as the `socket_timeout` setting takes.
+
+    Raises:
+        ValueError: One is not, named with the URL ``shown``.
+    """
+    found = parse_qs(query, keep_blank_values=True)
+    for name, values in found.items():
+        if name not in known:
+            raise ValueError(
+                f"master URL {shown!r}: unknown parameter {name!r} (it takes {', '.join(known)})"
+            )
+        if len(values) > 1:
+            raise ValueError(f"master URL {shown!r} gives the parameter {name!r} twice")
+        why = _invalid(name, values[0])
+        if why:
+            raise ValueError(f"master URL {shown!r}: {why}")
+    return {name: values[0] for name, values in found.items()}
+
+
+def _invalid(name: str, value: str) -> str | None:
+    """Why redis-py would take ``value`` of the parameter ``name`` in vain, if so."""
+    if name == "db" and not is_number(value):
+        return f"db must be a database number, got {value!r}"
+    if name in ("socket_timeout", "socket_connect_timeout"):
+        try:
+            check_seconds(name, float(value))
+        except ValueError as exc:  # float() of a word, or a duration out of range
+            return str(exc) if name in str(exc) else f"{name} must be seconds, got {value!r}"
+    if name == "client_name" and not all("!" <= char <= "~" for char in value):
+        return f"client_name may not hold spaces or special characters, got {value!r}"
+    if name == "ssl_min_version" and not (is_number(value) and int(value) in _TLS_VERSIONS):
+        return f"ssl_min_version must be an ssl.TLSVersion number, got {value!r}"
+    return None
 
 
 def is_number(text: str) -> bool:

@@ -83,6 +83,19 @@ class TestConnectionForms:
                     await lease.release()
                     assert redlock.statistics().acquisitions == 1, form
 
+    async def test_the_url_parameters_taken_reach_the_connection(
+        self, servers: ServerGroup
+    ) -> None:
+        query = "db=3&client_name=locker&socket_timeout=2&socket_connect_timeout=2"
+        url = f"{servers[0].url}?{query}&socket_keepalive=false"
+        db3 = f"{servers[0].url}/3"
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock([url]) as redlock, Redis.from_url(db3) as direct:
+                lease = await redlock.lock("form:query", timeout=0).acquire()
+                assert "locker" in [client["name"] for client in await direct.client_list()]
+                assert await direct.get("form:query") == lease.value.encode()
+                await lease.release()
+
     async def test_a_ready_client_lends_its_settings_not_its_pool(self, guarded: Guarded) -> None:
         await _protect(guarded.server)
         server = guarded.server

@@ -61,6 +61,7 @@ class TestURL:
             ("redis-sentinel://h1:26379,:1/svc", "without a host"),
             ("redis-sentinel://[::1/svc", "malformed sentinel address"),
             ("redis-sentinel://h1/svc?password=x", "unknown parameter 'password'"),
+            ("redis-sentinel://h1/svc?sentinel_password=x&sentinel_password=y", "twice"),
             ("redis://h1:6379,h2:6379", "has a comma: one host per URL"),
         ],
     )

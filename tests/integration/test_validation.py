@@ -99,6 +99,31 @@ class TestMasters:
             AsyncRedlock(masters_arg)
 
     @pytest.mark.parametrize(
+        ("url", "complaint"),
+        [
+            ("redis://h/0?foo=bar", "'redis://h/0': unknown parameter 'foo' (it takes db, "),
+            ("redis://h/0?ssl=true", "unknown parameter 'ssl'"),
+            ("redis://h/0?ssl_cert_reqs=none", "unknown parameter 'ssl_cert_reqs'"),
+            ("unix:///s.sock?socket_keepalive=true", "unknown parameter 'socket_keepalive'"),
+            ("redis://h?protocol=3", "unknown parameter 'protocol'"),
+            ("redis://h?health_check_interval=5", "unknown parameter 'health_check_interval'"),
+            ("redis://h?socket_timeout=-1", "socket_timeout must be > 0 seconds"),
+            ("redis://h?socket_timeout=0", "socket_timeout must be > 0 seconds"),
+            ("redis://h?socket_connect_timeout=nan", "socket_connect_timeout must be a finite"),
+            ("redis://h?socket_timeout=soon", "socket_timeout must be seconds, got 'soon'"),
+            ("redis://h?db=\u00b2", "db must be a database number"),
+            ("redis://h?db=1&db=2", "gives the parameter 'db' twice"),
+            ("redis://h?client_name=a%20b", "client_name may not hold spaces"),
+            ("rediss://h?ssl_cert_reqs=maybe", "Invalid SSL Certificate Requirements Flag"),
+            ("rediss://h?ssl_include_verify_flags=NO", "Invalid value for 'ssl_include_verify"),
+            ("rediss://h?ssl_min_version=99", "ssl_min_version must be an ssl.TLSVersion"),
+        ],
+    )
+    def test_a_url_parameter_is_checked_at_construction(self, url: str, complaint: str) -> None:
+        with pytest.raises(ValueError, match=re.escape(complaint)):
+            AsyncRedlock([url])
+
+    @pytest.mark.parametrize(
         ("url", "shown"),
         [
             (f"redis://:{SECRET}@h:notaport", "'redis://h:notaport' has an invalid port"),
