@@ -17,10 +17,13 @@ import anyio
 import anyio.abc
 import httpx
 import pytest
-from fastapi import Depends, FastAPI
+from fastapi import BackgroundTasks, Depends, FastAPI
+from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse
 from redis.asyncio import Redis
+from uvicorn import Config, Server
 
-from asyncredlock import AsyncRedlock, Lease
+from asyncredlock import AsyncRedlock, Lease, LockLostError
 from asyncredlock.contrib.fastapi import (
     HTTPErrors,
     add_exception_handlers,
@@ -32,6 +35,7 @@ from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, fastapi_app
+from .conftest import Masters
 
 pytestmark = pytest.mark.anyio
 
@@ -369,6 +373,134 @@ class TestDependency:
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             with pytest.raises(RuntimeError, match=r"give the app .*lifespan"):
                 await client.get("/x")
+
+
+class TestStreaming:
+    """A generator handler, which FastAPI streams, runs its body while the response
+    is sent: the lock is held until the stream ends."""
+
+    @pytest.mark.parametrize("response_class", [None, EventSourceResponse, StreamingResponse])
+    async def test_a_generator_handler_streams_holding_the_lock(
+        self, servers: ServerGroup, response_class: type[StreamingResponse] | None
+    ) -> None:
+        app = app_with(servers.urls)
+        inside, go = anyio.Event(), anyio.Event()
+        holders: list[str | None] = []
+        extra = {} if response_class is None else {"response_class": response_class}
+
+        @app.get("/export/{job}", **extra)  # type: ignore[arg-type]
+        async def export(
+            job: str, lease: Annotated[Lease, Depends(locked("export:{job}", timeout=0))]
+        ) -> AsyncIterator[str]:
+            holders.append((await redlock_of(app).inspect(f"export:{job}")).holder)
+            if not inside.is_set():
+                inside.set()
+                await go.wait()
+            yield "part"
+
+        statuses: dict[str, int] = {}
+
+        async def get(who: str) -> None:
+            statuses[who] = (await client.get("/export/1")).status_code
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, anyio.create_task_group() as tg:
+                tg.start_soon(get, "first")
+                await inside.wait()  # the first stream's body runs
+                await get("second")  # timeout=0: one attempt
+                go.set()
+        assert statuses == {"first": 200, "second": 423}
+        assert len(holders) == 1  # the second request's body never ran
+        assert holders[0] is not None
+
+    async def test_background_tasks_run_after_the_stream_released_the_lock(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        app = app_with(servers.urls)
+        held: list[int] = []
+
+        async def after() -> None:
+            held.append(await masters.holding("export:1"))
+
+        @app.get("/export/{job}")
+        async def export(
+            job: str,
+            tasks: BackgroundTasks,
+            lease: Annotated[Lease, Depends(locked("export:{job}"))],
+        ) -> AsyncIterator[str]:
+            tasks.add_task(after)
+            held.append(await masters.holding(f"export:{job}"))
+            yield "part"
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                assert (await client.get("/export/1")).status_code == 200
+        assert held == [len(masters), 0]  # in the stream's body, then in the background
+
+    async def test_a_lease_lost_mid_stream_cancels_the_stream(self, servers: ServerGroup) -> None:
+        app = FastAPI(lifespan=lifespan(servers.urls))
+        cancelled: list[bool] = []
+
+        @app.get("/export/{job}")
+        async def export(
+            job: str, lease: Annotated[Lease, Depends(locked("export:{job}"))]
+        ) -> AsyncIterator[str]:
+            yield "part"
+            try:
+                await redlock_of(app).force_release(f"export:{job}")  # as an operator would
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
+            yield "unprotected"
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                with pytest.raises(LockLostError):  # the status was sent: the stream is cut
+                    await client.get("/export/1")
+        assert cancelled == [True]
+
+    async def test_a_client_gone_mid_stream_releases_the_lock(self, servers: ServerGroup) -> None:
+        app = app_with(servers.urls)
+        inside, cancelled = anyio.Event(), anyio.Event()
+
+        @app.get("/export/{job}")
+        async def export(
+            job: str, lease: Annotated[Lease, Depends(locked("export:{job}"))]
+        ) -> AsyncIterator[str]:
+            yield "part"
+            inside.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                cancelled.set()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with in_uvicorn(app) as port, AsyncRedlock(servers.urls) as other:
+                async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                    await stream.send(b"GET /export/1 HTTP/1.1\r\nHost: app\r\n\r\n")
+                    await inside.wait()
+                await cancelled.wait()  # uvicorn noticed the client went away
+                async with other.lock("export:1", timeout=HANG_GUARD) as lease:
+                    assert lease.held  # taken once the stream's lock was released
+
+
+@asynccontextmanager
+async def in_uvicorn(app: FastAPI) -> AsyncIterator[int]:
+    """``app`` served by uvicorn in this process (its lifespan run); its port."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = Server(Config(app, lifespan="on", log_level="warning"))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        while not server.started:  # noqa: ASYNC110 - uvicorn sets a flag, no event
+            await anyio.sleep(0.01)
+        try:
+            yield int(sock.getsockname()[1])
+        finally:
+            server.should_exit = True
+    sock.close()
 
 
 def test_importing_without_fastapi_says_what_to_install() -> None:

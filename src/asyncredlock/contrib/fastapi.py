@@ -17,6 +17,8 @@ as a dependency, and the lock's errors as HTTP responses.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -28,8 +30,9 @@ from .._redlock import AsyncRedlock
 from ._http import HTTPErrors, RequestLock, check_redlock, errors_or_default, missing_framework
 
 try:
-    from fastapi import Depends, FastAPI, Request
+    from fastapi import BackgroundTasks, Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, Response
+    from starlette.background import BackgroundTask
 except ImportError:  # pragma: no cover - exercised in a subprocess
     raise missing_framework("fastapi", "FastAPI", "fastapi") from None
 
@@ -110,6 +113,13 @@ def locked(
     raises `LockLostError` (503), so no response is built on unprotected work; so
     does a handler still running at ``max_hold`` (`HoldLimitError`).
 
+    A generator handler, which FastAPI streams (JSON Lines, server-sent events or
+    its ``response_class``), runs its body while the response is sent: on such a
+    route the lock is held until the stream ends (or is cut off), and released
+    before the response's background tasks run, as on any other route. A
+    ``StreamingResponse`` the handler returns streams after the handler, without
+    the lock.
+
     Raises:
         TypeError, ValueError: A bad template or setting, raised here. At a
             request, `ValueError` if a field is not a path parameter of the route.
@@ -117,19 +127,72 @@ def locked(
     request_lock = RequestLock(
         name, LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)
     )
+    return _lease_dependency(request_lock)
 
-    async def hold_lock(request: Request) -> AsyncIterator[Lease]:
-        async with request_lock.lock(redlock_of(request.app), request.path_params) as lease:
+
+def _lease_dependency(request_lock: RequestLock) -> Callable[..., Awaitable[Lease]]:
+    """`locked`'s dependency: the lease of ``request_lock`` for one request.
+
+    A streamed route holds the lock in a request-scoped sub-dependency: FastAPI
+    closes the function scope when the handler gives its response, before a
+    generator's body has run, and the request scope when the response is sent.
+    Any other route holds it with "function" scope, released when the handler
+    returns, whatever the scope of the user's ``Depends()``. (Defaults, not
+    ``Annotated``: with postponed annotations FastAPI could not resolve the local
+    names from the annotation strings.)
+    """
+
+    @asynccontextmanager
+    async def holding(request: Request) -> AsyncIterator[Lease]:
+        redlock = redlock_of(request.app)
+        async with request_lock.lock(redlock, request.path_params) as lease:
             yield lease
 
-    # The lock's dependency ends with the handler ("function" scope), not after the
-    # response is sent, whatever scope the user's Depends() gives this one.
-    # (A default, not Annotated: with postponed annotations FastAPI could not resolve
-    # hold_lock, a local name, from the annotation string.)
-    async def lease(held: Lease = Depends(hold_lock, scope="function")) -> Lease:  # noqa: B008
+    async def hold_stream(
+        request: Request, background: BackgroundTasks
+    ) -> AsyncIterator[Lease | None]:
+        if not _streamed(request):
+            yield None
+            return
+        async with holding(request) as lease:
+            # the response's background tasks start once the stream has ended: the
+            # lock is released first, as on a route that does not stream
+            background.tasks.insert(0, BackgroundTask(_end_hold, lease))
+            yield lease
+
+    async def hold_call(
+        request: Request,
+        stream_lease: Lease | None = Depends(hold_stream, scope="request"),  # noqa: B008
+    ) -> AsyncIterator[Lease]:
+        if stream_lease is not None:
+            yield stream_lease
+            return
+        async with holding(request) as lease:
+            yield lease
+
+    async def lease(held: Lease = Depends(hold_call, scope="function")) -> Lease:  # noqa: B008
         return held
 
     return lease
+
+
+async def _end_hold(lease: Lease) -> None:
+    """Release a streamed route's lease once its response is sent (its block ends
+    later, with the request)."""
+    if lease.held:
+        await lease.release()
+
+
+def _streamed(request: Request) -> bool:
+    """Whether the route's handler is a generator (sync or async), which FastAPI
+    streams: its body runs while the response is sent."""
+    call = request.scope.get("endpoint")
+    while isinstance(call, functools.partial):
+        call = call.func
+    if call is None or inspect.isclass(call):
+        return False
+    calls = (inspect.unwrap(call), getattr(call, "__call__", None))  # noqa: B004
+    return any(inspect.isasyncgenfunction(c) or inspect.isgeneratorfunction(c) for c in calls)
 
 
 def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> None:
