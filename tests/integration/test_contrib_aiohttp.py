@@ -3,10 +3,12 @@ server, and each helper's behaviour."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -77,6 +79,12 @@ def app_with(masters: list[str], errors: HTTPErrors | None = None) -> web.Applic
     return app
 
 
+def masters_in(body: object, urls: list[str]) -> list[str]:
+    """The masters (host:port) an error response's body names: none should be."""
+    text = json.dumps(body)
+    return [url for url in urls if urlsplit(url).netloc in text]
+
+
 class TestErrors:
     async def test_contended_past_the_timeout_is_423_with_retry_after(
         self, servers: ServerGroup
@@ -97,6 +105,7 @@ class TestErrors:
             body = await response.json()
         assert (response.status, response.headers["Retry-After"]) == (423, "1")
         assert body["resource"] == "orders:7"
+        assert masters_in(body, servers.urls) == []
 
     async def test_a_majority_of_masters_down_is_503(self, make_servers: MakeServers) -> None:
         group = make_servers(3)
@@ -114,6 +123,7 @@ class TestErrors:
                 body = await response.json()
         assert (response.status, response.headers["Retry-After"]) == (502, "4")
         assert "lock service unavailable" in body["detail"]
+        assert masters_in(body, group.urls) == []
 
     async def test_a_lost_lease_cancels_the_handler_and_answers_503(
         self, servers: ServerGroup

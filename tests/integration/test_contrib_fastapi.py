@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -169,6 +170,11 @@ async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
+def masters_in(body: str, urls: list[str]) -> list[str]:
+    """The masters (host:port) an error response's body names: none should be."""
+    return [url for url in urls if urlsplit(url).netloc in body]
+
+
 class TestErrors:
     async def test_contended_past_the_timeout_is_423_with_retry_after(
         self, servers: ServerGroup
@@ -182,7 +188,11 @@ class TestErrors:
             response = await client.put("/once/0")
         assert response.status_code == 423
         assert response.headers["retry-after"] == "1"
-        assert response.json()["resource"] == "once:0"
+        assert response.json() == {
+            "detail": "locked: held by another holder past the timeout",
+            "resource": "once:0",
+        }
+        assert masters_in(response.text, servers.urls) == []
 
     async def test_a_majority_of_masters_down_is_503(self, make_servers: MakeServers) -> None:
         group = make_servers(3)
@@ -194,6 +204,7 @@ class TestErrors:
         assert response.status_code == 503
         assert response.headers["retry-after"] == "1"
         assert "lock service unavailable" in response.json()["detail"]
+        assert masters_in(response.text, group.urls) == []
 
     async def test_a_lost_lease_cancels_the_handler_and_answers_503(
         self, servers: ServerGroup

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._config import LockOptions
-from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, RedlockError
+from .._errors import (
+    HoldLimitError,
+    LockLostError,
+    LockTimeoutError,
+    QuorumUnavailableError,
+    RedlockError,
+)
 from .._lock import Lock
 from .._redlock import AsyncRedlock
 from .._template import NameTemplate
@@ -66,16 +72,23 @@ class HTTPErrors:
 
     def response(self, error: RedlockError) -> ErrorResponse | None:
         """The response for ``error``; ``None`` for an error that is a bug of the
-        caller (`LockNotOwnedError`), left to the framework (500)."""
+        caller (`LockNotOwnedError`), left to the framework (500).
+
+        The body says what happened and to which resource, not the error's text:
+        that lists each master (host and port) with its answer, which is not for
+        the client's eyes.
+        """
         if isinstance(error, LockTimeoutError):
-            status, why = self.busy, "locked"
+            status, why = self.busy, "locked: held by another holder past the timeout"
         elif isinstance(error, QuorumUnavailableError):
-            status, why = self.unavailable, "lock service unavailable"
+            status, why = self.unavailable, "lock service unavailable: too few masters answered"
+        elif isinstance(error, HoldLimitError):
+            status, why = self.lost, "lock lost: the handler ran past its max_hold"
         elif isinstance(error, LockLostError):
-            status, why = self.lost, "lock lost"
+            status, why = self.lost, "lock lost while the handler ran: its work was cancelled"
         else:
             return None
-        body = {"detail": f"{why}: {error}", "resource": error.resource}
+        body = {"detail": why, "resource": error.resource}
         return ErrorResponse(status, {"Retry-After": str(self.retry_after)}, body)
 
 
