@@ -3,12 +3,13 @@ worker processes, and each helper's behaviour in process."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,7 +19,7 @@ import anyio
 import anyio.abc
 import httpx
 import pytest
-from fastapi import BackgroundTasks, Depends, FastAPI
+from fastapi import BackgroundTasks, Depends, FastAPI, WebSocket
 from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse
 from redis.asyncio import Redis
@@ -496,6 +497,38 @@ class TestStreaming:
                     assert lease.held  # taken once the stream's lock was released
 
 
+Message = dict[str, Any]
+
+
+@asynccontextmanager
+async def websocket(
+    app: FastAPI, path: str
+) -> AsyncIterator[tuple[Callable[[Message], Awaitable[None]], Callable[[], Awaitable[Message]]]]:
+    """One WebSocket session with ``app``, spoken in ASGI messages (uvicorn here has
+    no WebSocket library): a function sending the app a message, one receiving the
+    app's next. The app's handler is awaited at the end."""
+    to_app, app_reads = anyio.create_memory_object_stream[Message](8)
+    app_writes, from_app = anyio.create_memory_object_stream[Message](8)
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "scheme": "ws",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"app")],
+        "server": ("app", 80),
+        "client": ("127.0.0.1", 1),
+        "subprotocols": [],
+        "extensions": {"websocket.http.response": {}},
+    }
+    async with to_app, from_app, anyio.create_task_group() as tg:
+        tg.start_soon(app, scope, app_reads.receive, app_writes.send)
+        await to_app.send({"type": "websocket.connect"})
+        yield to_app.send, from_app.receive
+
+
 @asynccontextmanager
 async def in_uvicorn(app: FastAPI) -> AsyncIterator[int]:
     """``app`` served by uvicorn in this process (its lifespan run); its port."""
@@ -512,6 +545,44 @@ async def in_uvicorn(app: FastAPI) -> AsyncIterator[int]:
         finally:
             server.should_exit = True
     sock.close()
+
+
+class TestWebSocket:
+    async def test_a_websocket_handler_runs_holding_the_lock(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        app = app_with(servers.urls)
+
+        @app.websocket("/rooms/{room}")
+        async def chat(
+            socket: WebSocket,
+            room: str,
+            lease: Annotated[Lease, Depends(locked("room:{room}", timeout=0))],
+        ) -> None:
+            await socket.accept()
+            await socket.send_json({"resource": lease.resource})
+            await socket.receive_text()  # until the client says goodbye
+            await socket.close()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with (
+                app.router.lifespan_context(app),
+                websocket(app, "/rooms/1") as (send, receive),
+            ):
+                assert (await receive())["type"] == "websocket.accept"
+                assert (await receive())["text"] == '{"resource":"room:1"}'
+                async with websocket(app, "/rooms/1") as (_, refused):  # held: timeout=0
+                    start = await refused()
+                    assert (start["type"], start["status"]) == (
+                        "websocket.http.response.start",
+                        423,
+                    )
+                    assert json.loads((await refused())["body"])["resource"] == "room:1"
+                held = await masters.holding("room:1")
+                await send({"type": "websocket.receive", "text": "bye"})
+                assert (await receive())["type"] == "websocket.close"
+        assert held == len(masters)
+        assert await masters.holding("room:1") == 0  # released when the handler ended
 
 
 def test_importing_without_fastapi_says_what_to_install() -> None:

@@ -31,6 +31,7 @@ from ._http import HTTPErrors, RequestLock, check_redlock, errors_or_default, mi
 
 try:
     from fastapi import BackgroundTasks, Depends, FastAPI, Request
+    from fastapi.requests import HTTPConnection
     from fastapi.responses import JSONResponse, Response
     from starlette.background import BackgroundTask
 except ImportError:  # pragma: no cover - exercised in a subprocess
@@ -120,6 +121,8 @@ def locked(
     ``StreamingResponse`` the handler returns streams after the handler, without
     the lock.
 
+    On a WebSocket route the lock is held until the handler returns.
+
     Raises:
         TypeError, ValueError: A bad template or setting, raised here. At a
             request, `ValueError` if a field is not a path parameter of the route.
@@ -143,31 +146,31 @@ def _lease_dependency(request_lock: RequestLock) -> Callable[..., Awaitable[Leas
     """
 
     @asynccontextmanager
-    async def holding(request: Request) -> AsyncIterator[Lease]:
-        redlock = redlock_of(request.app)
-        async with request_lock.lock(redlock, request.path_params) as lease:
+    async def holding(connection: HTTPConnection) -> AsyncIterator[Lease]:
+        redlock = redlock_of(connection.app)
+        async with request_lock.lock(redlock, connection.path_params) as lease:
             yield lease
 
     async def hold_stream(
-        request: Request, background: BackgroundTasks
+        connection: HTTPConnection, background: BackgroundTasks
     ) -> AsyncIterator[Lease | None]:
-        if not _streamed(request):
+        if not _streamed(connection):
             yield None
             return
-        async with holding(request) as lease:
+        async with holding(connection) as lease:
             # the response's background tasks start once the stream has ended: the
             # lock is released first, as on a route that does not stream
             background.tasks.insert(0, BackgroundTask(_end_hold, lease))
             yield lease
 
     async def hold_call(
-        request: Request,
+        connection: HTTPConnection,
         stream_lease: Lease | None = Depends(hold_stream, scope="request"),  # noqa: B008
     ) -> AsyncIterator[Lease]:
         if stream_lease is not None:
             yield stream_lease
             return
-        async with holding(request) as lease:
+        async with holding(connection) as lease:
             yield lease
 
     async def lease(held: Lease = Depends(hold_call, scope="function")) -> Lease:  # noqa: B008
@@ -183,10 +186,10 @@ async def _end_hold(lease: Lease) -> None:
         await lease.release()
 
 
-def _streamed(request: Request) -> bool:
+def _streamed(connection: HTTPConnection) -> bool:
     """Whether the route's handler is a generator (sync or async), which FastAPI
     streams: its body runs while the response is sent."""
-    call = request.scope.get("endpoint")
+    call = connection.scope.get("endpoint")
     while isinstance(call, functools.partial):
         call = call.func
     if call is None or inspect.isclass(call):
