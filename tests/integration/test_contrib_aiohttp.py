@@ -3,11 +3,13 @@ server, and each helper's behaviour."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import anyio
@@ -83,6 +85,17 @@ def masters_in(body: object, urls: list[str]) -> list[str]:
     """The masters (host:port) an error response's body names: none should be."""
     text = json.dumps(body)
     return [url for url in urls if urlsplit(url).netloc in text]
+
+
+def documented(function: Callable[..., object]) -> str:
+    """``function``'s signature as the docs write it: no annotations, no ``/``."""
+    shown: list[str] = []
+    for param in inspect.signature(function).parameters.values():
+        if param.kind is param.KEYWORD_ONLY and "*" not in shown:
+            shown.append("*")
+        default = "" if param.default is param.empty else f"={param.default!r}"
+        shown.append(param.name + default)
+    return f"{function.__name__}({', '.join(shown)})"
 
 
 class TestErrors:
@@ -237,3 +250,8 @@ def test_importing_without_aiohttp_says_what_to_install() -> None:
         "ImportError: asyncredlock.contrib.aiohttp needs aiohttp:"
         " pip install 'asyncredlock[aiohttp]'"
     )
+
+
+def test_the_docs_show_lockeds_signature() -> None:
+    text = " ".join((Path(__file__).parents[2] / "docs" / "aiohttp.md").read_text().split())
+    assert documented(locked) in text

@@ -3,6 +3,7 @@ worker processes, and each helper's behaviour in process."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -174,6 +175,17 @@ async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 def masters_in(body: str, urls: list[str]) -> list[str]:
     """The masters (host:port) an error response's body names: none should be."""
     return [url for url in urls if urlsplit(url).netloc in body]
+
+
+def documented(function: Callable[..., object]) -> str:
+    """``function``'s signature as the docs write it: no annotations, no ``/``."""
+    shown: list[str] = []
+    for param in inspect.signature(function).parameters.values():
+        if param.kind is param.KEYWORD_ONLY and "*" not in shown:
+            shown.append("*")
+        default = "" if param.default is param.empty else f"={param.default!r}"
+        shown.append(param.name + default)
+    return f"{function.__name__}({', '.join(shown)})"
 
 
 class TestErrors:
@@ -593,3 +605,8 @@ def test_importing_without_fastapi_says_what_to_install() -> None:
         "ImportError: asyncredlock.contrib.fastapi needs FastAPI:"
         " pip install 'asyncredlock[fastapi]'"
     )
+
+
+def test_the_docs_show_lockeds_signature() -> None:
+    text = " ".join((Path(__file__).parents[2] / "docs" / "fastapi.md").read_text().split())
+    assert documented(locked) in text
