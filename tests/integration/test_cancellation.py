@@ -293,9 +293,10 @@ class TestCancelledWaiter:
             with pytest.raises(asyncio.CancelledError):
                 await doomed
             assert lease.held
-            assert redlock.statistics().handoffs == 2  # to doomed, and from it to patient
+            # passed to doomed, then from it to patient: one task took a passed lease
+            assert redlock.statistics().handoffs == 1
             assert first.token is not None
-            assert lease.token == first.token + 2
+            assert lease.token == first.token + 2  # each passing takes a token of the block
             await lease.release()
             await redlock.settle()
             stats = redlock.statistics()
