@@ -112,18 +112,23 @@ def split_aux(key: str) -> tuple[str, str] | None:
     digits = len(rest) - len(rest.lstrip(_DIGITS))
     if not digits:  # ``{K}:suffix``
         base, suffix = key[1:end], rest
+    elif digits > _MAX_DIGITS:  # longer than any key can be
+        return None
     else:  # ``{T}:<n>:K:suffix``
         start = digits + 1
         stop = start + int(rest[:digits])
         base, suffix = rest[start:stop], rest[stop + 1 :]
-        if rest[digits:start] != ":" or rest[stop : stop + 1] != ":":
+        if rest[digits:start] != ":" or rest[stop : stop + 1] != ":" or "}" not in base:
             return None
-        if _aux_prefix(base) != key[: len(key) - len(suffix)]:
+        # (not _aux_prefix(base): a base shaped like an aux key would recurse)
+        tag = hash_tag(base) or _tag_for_slot(key_slot(base))
+        if key[: len(key) - len(suffix)] != f"{{{tag}}}:{len(base)}:{base}:":
             return None
     return (base, suffix) if suffix.split(":", 1)[0] in AUX_WORDS else None
 
 
 _DIGITS = "0123456789"
+_MAX_DIGITS = 10  # of a key's length: a Redis key is at most 512 MB
 
 
 def hash_tag(key: str) -> str | None:

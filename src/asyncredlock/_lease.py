@@ -211,9 +211,10 @@ class Lease(Keeping):
             core.counters.releases += 1
             decision = await traced(RELEASE, self, deciding)
             if not decision.reached and not decision.unavailable:
-                core.counters.lost += 1
                 self._state, self._loss = State.LOST, decision
-                log_lost(self, decision.outcomes, "gone from a majority when released")
+                if not self._untaken:  # else nobody's loss (see Keeping._lose)
+                    core.counters.lost += 1
+                    log_lost(self, decision.outcomes, "gone from a majority when released")
             return decision
         finally:
             self._announce_end()

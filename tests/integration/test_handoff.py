@@ -4,6 +4,7 @@ leases passed from one task to the next without calls to the masters."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -309,6 +310,36 @@ class TestPassedToACancelledTask:
             stats = redlock.statistics()
             assert (stats.handoffs, stats.hold.count, stats.held) == (0, 1, 0)
             assert redlock.resource_statistics()["cancelled"].hold.count == 1
+
+    async def test_released_and_found_gone_is_no_loss(
+        self, servers: ServerGroup, masters: Masters, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The key vanished from the masters (expired, evicted, deleted by an
+        operator) before the release that passed the lease on; the task is cancelled
+        before it runs, and the lease, released in the background, is found gone:
+        nobody's loss (no count, no warning), as for a lease lost before its task ran."""
+
+        async def waiter(lock: Lock) -> None:
+            async with lock:
+                pytest.fail("the task was cancelled before it ran")
+
+        async with AsyncRedlock(servers.urls) as redlock:
+            with anyio.fail_after(HANG_GUARD):
+                lock = redlock.lock("gone", timeout=HANG_GUARD)
+                first = await lock.acquire()
+                task = asyncio.get_running_loop().create_task(waiter(lock))
+                await Queue(redlock).reach(1)
+                for client in masters.clients:
+                    await client.delete("gone")
+                with caplog.at_level(logging.WARNING, logger="asyncredlock"):
+                    await first.release()  # passed on: no call to the masters
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                    await redlock.settle()  # its background release found it gone
+            stats = redlock.statistics()
+        assert (stats.handoffs, stats.lost, stats.hold.count) == (0, 0, 1)
+        assert [r.getMessage() for r in caplog.records if "lost" in r.getMessage()] == []
 
 
 class TestAcrossProcesses:

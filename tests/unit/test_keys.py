@@ -205,6 +205,23 @@ class TestNoSharedKeys:
     def test_names_that_only_look_alike_are_lock_keys(self, name: str) -> None:
         assert lock_key("", name) == name
 
+    def test_a_length_longer_than_any_key_is_no_auxiliary_key(self) -> None:
+        """More digits than int() converts by default (4300): before, ValueError
+        from int(), in lock_key() and in the CLI's list of every key."""
+        key = "{a}:" + "1" * 5000 + ":x"
+        assert split_aux(key) is None
+        assert lock_key("", key) == key
+
+    def test_nested_lookalikes_are_checked_without_recursion(self) -> None:
+        """A name that nests the second shape hundreds of times (4 KB): before,
+        RecursionError from split_aux and _aux_prefix calling each other."""
+        key = "k}"
+        for _ in range(600):
+            key = "{a}:" + str(len(key)) + ":" + key + ":y"
+        assert split_aux(key) is None
+        assert lock_key("", key) == key
+        assert split_aux(aux_key(key, "fence")) == (key, "fence")
+
 
 class TestTagForSlot:
     def test_the_first_short_tag_in_order(self) -> None:
