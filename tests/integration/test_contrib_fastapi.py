@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
+import anyio.from_thread
+import anyio.to_thread
 import httpx
 import pytest
 from fastapi import BackgroundTasks, Depends, FastAPI, WebSocket
@@ -39,6 +42,10 @@ from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, fastapi_app
 from .conftest import Masters
+
+#: The lease of a route on ``/events/{job}`` (module level: FastAPI reads the route's
+#: annotations as strings, in this module's names).
+EventsLease = Annotated[Lease, Depends(locked("events:{job}"))]
 
 pytestmark = pytest.mark.anyio
 
@@ -437,7 +444,7 @@ class TestStreaming:
         assert len(holders) == 1  # the second request's body never ran
         assert holders[0] is not None
 
-    async def test_background_tasks_run_after_the_stream_released_the_lock(
+    async def test_background_tasks_of_a_stream_run_holding_the_lock(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
         app = app_with(servers.urls)
@@ -459,7 +466,9 @@ class TestStreaming:
         with anyio.fail_after(HANG_GUARD):
             async with serving(app) as client:
                 assert (await client.get("/export/1")).status_code == 200
-        assert held == [len(masters), 0]  # in the stream's body, then in the background
+        # in the stream's body, then in the background: released only after both
+        assert held == [len(masters), len(masters)]
+        assert await masters.holding("export:1") == 0
 
     async def test_a_lease_lost_mid_stream_cancels_the_stream(self, servers: ServerGroup) -> None:
         app = FastAPI(lifespan=lifespan(servers.urls))
@@ -507,6 +516,50 @@ class TestStreaming:
                 await cancelled.wait()  # uvicorn noticed the client went away
                 async with other.lock("export:1", timeout=HANG_GUARD) as lease:
                     assert lease.held  # taken once the stream's lock was released
+
+    @pytest.mark.parametrize("kind", ["async", "sync"])
+    async def test_a_client_gone_from_an_event_stream_lets_nobody_in_beside_it(
+        self, servers: ServerGroup, masters: Masters, kind: str
+    ) -> None:
+        """Server-sent events: FastAPI runs the generator in a task of its own, which
+        a disconnect does not stop, and the response's background tasks run while it
+        is still in a step. The lock must still be held then, and the next holder get
+        it only after the step ended (before, a release put first among the
+        background tasks let another client in beside the handler)."""
+        app = app_with(servers.urls)
+        step, first_sent = threading.Event(), anyio.Event()
+        seen: list[str] = []
+
+        async def after() -> None:
+            seen.append(f"background: held on {await masters.holding('events:1')}")
+            step.set()  # let the handler's step end
+
+        def work() -> None:
+            step.wait(HANG_GUARD)
+            seen.append("step ended")
+
+        async def events_async(job: str, tasks: BackgroundTasks, lease: EventsLease) -> Any:
+            tasks.add_task(after)
+            yield {"part": 1}
+            first_sent.set()
+            await anyio.to_thread.run_sync(work)
+
+        def events_sync(job: str, tasks: BackgroundTasks, lease: EventsLease) -> Any:
+            tasks.add_task(after)
+            yield {"part": 1}
+            anyio.from_thread.run_sync(first_sent.set)
+            work()
+
+        route = events_async if kind == "async" else events_sync
+        app.get("/events/{job}", response_class=EventSourceResponse)(route)
+        with anyio.fail_after(HANG_GUARD):
+            async with in_uvicorn(app) as port, AsyncRedlock(servers.urls) as other:
+                async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                    await stream.send(b"GET /events/1 HTTP/1.1\r\nHost: app\r\n\r\n")
+                    await first_sent.wait()
+                async with other.lock("events:1", timeout=HANG_GUARD):
+                    seen.append("next holder in")
+        assert seen == [f"background: held on {len(masters)}", "step ended", "next holder in"]
 
 
 Message = dict[str, Any]

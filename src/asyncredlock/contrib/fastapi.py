@@ -30,10 +30,9 @@ from .._redlock import AsyncRedlock
 from ._http import HTTPErrors, RequestLock, check_redlock, errors_or_default, missing_framework
 
 try:
-    from fastapi import BackgroundTasks, Depends, FastAPI, Request
+    from fastapi import Depends, FastAPI, Request
     from fastapi.requests import HTTPConnection
     from fastapi.responses import JSONResponse, Response
-    from starlette.background import BackgroundTask
 except ImportError:  # pragma: no cover - exercised in a subprocess
     raise missing_framework("fastapi", "FastAPI", "fastapi") from None
 
@@ -116,8 +115,8 @@ def locked(
 
     A generator handler, which FastAPI streams (JSON Lines, server-sent events or
     its ``response_class``), runs its body while the response is sent: on such a
-    route the lock is held until the stream ends (or is cut off), and released
-    before the response's background tasks run, as on any other route. A
+    route the lock is held until the request ends, through the stream and the
+    response's background tasks (on other routes they run after the release). A
     ``StreamingResponse`` the handler returns streams after the handler, without
     the lock.
 
@@ -151,16 +150,14 @@ def _lease_dependency(request_lock: RequestLock) -> Callable[..., Awaitable[Leas
         async with request_lock.lock(redlock, connection.path_params) as lease:
             yield lease
 
-    async def hold_stream(
-        connection: HTTPConnection, background: BackgroundTasks
-    ) -> AsyncIterator[Lease | None]:
+    async def hold_stream(connection: HTTPConnection) -> AsyncIterator[Lease | None]:
         if not _streamed(connection):
             yield None
             return
+        # Held until the request scope closes: after the response's background tasks,
+        # and after FastAPI stopped a server-sent-events producer that a client gone
+        # away left running (released sooner, another holder could get in beside it).
         async with holding(connection) as lease:
-            # the response's background tasks start once the stream has ended: the
-            # lock is released first, as on a route that does not stream
-            background.tasks.insert(0, BackgroundTask(_end_hold, lease))
             yield lease
 
     async def hold_call(
@@ -177,13 +174,6 @@ def _lease_dependency(request_lock: RequestLock) -> Callable[..., Awaitable[Leas
         return held
 
     return lease
-
-
-async def _end_hold(lease: Lease) -> None:
-    """Release a streamed route's lease once its response is sent (its block ends
-    later, with the request)."""
-    if lease.held:
-        await lease.release()
 
 
 def _streamed(connection: HTTPConnection) -> bool:
