@@ -3,6 +3,7 @@ and shown without their password."""
 
 from __future__ import annotations
 
+import codecs
 import ssl
 from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
 
@@ -39,13 +40,26 @@ _TLS = (
     "ssl_exclude_verify_flags",
 )
 _TLS_VERSIONS = frozenset(version.value for version in ssl.TLSVersion)
+#: Taken as redis-py takes them, to no effect on the connections asyncredlock opens
+#: (it sets RESP2, no retries and no health checks itself, parses the replies itself
+#: and keeps no pool): a URL shared with redis-py clients works as it is.
+_NO_EFFECT = (
+    "protocol",
+    "health_check_interval",
+    "retry_on_timeout",
+    "max_connections",
+    "decode_responses",
+    "encoding",
+    "encoding_errors",
+    "socket_read_size",
+)
 #: The query parameters a master URL may carry, by scheme: those redis-py reads
 #: into the settings of the connections asyncredlock opens (the rest would reach
 #: its connection class only when the first connection opens, and fail there).
 QUERY = {
-    "redis": (*_COMMON, "socket_keepalive"),
-    "rediss": (*_COMMON, "socket_keepalive", *_TLS),
-    "unix": _COMMON,
+    "redis": (*_COMMON, "socket_keepalive", *_NO_EFFECT),
+    "rediss": (*_COMMON, "socket_keepalive", *_TLS, *_NO_EFFECT),
+    "unix": (*_COMMON, *_NO_EFFECT),
 }
 
 
@@ -103,6 +117,11 @@ def options(query: str, known: tuple[str, ...], shown: str) -> dict[str, str]:
     Raises:
         ValueError: One is not, named with the URL ``shown``.
     """
+    if "@" in query:  # likely a password's tail: not quoted in the error
+        raise ValueError(
+            f"master URL {shown!r}: its query holds an '@' (a '?' or '#' in a password,"
+            " or an '@' in a value, must be %-encoded: %3F, %23, %40)"
+        )
     found = parse_qs(query, keep_blank_values=True)
     for name, values in found.items():
         if name not in known:
@@ -130,6 +149,11 @@ def _invalid(name: str, value: str) -> str | None:
         return f"client_name may not hold spaces or special characters, got {value!r}"
     if name == "ssl_min_version" and not (is_number(value) and int(value) in _TLS_VERSIONS):
         return f"ssl_min_version must be an ssl.TLSVersion number, got {value!r}"
+    if name in ("encoding", "encoding_errors"):
+        try:
+            (codecs.lookup if name == "encoding" else codecs.lookup_error)(value)
+        except LookupError:
+            return f"{name} must name a codec or error handler Python knows, got {value!r}"
     return None
 
 

@@ -96,6 +96,21 @@ class TestConnectionForms:
                 assert await direct.get("form:query") == lease.value.encode()
                 await lease.release()
 
+    async def test_a_url_shared_with_redis_py_clients_works_as_it_is(
+        self, servers: ServerGroup
+    ) -> None:
+        """Parameters redis-py takes that change nothing in asyncredlock's connections
+        (it sets RESP2, no retries, no health checks, and keeps no pool) are taken:
+        refused at construction before, though such URLs worked."""
+        query = (
+            "protocol=3&health_check_interval=30&retry_on_timeout=true&max_connections=50"
+            "&decode_responses=true&encoding=utf-8&encoding_errors=strict&socket_read_size=4096"
+        )
+        with anyio.fail_after(HANG_GUARD):
+            async with AsyncRedlock([f"{servers[0].url}/0?{query}"]) as redlock:
+                await _cycle(redlock, "form:shared-url")
+                assert redlock.statistics().acquisitions == 1
+
     async def test_a_ready_client_lends_its_settings_not_its_pool(self, guarded: Guarded) -> None:
         await _protect(guarded.server)
         server = guarded.server

@@ -105,8 +105,9 @@ class TestMasters:
             ("redis://h/0?ssl=true", "unknown parameter 'ssl'"),
             ("redis://h/0?ssl_cert_reqs=none", "unknown parameter 'ssl_cert_reqs'"),
             ("unix:///s.sock?socket_keepalive=true", "unknown parameter 'socket_keepalive'"),
-            ("redis://h?protocol=3", "unknown parameter 'protocol'"),
-            ("redis://h?health_check_interval=5", "unknown parameter 'health_check_interval'"),
+            ("redis://h?encoding=klingon", "encoding must name a codec"),
+            ("redis://h?encoding_errors=shrug", "encoding_errors must name a codec or error"),
+            ("redis://h?max_connections=many", "Invalid value for 'max_connections'"),
             ("redis://h?socket_timeout=-1", "socket_timeout must be > 0 seconds"),
             ("redis://h?socket_timeout=0", "socket_timeout must be > 0 seconds"),
             ("redis://h?socket_connect_timeout=nan", "socket_connect_timeout must be a finite"),
@@ -136,6 +137,7 @@ class TestMasters:
             (f"http://u:{SECRET}@h", "'http://u@h' must start with"),
             (f"redis://u:{SECRET[:3]}/{SECRET[3:]}@h:1", "'redis://u@h:1' has an invalid port"),
             (f"unix://u:{SECRET}@", "'unix://u@' names no socket path"),
+            (f"redis://u:2024?{SECRET}@h:1/0", "'redis://u@h:1/0': its query holds an '@'"),
         ],
     )
     def test_a_refused_url_is_shown_without_its_password(self, url: str, shown: str) -> None:
