@@ -79,6 +79,7 @@ class Core:
         self.counters, self.timings = Counters(), Timings()  # totals; wait and hold times
         self.held: set[Holding] = set()  # the leases of this AsyncRedlock still held
         self.closing = self.closed = False  # closing: aclose() began; no new acquire()
+        self.shut = asyncio.Event()  # set once aclose() has closed everything
         self.stopping = asyncio.Event()  # set as aclose() begins: waiters stop waiting
         self.acquiring = 0  # acquire() calls on the masters, not yet out of their queues
         self.all_left = asyncio.Event()  # set once closing and none is acquiring

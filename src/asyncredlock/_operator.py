@@ -74,6 +74,13 @@ async def shut_down(core: Core) -> None:
     connections."""
     core.gates.close()
     core.begin_closing()  # lock() and acquire() refuse from now on; waiters wake
+    try:
+        await _shut_down(core)
+    finally:
+        core.shut.set()  # an aclose() called meanwhile returns now
+
+
+async def _shut_down(core: Core) -> None:
     with anyio.CancelScope(shield=True):
         with anyio.move_on_after(core.settings.node_timeout):
             end_leases(core)

@@ -415,10 +415,12 @@ class AsyncRedlock(OperatorTools):
         the calls still out, then fails every call still out (the calls waiting
         on them end with an error: ``QuorumUnavailableError`` whose outcomes say
         the ``AsyncRedlock`` was closed) and closes the connections. A lock key
-        whose undo was cut short expires with its TTL. Safe to call twice.
+        whose undo was cut short expires with its TTL. Safe to call twice, and at
+        once: a call made while another closes returns when that one has closed.
         """
         core = self._core
         if core.closing:
+            await core.shut.wait()
             return
         core.check_loop()
         await shut_down(core)

@@ -13,6 +13,7 @@ The storm of cancelled acquisitions across clients is in ``test_cancellation.py`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -480,3 +481,40 @@ class TestEventLoops:
             first.run_until_complete(close())  # on its own loop it closes as usual
         finally:
             first.close()
+
+
+class TestConcurrentClose:
+    async def test_a_second_aclose_returns_once_the_first_closed(
+        self, servers: ServerGroup
+    ) -> None:
+        """Two aclose() calls at once (a lifespan's end and a signal handler): the
+        second returned at once, while the first still waited for an acquire() to
+        leave the masters' queue and had closed nothing; code after it then ran with
+        calls, tasks and connections still open."""
+        outcome: list[BaseException] = []
+        async with AsyncRedlock(servers.urls) as holder:
+            held = await holder.lock("twice", ttl=30).acquire()
+            waiter = AsyncRedlock(servers.urls)
+            try:
+                with anyio.fail_after(HANG_GUARD):
+                    async with anyio.create_task_group() as tg:
+
+                        async def take() -> None:
+                            try:
+                                await waiter.lock("twice", timeout=HANG_GUARD).acquire()
+                            except RuntimeError as exc:
+                                outcome.append(exc)
+
+                        tg.start_soon(take)
+                        await Waiting([waiter]).reach(1)
+                        first = asyncio.get_running_loop().create_task(waiter.aclose())
+                        await asyncio.sleep(0)  # the first aclose() began
+                        assert waiter._core.closing
+                        assert not first.done()
+                        await waiter.aclose()  # the second
+                        state = (len(outcome), waiter._core.closed)
+                        await first
+            finally:
+                await waiter.aclose()
+            await held.release()
+        assert state == (1, True)
