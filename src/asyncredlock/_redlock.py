@@ -218,11 +218,12 @@ class AsyncRedlock(OperatorTools):
         Raises:
             TypeError: ``name`` is not a str (or a list or tuple of them), or a
                 setting has the wrong type.
-            ValueError: A name is empty, the list is empty or names a resource
-                twice, ``fair=True`` is asked of several resources, the keys span
-                several cluster slots on cluster masters, ``ttl`` is not positive
-                and finite, ``timeout`` is negative or NaN, or ``max_hold`` is
-                not positive.
+            ValueError: A name is empty, holds a NUL, is not UTF-8 or makes a key
+                that is one of the library's auxiliary keys, the list is empty or
+                names a resource twice, ``fair=True`` is asked of several
+                resources, the keys span several cluster slots on cluster masters,
+                ``ttl`` or ``max_hold`` is under 0.01 s or not finite (``max_hold``
+                may be ``math.inf``), or ``timeout`` is negative or NaN.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         self._check_open()
@@ -345,7 +346,8 @@ class AsyncRedlock(OperatorTools):
 
         Raises:
             TypeError: ``name`` is not a str, or a setting has the wrong type.
-            ValueError: ``name`` is empty, holds a NUL or is not UTF-8, or ``patience``
+            ValueError: ``name`` is empty, holds a NUL, is not UTF-8 or makes a
+                key that is one of the library's auxiliary keys, or ``patience``
                 is negative, NaN or over 1e9.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
@@ -388,7 +390,8 @@ class AsyncRedlock(OperatorTools):
         Raises:
             TypeError: ``name`` is not a str, ``limit`` not an int, or a setting
                 has the wrong type.
-            ValueError: ``name`` is empty, holds a NUL or is not UTF-8, ``limit`` is out
+            ValueError: ``name`` is empty, holds a NUL, is not UTF-8 or makes a
+                key that is one of the library's auxiliary keys, ``limit`` is out
                 of range, or a setting is (as for `lock`).
             RuntimeError: This ``AsyncRedlock`` is closed.
         """

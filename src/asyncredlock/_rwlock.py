@@ -89,8 +89,9 @@ class RWLock:
 
         Raises:
             TypeError: A setting has the wrong type.
-            ValueError: ``ttl`` is not positive and finite, ``timeout`` is
-                negative or NaN, or ``max_hold`` is not positive.
+            ValueError: ``ttl`` or ``max_hold`` is under 0.01 s or not finite
+                (``max_hold`` may be ``math.inf``), or ``timeout`` is negative or
+                NaN.
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
         return Lock.make(
@@ -135,8 +136,9 @@ class RWLock:
 
         Raises:
             TypeError: A setting has the wrong type.
-            ValueError: ``ttl`` is not positive and finite, ``timeout`` is
-                negative or NaN, or ``max_hold`` is not positive.
+            ValueError: ``ttl`` or ``max_hold`` is under 0.01 s or not finite
+                (``max_hold`` may be ``math.inf``), or ``timeout`` is negative or
+                NaN.
             RuntimeError: The ``AsyncRedlock`` is closed.
         """
         return Lock.make(

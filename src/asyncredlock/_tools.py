@@ -28,7 +28,8 @@ class OperatorTools:
 
         Raises:
             TypeError: ``name`` is not a str.
-            ValueError: ``name`` is empty, holds a NUL or does not encode as UTF-8.
+            ValueError: ``name`` is empty, holds a NUL, does not encode as UTF-8,
+                or makes a key that is one of the library's auxiliary keys.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         return await read_state(self._core, check_name(name))
@@ -52,7 +53,8 @@ class OperatorTools:
 
         Raises:
             TypeError: ``name`` is not a str.
-            ValueError: ``name`` is empty, holds a NUL or does not encode as UTF-8.
+            ValueError: ``name`` is empty, holds a NUL, does not encode as UTF-8,
+                or makes a key that is one of the library's auxiliary keys.
             QuorumUnavailableError: So many masters failed or did not answer that
                 the lock may still be held.
             RuntimeError: This ``AsyncRedlock`` is closed.
