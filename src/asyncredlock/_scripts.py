@@ -79,6 +79,14 @@ async def evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequen
     """Run ``script`` on ``client`` by its SHA1, sending its source once if not cached."""
     try:
         return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-    except NoScriptError:
+    except Exception as exc:
+        if not _no_script(exc):
+            raise
         # EVAL also caches the script, so the next EVALSHA finds it.
         return await client.execute_command("EVAL", script.source, len(keys), *keys, *args)
+
+
+def _no_script(exc: Exception) -> bool:
+    """A NOSCRIPT reply: redis-py's `NoScriptError`, or valkey-py's, a class of its own
+    (the fork's exceptions do not derive from redis-py's) of the same name."""
+    return isinstance(exc, NoScriptError) or type(exc).__name__ == "NoScriptError"

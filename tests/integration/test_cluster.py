@@ -15,7 +15,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+import valkey.asyncio
 from redis.asyncio import Redis, RedisCluster
+from valkey.asyncio.cluster import ClusterNode as ValkeyNode
 
 from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock._keys import aux_key, key_slot
@@ -31,7 +33,7 @@ from asyncredlock.testing import (
     client_state,
 )
 from asyncredlock.testing._slots import wait_until
-from asyncredlock.testing._support import registry, resp_call
+from asyncredlock.testing._support import HOST, registry, resp_call
 
 from . import test_fencing, test_lock, test_rwlock
 from .conftest import Masters, cut_off_replica
@@ -285,6 +287,32 @@ class TestLock:
                     tg.start_soon(worker, (first, second)[i % 2])
         assert int(await counter.get("counter")) == 20
         assert overlaps == 0
+
+    async def test_valkey_cluster_masters_load_the_scripts(
+        self, clusters: list[ServerCluster], masters: Masters
+    ) -> None:
+        """valkey-py's ValkeyCluster as masters, on nodes that have no script cached:
+        the first EVALSHA gets NOSCRIPT, which valkey-py raises as its own
+        NoScriptError (not redis-py's), and must be followed by EVAL. Before, every
+        attempt failed on every master with NoScriptError until the timeout."""
+        for cluster in clusters:
+            for node in cluster.nodes:
+                resp_call(node.port, "SCRIPT", "FLUSH", timeout=5.0)
+        given = [
+            valkey.asyncio.ValkeyCluster(
+                startup_nodes=[ValkeyNode(HOST, node.port) for node in cluster.nodes]
+            )
+            for cluster in clusters
+        ]
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                async with AsyncRedlock(given) as redlock:
+                    lease = await redlock.lock("valkey-cluster", timeout=0).acquire()
+                    assert await masters.holding("valkey-cluster") == len(clusters)
+                    await lease.release()
+        finally:
+            for client in given:
+                await client.aclose()
 
     async def test_tokens_strictly_increase_across_holders(self, masters: Masters) -> None:
         tokens: list[int] = []
