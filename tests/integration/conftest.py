@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -209,3 +211,19 @@ def cut_off_replica(primary: ServerProcess, replica: ServerProcess) -> None:
     it no more (it cannot reconnect while frozen), so a failover to it loses them."""
     replica.pause()
     resp_call(primary.port, "CLIENT", "KILL", "TYPE", "replica", timeout=2.0)
+
+
+def masters_in(body: str, urls: list[str]) -> list[str]:
+    """The masters (host:port) an error response's body names: none should be."""
+    return [url for url in urls if urlsplit(url).netloc in body]
+
+
+def documented(function: Callable[..., object]) -> str:
+    """``function``'s signature as the docs write it: no annotations, no ``/``."""
+    shown: list[str] = []
+    for param in inspect.signature(function).parameters.values():
+        if param.kind is param.KEYWORD_ONLY and "*" not in shown:
+            shown.append("*")
+        default = "" if param.default is param.empty else f"={param.default!r}"
+        shown.append(param.name + default)
+    return f"{function.__name__}({', '.join(shown)})"

@@ -3,14 +3,12 @@ server, and each helper's behaviour."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -24,6 +22,7 @@ from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, aiohttp_app
+from .conftest import documented, masters_in
 
 pytestmark = pytest.mark.anyio
 
@@ -81,23 +80,6 @@ def app_with(masters: list[str], errors: HTTPErrors | None = None) -> web.Applic
     return app
 
 
-def masters_in(body: object, urls: list[str]) -> list[str]:
-    """The masters (host:port) an error response's body names: none should be."""
-    text = json.dumps(body)
-    return [url for url in urls if urlsplit(url).netloc in text]
-
-
-def documented(function: Callable[..., object]) -> str:
-    """``function``'s signature as the docs write it: no annotations, no ``/``."""
-    shown: list[str] = []
-    for param in inspect.signature(function).parameters.values():
-        if param.kind is param.KEYWORD_ONLY and "*" not in shown:
-            shown.append("*")
-        default = "" if param.default is param.empty else f"={param.default!r}"
-        shown.append(param.name + default)
-    return f"{function.__name__}({', '.join(shown)})"
-
-
 class TestErrors:
     async def test_contended_past_the_timeout_is_423_with_retry_after(
         self, servers: ServerGroup
@@ -118,7 +100,7 @@ class TestErrors:
             body = await response.json()
         assert (response.status, response.headers["Retry-After"]) == (423, "1")
         assert body["resource"] == "orders:7"
-        assert masters_in(body, servers.urls) == []
+        assert masters_in(json.dumps(body), servers.urls) == []
 
     async def test_a_majority_of_masters_down_is_503(self, make_servers: MakeServers) -> None:
         group = make_servers(3)
@@ -136,7 +118,7 @@ class TestErrors:
                 body = await response.json()
         assert (response.status, response.headers["Retry-After"]) == (502, "4")
         assert "lock service unavailable" in body["detail"]
-        assert masters_in(body, group.urls) == []
+        assert masters_in(json.dumps(body), group.urls) == []
 
     async def test_a_lost_lease_cancels_the_handler_and_answers_503(
         self, servers: ServerGroup

@@ -3,7 +3,6 @@ worker processes, and each helper's behaviour in process."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import socket
@@ -15,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -41,7 +39,7 @@ from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, fastapi_app
-from .conftest import Masters
+from .conftest import Masters, documented, masters_in
 
 #: The lease of a route on ``/events/{job}`` (module level: FastAPI reads the route's
 #: annotations as strings, in this module's names).
@@ -177,22 +175,6 @@ async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             yield client
-
-
-def masters_in(body: str, urls: list[str]) -> list[str]:
-    """The masters (host:port) an error response's body names: none should be."""
-    return [url for url in urls if urlsplit(url).netloc in body]
-
-
-def documented(function: Callable[..., object]) -> str:
-    """``function``'s signature as the docs write it: no annotations, no ``/``."""
-    shown: list[str] = []
-    for param in inspect.signature(function).parameters.values():
-        if param.kind is param.KEYWORD_ONLY and "*" not in shown:
-            shown.append("*")
-        default = "" if param.default is param.empty else f"={param.default!r}"
-        shown.append(param.name + default)
-    return f"{function.__name__}({', '.join(shown)})"
 
 
 class TestErrors:
