@@ -221,14 +221,19 @@ class Keeping(ABC):
         if self._state is not State.HELD:
             return
         self._loss = decision
-        if not self._untaken:  # else nobody's loss: the task it was passed to acquires
-            self._core.counters.lost += 1
-            log_lost(self, decision.outcomes if decision else (), reason)
+        self._count_loss(decision, reason)
         self._finish(State.LOST)
         self._ending.cancel_block()
         if not self._core.closed:
             self._send_release()
         self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
+
+    def _count_loss(self, decision: Decision | None, reason: str) -> None:
+        """Count and log the loss, unless no task took the lease (nobody's loss: the
+        task it was passed to acquires anew)."""
+        if not self._untaken:
+            self._core.counters.lost += 1
+            log_lost(self, decision.outcomes if decision else (), reason)
 
     def _announce_end(self) -> None:
         """The end is known (released or lost): tell `Ending`, count its hold time."""

@@ -12,7 +12,7 @@ from ._config import LockSpec, check_ttl
 from ._core import Core
 from ._errors import HoldLimitError, LockLostError, LockNotOwnedError, QuorumUnavailableError
 from ._keeping import GONE, Keeping, State
-from ._log import log_lost, log_release_short
+from ._log import log_release_short
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag
 from ._quorum import Decision
@@ -212,9 +212,7 @@ class Lease(Keeping):
             decision = await traced(RELEASE, self, deciding)
             if not decision.reached and not decision.unavailable:
                 self._state, self._loss = State.LOST, decision
-                if not self._untaken:  # else nobody's loss (see Keeping._lose)
-                    core.counters.lost += 1
-                    log_lost(self, decision.outcomes, "gone from a majority when released")
+                self._count_loss(decision, "gone from a majority when released")
             return decision
         finally:
             self._announce_end()
