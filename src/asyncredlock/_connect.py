@@ -163,6 +163,7 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
             client=client,
             owned=False,
             listen_opener=listen,
+            node_timeout=settings.node_timeout,
             socket_timeout=settings.socket_timeout,
         )
         return node, id(master)

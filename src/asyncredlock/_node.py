@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._keys import key_slot
+from ._log import log_master_readmitted, log_master_silent
 from ._scripts import SCRIPTS, Script, evalsha
-from ._telemetry import master_error
+from ._telemetry import master_error, master_silent
 from ._transport import Link
 from ._wire import ClosedError, Opener, Reply, pack
 
@@ -24,7 +26,8 @@ class Node:
     from a ``redis.asyncio.Redis`` client) and owns. A ``RedisCluster`` client
     routes each key to its shard itself, so its calls go through the client, one
     task per call; the tasks of one cluster slot (one lock's keys) run one after
-    the other, as calls on one connection would.
+    the other, as calls on one connection would. Its silence is judged from those
+    calls (`ClusterSilence`), as a `Link` judges its connection's.
 
     Args:
         name: Display name used in errors and inspection.
@@ -70,6 +73,7 @@ class Node:
         self._tasks: set[asyncio.Task[Reply]] = set()
         # the last call to a cluster master, per slot: the next one there waits for it
         self._last: dict[int, asyncio.Task[Reply]] = {}
+        self.silence = ClusterSilence(name, node_timeout, socket_timeout)
 
     def __repr__(self) -> str:
         return f"Node({self.name!r})"
@@ -88,12 +92,14 @@ class Node:
     @property
     def silent(self) -> bool:
         """Whether calls have been out for ``node_timeout`` with nothing heard back."""
-        return self.link is not None and self.link.silent
+        return self.link.silent if self.link is not None else self.silence.silent
 
     def watch(self, watcher: Callable[[], None]) -> None:
         """Call ``watcher`` when the master turns silent."""
         if self.link is not None:
             self.link.watchers.add(watcher)
+        else:
+            self.silence.watchers.add(watcher)
 
     def call(
         self, script: Script, keys: Sequence[str], args: Sequence[Any]
@@ -114,6 +120,7 @@ class Node:
         loop = asyncio.get_running_loop()
         task = loop.create_task(_through(self, script, keys, args, before))
         self._tasks.add(task)
+        self.silence.sent()
         self._last[slot] = task
         # not the task itself: one cancelled before its first step never ran
         # _through's handler, and would raise where its caller reads it
@@ -123,6 +130,7 @@ class Node:
 
     def _done(self, slot: int, reply: asyncio.Future[Reply], task: asyncio.Task[Reply]) -> None:
         self._tasks.discard(task)
+        self.silence.answered()
         if self._last.get(slot) is task:
             del self._last[slot]
         if task.cancelled():  # only Node.aclose() cancels these
@@ -155,6 +163,7 @@ class Node:
         """Fail the calls still out, close the connection (and the client if ours)."""
         if self.link is not None:
             await self.link.aclose()
+        self.silence.close()
         tasks = set(self._tasks)
         for task in tasks:
             task.cancel()
@@ -162,6 +171,100 @@ class Node:
             await asyncio.wait(tasks)
         if self.owned and self.client is not None:
             await self.client.aclose()
+
+
+class ClusterSilence:
+    """Whether a cluster master is silent: calls out there for ``node_timeout`` and
+    not one of them ended (what a `Link` judges from its connection's bytes, judged
+    here from the calls, which the cluster client makes on connections of its own).
+
+    Judged only by a timer that fired on time (a busy loop says nothing about the
+    master), and only once the master has ended a call: until then the cluster
+    client may still be learning the slots and connecting, as a `Link`'s connection
+    being opened is not judged. Any call that ends readmits it. After
+    ``socket_timeout`` of silence it is judged afresh: the next round sends it its
+    call again (a call of the cluster client may hang longer than that, for as long
+    as its own ``socket_timeout``).
+
+    Args:
+        name: The master's display name, for the log.
+        node_timeout: Silence, with calls out, after which the master is silent.
+        socket_timeout: Silence after which it is judged afresh.
+    """
+
+    __slots__ = (
+        "_due", "_out", "_quiet_since", "_timer", "_warm", "closed", "name",
+        "node_timeout", "silent", "socket_timeout", "watchers",
+    )  # fmt: skip
+
+    def __init__(self, name: str, node_timeout: float, socket_timeout: float) -> None:
+        self.name = name
+        self.node_timeout = node_timeout
+        self.socket_timeout = socket_timeout
+        #: Whether calls have been out for ``node_timeout`` with none of them ended.
+        self.silent = False
+        #: Called when the master turns silent (rounds waiting on it decide).
+        self.watchers: set[Callable[[], None]] = set()
+        self.closed = False
+        self._out = 0  # calls made and not ended
+        self._warm = False  # a call has ended: the client knows the cluster
+        self._quiet_since = math.inf  # since when no call ended with calls out
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
+
+    def sent(self) -> None:
+        """A call was made."""
+        if self._out == 0:
+            self._quiet_since = asyncio.get_running_loop().time()
+            self._arm(self.node_timeout)
+        self._out += 1
+
+    def answered(self) -> None:
+        """A call ended (answered, failed or cancelled): the master is not silent."""
+        self._out -= 1
+        self._warm = True
+        self._quiet_since = asyncio.get_running_loop().time() if self._out else math.inf
+        if self.silent:
+            self.silent = False
+            log_master_readmitted(self.name)
+
+    def close(self) -> None:
+        """Stop judging (the client is closing)."""
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is None and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._due = loop.time() + delay
+            self._timer = loop.call_at(self._due, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._out == 0:
+            return
+        now = asyncio.get_running_loop().time()
+        if now - self._due > self.node_timeout / 2 or not self._warm:
+            # our loop is late (calls may have ended unseen), or the client is new
+            self._arm(self.node_timeout / 4 if self._warm else self.node_timeout)
+            return
+        quiet = now - self._quiet_since
+        if quiet >= self.socket_timeout:
+            self._quiet_since = now  # judged afresh: the next round sends it its call
+            self.silent = False
+            self._arm(self.node_timeout)
+        elif quiet >= self.node_timeout:
+            if not self.silent:
+                self.silent = True
+                log_master_silent(self.name, quiet)
+                master_silent(self.name)
+                for watcher in list(self.watchers):
+                    watcher()
+            self._arm(min(self.node_timeout, self._quiet_since + self.socket_timeout - now))
+        else:
+            self._arm(self._quiet_since + self.node_timeout - now)
 
 
 class _LastPacked:

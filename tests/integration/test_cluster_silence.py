@@ -1,0 +1,118 @@
+"""A Redis Cluster master whose node freezes (SIGSTOP: its connections stay open,
+nothing is answered) is judged silent after ``node_timeout``, as a master reached on
+asyncredlock's own connection is: an acquisition round that needs its answer gives up
+on it, the next rounds send it nothing, and it is readmitted once it answers again.
+A cold burst of callers on a new cluster client takes no healthy master for a silent
+one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from redis.asyncio import Redis
+
+from asyncredlock import AsyncRedlock, LockTimeoutError
+from asyncredlock.testing import ServerCluster, ServerGroup, client_state
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 20  # seconds; only stops a hung test, never decides an outcome
+#: socket_timeout of the clients: the longest a round waits for a master that
+#: answers nothing, unless it is judged silent first (longer than HANG_GUARD)
+LONG = 60.0
+BURST = 300  # callers that start at once on a client that has not connected yet
+
+
+@pytest.fixture(scope="module")
+def one_node() -> Iterator[ServerCluster]:
+    """A cluster of one shard of its own, for this module to freeze."""
+    with ServerCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(one_node: ServerCluster) -> Iterator[ServerCluster]:
+    """`one_node`, emptied, and running again after the test."""
+    one_node.flushall()
+    yield one_node
+    node = one_node.nodes[0]
+    if node.paused:
+        node.resume()
+
+
+async def _cycle(redlock: AsyncRedlock, name: str) -> None:
+    lease = await redlock.lock(name, auto_extend=False, timeout=0).acquire()
+    await lease.release()
+
+
+class TestFrozenClusterNode:
+    async def test_a_round_that_needs_it_gives_up_on_it_once_it_is_silent(
+        self, cluster: ServerCluster, servers: ServerGroup
+    ) -> None:
+        masters = [cluster.client(), *servers.urls[:2]]
+        other = Redis.from_url(servers.urls[1])
+        try:
+            async with AsyncRedlock(masters, socket_timeout=LONG) as redlock:
+                await _cycle(redlock, "warm")  # the cluster client knows its node
+                # held elsewhere on one URL master: the decision needs the cluster's answer
+                await other.set("contended", "another holder", px=60_000)
+                cluster.nodes[0].pause()
+                with anyio.fail_after(HANG_GUARD), pytest.raises(LockTimeoutError) as caught:
+                    await redlock.lock("contended", timeout=0).acquire()
+                assert "silent" in caught.value.outcomes[0].detail
+                assert client_state(redlock).silent == (True, False, False)
+        finally:
+            await other.aclose()
+
+    async def test_it_gets_no_new_call_while_silent_and_is_readmitted_when_it_answers(
+        self, cluster: ServerCluster, servers: ServerGroup
+    ) -> None:
+        direct = cluster.client()
+        masters = [cluster.client(), *servers.urls[:2]]
+        async with AsyncRedlock(masters, socket_timeout=LONG) as redlock:
+            await _cycle(redlock, "warm")
+            cluster.nodes[0].pause()
+            with anyio.fail_after(HANG_GUARD):
+                i = 0
+                while not client_state(redlock).silent[0]:  # each cycle is real work
+                    await _cycle(redlock, f"frozen:{i}")
+                    i += 1
+                out = client_state(redlock).in_flight[0]
+                for j in range(20):
+                    await _cycle(redlock, f"frozen:more:{j}")
+                assert client_state(redlock).in_flight[0] == out  # nothing new sent there
+                cluster.nodes[0].resume()
+                await redlock._core.nodes[0].wait_idle()  # the calls it held are answered
+            assert client_state(redlock).silent == (False, False, False)
+            lease = await redlock.lock("after", timeout=0).acquire()
+            assert await direct.get("after") is not None  # the cluster had the call
+            await lease.release()
+        await direct.aclose()
+
+
+class TestColdBurst:
+    async def test_a_burst_on_a_new_cluster_client_takes_no_master_for_silent(
+        self, cluster: ServerCluster, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.WARNING, logger="asyncredlock")
+        masters = [cluster.client(), *servers.urls[:2]]
+        done = 0
+        async with AsyncRedlock(masters) as redlock:
+
+            async def caller(i: int) -> None:
+                nonlocal done
+                lease = await redlock.lock(f"burst:{i}", timeout=10).acquire()
+                await lease.release()
+                done += 1
+
+            with anyio.fail_after(HANG_GUARD * 3):
+                async with anyio.create_task_group() as tg:
+                    for i in range(BURST):
+                        tg.start_soon(caller, i)
+            assert redlock.statistics().failed_attempts == 0
+        assert done == BURST
+        silent = [r.getMessage() for r in caplog.records if "silent" in r.getMessage()]
+        assert silent == []
