@@ -185,7 +185,15 @@ def redacted(url: str) -> str:
     """``url`` without its password, query or fragment, for a message about a URL
     that may not parse: the user part ends at the last ``@`` (as in `urllib.parse`),
     its password at the first ``:`` after ``//``; ``?`` and ``#`` end the rest (a
-    Sentinel URL's query may hold the sentinels' password)."""
+    Sentinel URL's query may hold the sentinels' password). An ``@`` after the
+    first ``?`` or ``#`` leaves no telling what is a password (one holding an
+    unencoded ``?``, or one in the query): only the scheme is shown."""
+    start = url.find("//")
+    prefix = url[: start + 2] if start >= 0 else ""
+    rest = url[len(prefix) :]
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    if "@" in rest[cut:]:
+        return f"{prefix}..."
     head, at, tail = url.rpartition("@")
     if at:
         start = head.find("//")

@@ -137,13 +137,17 @@ class TestMasters:
             (f"http://u:{SECRET}@h", "'http://u@h' must start with"),
             (f"redis://u:{SECRET[:3]}/{SECRET[3:]}@h:1", "'redis://u@h:1' has an invalid port"),
             (f"unix://u:{SECRET}@", "'unix://u@' names no socket path"),
-            (f"redis://u:2024?{SECRET}@h:1/0", "'redis://u@h:1/0': its query holds an '@'"),
+            # an '@' after a '?': a password holding a '?', or one in the query
+            (f"redis://u:2024?{SECRET}@h:1/0", "'redis://...': its query holds an '@'"),
+            (f"redis://h:1/0?password={SECRET[:3]}@{SECRET[3:]}", "'redis://...': its query"),
+            (f"redis://h:1/0#{SECRET[:3]}@{SECRET[3:]}", "'redis://...' has a fragment"),
         ],
     )
     def test_a_refused_url_is_shown_without_its_password(self, url: str, shown: str) -> None:
         with pytest.raises(ValueError, match=re.escape(shown)) as refused:
             AsyncRedlock([url])
         assert SECRET[:3] not in str(refused.value)
+        assert SECRET[3:] not in str(refused.value)
 
     async def test_a_refused_construction_opens_nothing(
         self, servers: ServerGroup, masters: Masters
