@@ -48,6 +48,9 @@ EventsLease = Annotated[Lease, Depends(locked("events:{job}"))]
 pytestmark = pytest.mark.anyio
 
 APPS = Path(__file__).parent / "apps"
+#: Masters holding a key while its lease is held: a quorum of the 5 at least (the
+#: others' replies may still be on their way when a test looks)
+QUORUM = 3
 
 
 def free_port() -> int:
@@ -448,8 +451,10 @@ class TestStreaming:
         with anyio.fail_after(HANG_GUARD):
             async with serving(app) as client:
                 assert (await client.get("/export/1")).status_code == 200
-        # in the stream's body, then in the background: released only after both
-        assert held == [len(masters), len(masters)]
+        # in the stream's body, then in the background: released only after both (a
+        # quorum at least: the masters beyond it may not have answered when it was read)
+        assert len(held) == 2
+        assert min(held) >= QUORUM, held
         assert await masters.holding("export:1") == 0
 
     async def test_a_lease_lost_mid_stream_cancels_the_stream(self, servers: ServerGroup) -> None:
@@ -628,7 +633,7 @@ class TestWebSocket:
                 held = await masters.holding("room:1")
                 await send({"type": "websocket.receive", "text": "bye"})
                 assert (await receive())["type"] == "websocket.close"
-        assert held == len(masters)
+        assert held >= QUORUM
         assert await masters.holding("room:1") == 0  # released when the handler ended
 
 
