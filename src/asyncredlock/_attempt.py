@@ -34,7 +34,7 @@ from ._protocol import (
     settled_grant,
 )
 from ._quorum import Decision, Round
-from ._refusal import acquisition_error, refusal
+from ._refusal import acquisition_error, refusal, why_refused
 from ._releasing import LateUndo
 from ._stats import LockCounters, Taken
 from ._telemetry import note_attempts
@@ -430,7 +430,7 @@ class Acquisition:
             resource=name,
             doing=f"lock {name!r}",
             timeout=self.spec.timeout,
-            why=slow if failed.expired else "held by another holder",
+            why=slow if failed.expired else why_refused(failed.decision),
         )
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ._quorum import Decision
     from ._stats import Counters
 
-__all__ = ["acquisition_error", "refusal", "why_unavailable"]
+__all__ = ["acquisition_error", "refusal", "why_refused", "why_unavailable"]
 
 #: How a master says a command, key or channel is not the user's to use: ``NOPERM``
 #: for a command sent; for one a script calls, ``ACL failure in script`` (Valkey,
@@ -89,3 +89,23 @@ def acquisition_error(
     return LockTimeoutError(
         f"could not {doing} within {wait}: {why}", resource=resource, outcomes=decision.outcomes
     )
+
+
+#: What a master refusing an attempt says (see ``classify_acquire``), and the headline
+#: of the error for it, the first found in this order.
+_REFUSED_BY = (
+    ("held by another holder", "held by another holder"),
+    ("held by readers", "held by readers"),
+    ("free, but an earlier waiter", "free, but another waiter is first in line"),
+)
+
+
+def why_refused(decision: Decision) -> str:
+    """Why the masters refused an attempt, for an error: a holder, readers, or an
+    earlier waiter first in the queue of a free lock (in that order, the first that
+    a refusing master said)."""
+    details = [outcome.detail for outcome in decision.outcomes if not outcome.ok]
+    for said, why in _REFUSED_BY:
+        if any(detail.startswith(said) for detail in details):
+            return why
+    return "held by another holder"

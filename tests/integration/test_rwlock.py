@@ -20,7 +20,7 @@ from asyncredlock import (
 )
 from asyncredlock.testing import ServerGroup, Waits, client_state, whole_retry_delay
 
-from .conftest import Masters, Queue, Waiting
+from .conftest import Masters, Queue, Waiting, queues
 
 pytestmark = pytest.mark.anyio
 
@@ -316,6 +316,36 @@ class TestReaderLeases:
 
 
 class TestFairness:
+    async def test_a_free_lock_with_a_queued_reader_refuses_the_exclusive_lock(
+        self, masters: Masters
+    ) -> None:
+        """``lock(name)`` on a read-write lock's resource heeds its queue: with the
+        lock free and a fair reader queued, an attempt without a place in line is
+        refused, and the error says why (not "held by another holder")."""
+        patient = 60.0  # a retry delay the reader never reaches: it stays queued
+        async with (
+            AsyncRedlock(masters.urls) as writer,
+            AsyncRedlock(masters.urls, retry_delay=patient) as reader,
+            AsyncRedlock(masters.urls) as other,
+        ):
+            await writer.rwlock("doc").write(auto_extend=False).acquire()
+            await writer.settle()
+            with whole_retry_delay(reader), Waits(reader) as waits, anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    read = reader.rwlock("doc", fair=True).read(timeout=patient)
+                    tg.start_soon(read.acquire)
+                    await waits.reach(1)
+                    await reader.settle()
+                    assert all(len(queue) == 1 for queue in await queues(masters, "doc"))
+                    for client in masters.clients:
+                        await client.delete("doc")  # the writer's key gone: the lock is free
+                    with pytest.raises(LockTimeoutError) as caught:
+                        await other.lock("doc", timeout=0).acquire()
+                    tg.cancel_scope.cancel()
+        assert "within one attempt: free, but another waiter is first in line" in str(caught.value)
+        refused = "free, but an earlier waiter is first in the queue"
+        assert _details(caught).count(refused) >= 3  # a quorum said so (the rest: not yet)
+
     async def _scenario(self, urls: Sequence[str], **options: Any) -> list[str]:
         """Two readers hold; a writer arrives and waits; a third reader arrives and
         waits or reads; then the first readers leave. The order of the last two."""
