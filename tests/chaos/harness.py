@@ -6,10 +6,10 @@ lets it go. Every event carries ``time.monotonic()``, one clock for every proces
 the machine, so the history of all workers can be merged and checked:
 
 - **overlaps**: two holders whose critical sections (from the acquisition to the
-  last access to the resource) overlapped while both leases were *valid* (up to the
-  validity the library reported): the guarantee Redlock makes; and two holders whose
-  critical sections overlapped at all, as each *believed* it held the lock. Readers
-  of a read-write lock may overlap each other, never a writer;
+  last access to the resource) overlapped while both leases were *valid*: the
+  guarantee Redlock makes; and two holders whose critical sections overlapped at all,
+  as each *believed* it held the lock. Readers of a read-write lock may overlap each
+  other, never a writer;
 - **lost updates**: increments the resource acknowledged, minus what the counter holds;
 - **late writes**: writes the resource accepted after the writer's validity ended;
 - **token order**: tokens of the accepted writes, in time order, never going back;
@@ -18,6 +18,13 @@ the machine, so the history of all workers can be merged and checked:
   (it resumed from a pause, or its validity ended) the report came;
 - **hand-over** (`handover`, asked for by a scenario): how long after one holder's
   last write the next one acquired.
+
+*Valid* means within the validity in force at that moment: the end of validity the
+library reported at the acquisition, then the one each successful extension granted
+(``extended``, reported as it takes effect), each in force from when it was granted.
+A lease extending itself is thus measured over its whole hold, not its first TTL; an
+extension granted only after the validity before it had ended leaves the time between
+not valid.
 
 Every process is bounded: a worker that does not report within `EVENT_GUARD` seconds
 fails the test, and `Worker.close()` kills what remains.
@@ -200,14 +207,39 @@ class Outcome:
         return self.overlaps > 0
 
 
+#: The events that set a lease's validity: its acquisition, and each extension.
+GRANTS = ("acquired", "extended")
+
+#: A stretch of time, from (included) to (excluded).
+Stretch = tuple[float, float]
+
+
 class Hold(NamedTuple):
     """One acquisition, as the checker sees it."""
 
     worker: int
     start: float  # acquired at
-    valid: float  # the end of its critical section while valid
+    valid: tuple[Stretch, ...]  # the parts of its critical section while valid
     end: float  # the end of its critical section
     shared: bool  # a reader's (readers may overlap each other)
+
+
+def valid_parts(grants: list[tuple[float, float]], end: float) -> tuple[Stretch, ...]:
+    """The parts of a critical section ending at ``end`` during which its lease was
+    valid, from its ``grants`` in time order: ``(when, until)``, the acquisition's
+    first. Each grant is in force from when it came to the next one."""
+    parts = []
+    superseded = [when for when, _ in grants[1:]] + [end]
+    for (when, until), replaced in zip(grants, superseded, strict=True):
+        cut = min(until, replaced, end)
+        if cut > when:
+            parts.append((when, cut))
+    return tuple(parts)
+
+
+def meet(a: tuple[Stretch, ...], b: tuple[Stretch, ...]) -> bool:
+    """Whether two unions of stretches have a moment in common."""
+    return any(a0 < b1 and b0 < a1 for a0, a1 in a for b0, b1 in b)
 
 
 def holds(events: list[Event]) -> list[Hold]:
@@ -217,14 +249,18 @@ def holds(events: list[Event]) -> list[Hold]:
     found = []
     start: dict[int, Event] = {}
     last: dict[int, float] = {}
+    grants: dict[int, list[tuple[float, float]]] = {}
     for event in sorted(events, key=lambda e: e.t):
         if event.kind == "acquired":
             start[event.worker], last[event.worker] = event, event.t
+            grants[event.worker] = [(event.t, event.fields["until"])]
+        elif event.kind == "extended" and event.worker in start:
+            grants[event.worker].append((event.t, event.fields["until"]))
         elif event.kind in ("read", "wrote") and event.worker in start:
             last[event.worker] = event.t
         elif event.kind in ("released", "lost") and event.worker in start:
             began, end = start.pop(event.worker), last.pop(event.worker)
-            valid = min(began.fields["until"], end)
+            valid = valid_parts(grants.pop(event.worker), end)
             found.append(Hold(event.worker, began.t, valid, end, began.fields.get("shared", False)))
     return found
 
@@ -234,19 +270,23 @@ def excluded(a: Hold, b: Hold) -> bool:
     return a.worker != b.worker and not (a.shared and b.shared)
 
 
-def _validity(events: list[Event]) -> dict[tuple[int, float], float]:
-    """Per acquisition (worker, acquired at): the end of its validity."""
-    return {(e.worker, e.t): e.fields["until"] for e in events if e.kind == "acquired"}
+def in_force(events: list[Event], worker: int, t: float) -> float | None:
+    """The end of worker ``worker``'s validity in force at ``t``: the latest granted
+    (acquisition or extension) by then; None if it had none."""
+    granted = [e for e in events if e.worker == worker and e.kind in GRANTS and e.t <= t]
+    return max(granted, key=lambda e: e.t).fields["until"] if granted else None
 
 
 def detections(events: list[Event]) -> list[float]:
     """Per lease reported lost: seconds from when it could know (its holder resumed
-    from a pause, or else its validity ended) to the report."""
+    from a pause, or else its validity, as last extended, ended) to the report."""
     found = []
     since: dict[int, float] = {}
     for event in sorted(events, key=lambda e: e.t):
         if event.kind == "acquired":
             since[event.worker] = event.fields["until"]
+        elif event.kind == "extended" and event.worker in since:
+            since[event.worker] = max(since[event.worker], event.fields["until"])
         elif event.kind == "resumed":
             since[event.worker] = max(since.get(event.worker, 0.0), event.t)
         elif event.kind == "lost" and event.worker in since:
@@ -269,18 +309,16 @@ def check(events: list[Event], final: int, orphans: int = 0) -> Outcome:
     for i, a in enumerate(intervals):
         for b in intervals[i + 1 :]:
             if excluded(a, b):
-                outcome.overlaps += a.start < b.valid and b.start < a.valid
+                outcome.overlaps += meet(a.valid, b.valid)
                 outcome.believed += a.start < b.end and b.start < a.end
     writes = sorted((e for e in events if e.kind == "wrote"), key=lambda e: e.t)
     accepted = [e for e in writes if e.fields["ok"]]
     outcome.acknowledged = len(accepted)
     outcome.rejected_writes = len(writes) - len(accepted)
     outcome.lost_updates = max(0, outcome.acknowledged - final)
-    until = _validity(events)
     for write in accepted:
-        starts = [s for (w, s) in until if w == write.worker and s <= write.t]
-        if starts and write.t > until[(write.worker, max(starts))]:
-            outcome.late_writes += 1
+        until = in_force(events, write.worker, write.t)
+        outcome.late_writes += until is not None and write.t > until
     tokens = [e.fields["token"] for e in accepted if e.fields.get("token") is not None]
     outcome.token_regressions = sum(1 for a, b in itertools.pairwise(tokens) if b < a)
     return outcome

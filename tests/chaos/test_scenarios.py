@@ -284,6 +284,9 @@ async def test_client_wall_clocks_jump(
         outcome = await r.outcome()
     assert outcome.acknowledged == 2
     assert outcome.detection == []  # A's lease was never lost
+    # A wrote five TTLs in, on validity its extensions granted: not a late write
+    assert any(e.kind == "extended" for e in a.events)
+    assert outcome.late_writes == 0
     # the jumps took effect: B acquired with its wall clock a minute behind A's
     (b_acquired,) = [e for e in b.events if e.kind == "acquired"]
     (a_done,) = [e for e in a.events if e.kind == "done"]

@@ -25,15 +25,18 @@ Commands come on stdin, one JSON object per line:
 
 Events: ``waiting`` (a cycle's ``acquire()`` failed its first attempt and waits: a
 fair lock's waiter is queued on the masters by then), ``acquired`` (``token``;
-``until``: the end of the validity the library reported; ``shared``: a reader's;
-``source``: how it was taken, ``lease.statistics().source``),
-``read`` (``value``), ``paused``, ``wrote`` (``ok``: whether the resource took it),
+``until``: the end of the validity the library reported at the acquisition;
+``shared``: a reader's; ``source``: how it was taken, ``lease.statistics().source``),
+``extended`` (``until``: the end of the validity a successful extension, automatic or
+explicit, granted, reported as it takes effect: see `report_extensions`), ``read``
+(``value``), ``paused``, ``wrote`` (``ok``: whether the resource took it),
 ``released`` (``lost``: whether the release found the lease gone), ``failed``
 (``error``: an acquisition that failed). Times are ``time.monotonic()``, which every
-process on the machine shares. Plain (unfenced) clients read with ``GET`` and write with ``SET``;
-fenced ones through the library's `FencedStore`, the read fenced too
-(``read(key, token)``), so a stale holder cannot write a value read before a newer
-holder's.
+process on the machine shares and the library measures validity with (its default
+clock), so an ``until`` is on the clock of every event's time. Plain (unfenced)
+clients read with ``GET`` and write with ``SET``; fenced ones through the library's
+`FencedStore`, the read fenced too (``read(key, token)``), so a stale holder cannot
+write a value read before a newer holder's.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from asyncredlock import (
     LockNotOwnedError,
     RedlockError,
 )
+from asyncredlock._keeping import Keeping  # (report_extensions)
 from asyncredlock.fencing import FencedStore, StaleTokenError, check_token
 from asyncredlock.testing import Waits
 
@@ -70,6 +74,29 @@ def emit(event: str, **fields: Any) -> None:
     # "wall": this process's wall clock, which a test may have jumped (see FakeClock)
     line = {"ev": event, "t": time.monotonic(), "wall": time.time(), **fields}
     print(json.dumps(line), flush=True)
+
+
+def deadline(lease: Keeping) -> float:
+    """The end of ``lease``'s validity, on this module's clock (``time.monotonic()``,
+    the library's): now plus what is left."""
+    return time.monotonic() + lease.validity
+
+
+def report_extensions() -> None:
+    """Report ``extended`` each time a lease's validity moves: the library has no hook
+    for it, so its extension round (automatic and explicit extensions both go through
+    it) is wrapped. The report comes as the round returns, with no ``await`` between
+    the new validity taking effect and it, so the checker sees the validity in force
+    at every moment. A library without the method stops the worker at its start."""
+    extend_round = Keeping._extend_round
+
+    async def reporting(self: Keeping, ttl: float) -> Any:
+        decision = await extend_round(self, ttl)
+        if decision is None:  # granted
+            emit("extended", token=self.token, until=deadline(self))
+        return decision
+
+    Keeping._extend_round = reporting  # type: ignore[method-assign]
 
 
 def make_lock(redlock: AsyncRedlock, name: str, spec: dict[str, Any]) -> Lock:
@@ -112,7 +139,7 @@ async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
     lease = await acquire(redlock, make_lock(redlock, name, spec))
     if lease is None:
         return
-    until, source = time.monotonic() + lease.validity, lease.statistics().source
+    until, source = deadline(lease), lease.statistics().source
     emit("acquired", token=lease.token, until=until, shared=lease.shared, source=source)
     fencing = bool(spec["fencing"])
     value = await read(resource, fencing, lease.token)
@@ -138,7 +165,7 @@ async def hold(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[str
     fencing, ttl = bool(spec["fencing"]), float(spec["ttl"])
     try:
         async with redlock.lock(name, ttl=ttl, timeout=spec["timeout"], fencing=fencing) as lease:
-            emit("acquired", token=lease.token, until=time.monotonic() + lease.validity)
+            emit("acquired", token=lease.token, until=deadline(lease))
             value = await read(resource, fencing, lease.token)
             if value < 0:
                 return
@@ -200,6 +227,7 @@ async def write(resource: Redis, fencing: bool, token: int | None, value: int) -
 
 
 async def main(masters: list[str], resource_url: str, name: str) -> None:
+    report_extensions()
     resource = Redis.from_url(resource_url)
     async with AsyncRedlock(masters, node_timeout=0.05) as redlock:
         emit("ready")

@@ -1,0 +1,77 @@
+"""The checker (``harness.check``) on histories written out as the workers report
+them: a lease is measured against the validity in force at each moment, the one its
+acquisition reported and then each extension's, not its first validity alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .harness import Event, check, holds
+
+
+def ev(worker: int, kind: str, t: float, **fields: Any) -> Event:
+    return Event(worker, kind, t, fields)
+
+
+def held_by_b(start: float) -> list[Event]:
+    """B (worker 1, a plain client: no token) takes the lock at ``start``, reads,
+    increments, releases."""
+    return [
+        ev(1, "acquired", start, token=None, until=start + 2.0),
+        ev(1, "read", start + 0.01, value=0, ok=True),
+        ev(1, "wrote", start + 0.02, ok=True, value=1, token=None),
+        ev(1, "released", start + 0.03, lost=False),
+    ]
+
+
+def extending_a(*extensions: tuple[float, float], wrote: float) -> list[Event]:
+    """A (worker 0, a plain client) takes the lock at 0 with validity to 1.0, is granted
+    ``extensions`` (when, until), writes at ``wrote`` and releases."""
+    return [
+        ev(0, "acquired", 0.0, token=None, until=1.0),
+        ev(0, "read", 0.1, value=0, ok=True),
+        *(ev(0, "extended", when, token=None, until=until) for when, until in extensions),
+        ev(0, "wrote", wrote, ok=True, value=1, token=None),
+        ev(0, "released", wrote + 0.01, lost=False),
+    ]
+
+
+def test_an_extended_lease_is_valid_until_its_last_extension() -> None:
+    """A's lease extends itself past its first validity and A writes at 2.0, within
+    the validity its last extension granted (to 2.2): not a late write. B taking the
+    lock at 1.5 overlaps A while both are valid: exclusion broken (the checker that
+    cut A at its first validity saw only a believed overlap, and a late write)."""
+    a = extending_a((0.4, 1.4), (0.8, 1.8), (1.2, 2.2), wrote=2.0)
+    outcome = check(a + held_by_b(1.5), final=1)
+    assert (outcome.overlaps, outcome.believed, outcome.late_writes) == (1, 1, 0)
+
+
+def test_an_extended_lease_ends_with_its_last_extension() -> None:
+    """A's last extension runs to 1.4; B takes the lock at 1.5 and A, stalled, writes
+    at 2.0: no overlap of valid leases, one believed, A's write late."""
+    a = extending_a((0.4, 1.4), wrote=2.0)
+    outcome = check(a + held_by_b(1.5), final=1)
+    assert (outcome.overlaps, outcome.believed, outcome.late_writes) == (0, 1, 1)
+
+
+def test_an_extension_granted_after_the_validity_ran_out() -> None:
+    """A's validity ends at 1.0; an extension is granted only at 1.2: A is not valid in
+    between, where B's whole hold lies, and valid again from 1.2 to its write."""
+    a = extending_a((1.2, 2.2), wrote=1.5)
+    events = a + held_by_b(1.05)
+    a_hold = next(h for h in holds(events) if h.worker == 0)
+    assert a_hold.valid == ((0.0, 1.0), (1.2, 1.5))
+    outcome = check(events, final=1)
+    assert (outcome.overlaps, outcome.believed, outcome.late_writes) == (0, 1, 0)
+
+
+def test_a_loss_is_timed_from_the_last_extension() -> None:
+    """Validity extended to 1.4, the loss reported at 1.45: 0.05 s after it could be
+    known (not 0.45 s after the acquisition's validity)."""
+    events = [
+        ev(0, "acquired", 0.0, token=None, until=1.0),
+        ev(0, "read", 0.1, value=0, ok=True),
+        ev(0, "extended", 0.4, token=None, until=1.4),
+        ev(0, "lost", 1.45),
+    ]
+    assert check(events, final=0).detection == [0.05]
