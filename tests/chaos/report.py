@@ -22,11 +22,15 @@ REPORT_ENV = "CHAOS_REPORT"
 @dataclass(frozen=True)
 class Expected:
     """What a scenario expects: mutual exclusion broken (validity overlapping),
-    updates lost, stale writes refused by the fence."""
+    updates lost, stale writes refused by the fence, and writes the resource accepted
+    after the writer's validity (late writes: none unless said). A late write is
+    outside what the overlap of valid leases can see, so one a scenario does not
+    expect fails it as an unexpected overlap would."""
 
     violation: bool
     lost_updates: bool
     rejected: bool | None  # None: either (the scenario does not decide it)
+    late_writes: bool = False
 
 
 RESULTS: list[tuple[str, str, Expected, Outcome]] = []
@@ -45,6 +49,7 @@ def matches(expected: Expected, o: Outcome) -> bool:
     return (
         o.violated == expected.violation
         and (o.lost_updates > 0) == expected.lost_updates
+        and (o.late_writes > 0) == expected.late_writes
         and (expected.rejected is None or (o.rejected_writes > 0) == expected.rejected)
         and o.token_regressions == 0
         and o.orphans == 0
@@ -57,7 +62,8 @@ def _seconds(values: list[float]) -> str:
 
 def table() -> str:
     lines = [
-        "| scenario | client | expected: exclusion broken / updates lost / stale write refused "
+        "| scenario | client | expected: exclusion broken / updates lost / late writes "
+        "/ stale write refused "
         "| observed: validity overlaps / believed overlaps / lost updates / late writes "
         "/ refused / acknowledged, final | orphan keys | loss reported after (s) "
         "| hand-over after (s) | as expected |",
@@ -65,7 +71,13 @@ def table() -> str:
     ]
     for scenario, mode, expected, o in sorted(RESULTS, key=lambda r: (r[0], r[1] != "plain")):
         wanted = " / ".join(
-            _yes(v) for v in (expected.violation, expected.lost_updates, expected.rejected)
+            _yes(v)
+            for v in (
+                expected.violation,
+                expected.lost_updates,
+                expected.late_writes,
+                expected.rejected,
+            )
         )
         seen = (
             f"{o.overlaps} / {o.believed} / {o.lost_updates} / {o.late_writes} / "
@@ -90,8 +102,12 @@ def write(path: Path) -> None:
         " read with the token (`read(key, token)`) and written with it (readers of a"
         " read-write lock have no token: they read without one). *Loss reported"
         " after*: from when a lost lease's holder could know (it resumed, or its"
-        " validity ended) to the report; *hand-over after*: from a holder's last write"
-        " (its release follows) to the next holder's acquisition.\n\n"
+        " validity, as last extended, ended) to the report; *hand-over after*: from a"
+        " holder's last write (its release follows) to the next holder's acquisition."
+        " A lease is *valid* until the end of validity in force: the one reported at"
+        " its acquisition, then the one each successful extension granted, from when"
+        " it was granted (a lease extending itself is measured over its whole hold);"
+        " *late writes*: writes the resource accepted after that.\n\n"
         f"Run {when}, Python {platform.python_version()}, {platform.platform()}.\n\n"
         + table()
         + "\n"

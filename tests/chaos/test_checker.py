@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .harness import Event, check, holds
+from .harness import Event, Outcome, check, holds
+from .report import Expected, matches
 
 
 def ev(worker: int, kind: str, t: float, **fields: Any) -> Event:
@@ -52,6 +53,8 @@ def test_an_extended_lease_ends_with_its_last_extension() -> None:
     a = extending_a((0.4, 1.4), wrote=2.0)
     outcome = check(a + held_by_b(1.5), final=1)
     assert (outcome.overlaps, outcome.believed, outcome.late_writes) == (0, 1, 1)
+    expected = Expected(violation=False, lost_updates=True, rejected=False, late_writes=True)
+    assert matches(expected, outcome)
 
 
 def test_an_extension_granted_after_the_validity_ran_out() -> None:
@@ -75,3 +78,14 @@ def test_a_loss_is_timed_from_the_last_extension() -> None:
         ev(0, "lost", 1.45),
     ]
     assert check(events, final=0).detection == [0.05]
+
+
+def test_an_unexpected_late_write_is_not_as_expected() -> None:
+    """A scenario that expects no late write fails on one, and one that expects it
+    fails without."""
+    quiet = Expected(violation=False, lost_updates=False, rejected=False)
+    late = Expected(violation=False, lost_updates=False, rejected=False, late_writes=True)
+    assert matches(quiet, Outcome(late_writes=0, acknowledged=1, final=1))
+    assert not matches(quiet, Outcome(late_writes=1, acknowledged=1, final=1))
+    assert matches(late, Outcome(late_writes=1, acknowledged=1, final=1))
+    assert not matches(late, Outcome(late_writes=0, acknowledged=1, final=1))

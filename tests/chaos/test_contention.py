@@ -73,7 +73,9 @@ async def test_rwlock_writer_frozen_past_its_ttl(make_servers: MakeServers, mode
     # together is no overlap (were it counted, it would be one of valid leases too)
     assert outcome.believed == 4
     assert outcome.late_writes == (0 if fencing else 1)
-    expected = Expected(violation=False, lost_updates=not fencing, rejected=fencing)
+    expected = Expected(
+        violation=False, lost_updates=not fencing, rejected=fencing, late_writes=not fencing
+    )
     verdict("read-write lock: writer frozen past its TTL, readers between", mode, expected, outcome)
 
 

@@ -55,7 +55,9 @@ async def test_client_paused_past_its_ttl(make_servers: MakeServers, mode: str) 
     # validity never overlaps (A's ended before B's began); belief does
     assert outcome.believed == 1
     assert outcome.late_writes == (0 if fencing else 1)
-    expected = Expected(violation=False, lost_updates=not fencing, rejected=fencing)
+    expected = Expected(
+        violation=False, lost_updates=not fencing, rejected=fencing, late_writes=not fencing
+    )
     verdict("client paused past its TTL (process frozen)", mode, expected, outcome)
 
 
