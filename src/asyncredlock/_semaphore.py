@@ -75,7 +75,7 @@ class Semaphore(Lock):
     (``lease.key`` is its key) and is kept like a lock's: extended, lost, cancelling
     its block when lost, bounded by ``max_hold``. Leases carry no fencing token
     (several hold at once: a token cannot order them). Waiters are woken when a
-    slot is given back.
+    slot is given back (fair: also when a waiter let in for a free slot leaves).
 
     Attributes:
         limit: How many leases may be held at once.
@@ -236,9 +236,11 @@ class _Acquisition:
             if self.ticket is not None:
                 self.core.waker.leave(self.ticket, acquired=self.acquired)
             if self.place is not None and not self.core.closed:
-                # out of the queue where it is still listed (granted or not)
+                # out of the queue where it is still listed (granted or not); where
+                # it was let in for a free slot, the next one is announced there
+                keys, args = (*self.place.keys, *self.semaphore.slot_keys), self.channels[:1]
                 for node in self.core.nodes:
-                    node.call(SEM_DEQUEUE, self.place.keys, (self.place.waiter,))
+                    node.call(SEM_DEQUEUE, keys, (self.place.waiter, *args))
             self.core.done_acquiring()
             note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1:

@@ -606,10 +606,10 @@ class TestKeySlots:
         self, masters: Masters, clusters: list[ServerCluster], name: str
     ) -> None:
         """Every kind of call (fenced lock, extension, a fair waiter queued and
-        leaving, readers and a writer, inspection, forced release) on one cluster
-        master, so that any call refused by a slot check fails the test; then each
-        key they named hashes, by CLUSTER KEYSLOT on a real server, where the name
-        does."""
+        leaving, readers and a writer, inspection, forced release, a fair semaphore's
+        slot and a waiter queued and leaving) on one cluster master, so that any call
+        refused by a slot check fails the test; then each key they named hashes, by
+        CLUSTER KEYSLOT on a real server, where the name does."""
         cluster = clusters[0]
         client = _Recording(startup_nodes=cluster.startup_nodes)
         async with AsyncRedlock([client]) as redlock, AsyncRedlock([client]) as other:
@@ -628,8 +628,13 @@ class TestKeySlots:
                 pass
             await redlock.rwlock(name).read().acquire()
             assert await redlock.force_release(name) == 1
+            slot_lease = await redlock.semaphore(name, 1, fair=True).acquire()
+            with pytest.raises(LockTimeoutError):  # queued, then out of the queue
+                await other.semaphore(name, 1, fair=True, timeout=0).acquire()
+            await slot_lease.release()
         await client.aclose()
         suffixes = ("fence", "readers", "queue", "queue:expiry", "queue:terms")
+        suffixes += ("sem:0", "sem:queue", "sem:queue:expiry")
         assert {name, *(aux_key(name, suffix) for suffix in suffixes)} <= client.script_keys
         assert any(":undo:" in key for key in client.script_keys)
         slot = cluster.keyslot(name)

@@ -18,13 +18,14 @@ from asyncredlock import (
     LockTimeoutError,
     Semaphore,
 )
-from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing import ServerGroup, Waits, deafened, whole_retry_delay
 
 from .conftest import Masters
 
 pytestmark = pytest.mark.anyio
 
 GUARD = 10.0  # seconds: a hang fails the test instead of blocking CI
+PATIENT = 120.0  # a retry delay no test waits out: only a wake-up moves a waiter
 
 
 async def test_up_to_limit_holders_then_refused(masters: Masters) -> None:
@@ -323,6 +324,98 @@ async def test_a_fair_waiter_that_gives_up_leaves_the_queue(masters: Masters) ->
         assert queued == [0] * len(masters.clients)
         await held.release()
         await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_a_fair_waiter_leaving_the_head_of_the_queue_wakes_the_next(
+    masters: Masters,
+) -> None:
+    """A fair semaphore (limit 1): W1 (client `first`) is first in the masters' queue,
+    W2 (client `second`) behind it. The holder releases; W2 hears it but is refused (W1
+    is ahead: with one slot free only the first entry may take it) and waits again. W1
+    never heard the release (its client is deaf) and is cancelled: taking its entry out
+    of the queue must announce the free slot to W2 (`sem_dequeue.lua`), or W2 sleeps its
+    whole retry delay (two minutes here) while the slot is free."""
+    async with (
+        AsyncRedlock(masters.urls) as holder,
+        AsyncRedlock(masters.urls, retry_delay=PATIENT) as first,
+        AsyncRedlock(masters.urls, retry_delay=PATIENT) as second,
+    ):
+        lease = await holder.semaphore("sem:head-leaves", 1, fair=True, timeout=0).acquire()
+        await holder.settle()
+        got: list[Lease] = []
+        with (
+            whole_retry_delay(first, second),
+            deafened(first),
+            Waits(first) as waits1,
+            Waits(second) as waits2,
+            anyio.fail_after(GUARD),
+        ):
+            head = asyncio.ensure_future(
+                first.semaphore("sem:head-leaves", 1, fair=True, timeout=PATIENT).acquire()
+            )
+            await waits1.reach(1)  # queued first on the masters, waiting
+            await first.settle()
+
+            async def take() -> None:
+                semaphore = second.semaphore("sem:head-leaves", 1, fair=True, timeout=PATIENT)
+                got.append(await semaphore.acquire())
+
+            nxt = asyncio.ensure_future(take())
+            await waits2.reach(1)
+            await second.settle()
+            await lease.release()
+            await waits2.reach(2)  # woken by the release, refused: W1 is ahead
+            await second.settle()
+            assert got == []
+            head.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await head
+            await nxt  # woken by W1 leaving the head of the queue
+        assert len(got) == 1
+        await got[0].release()
+        for client in (holder, first, second):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_a_fair_waiter_leaving_while_every_slot_is_held_announces_nothing(
+    masters: Masters,
+) -> None:
+    """The first waiter of a full fair semaphore is cancelled: no slot is free, so its
+    leaving the queue wakes nobody. On each master, the first message on the slot's
+    channel after it left is the holder's release."""
+    name, channel = "sem:leave-full", "{sem:leave-full}:sem:0:released"
+    subscriptions = [client.pubsub() for client in masters.clients]
+    try:
+        for pubsub in subscriptions:
+            await pubsub.subscribe(channel)
+            with anyio.fail_after(GUARD):
+                assert (await pubsub.get_message(timeout=GUARD))["type"] == "subscribe"
+        async with (
+            AsyncRedlock(masters.urls) as holder,
+            AsyncRedlock(masters.urls, retry_delay=PATIENT) as waiter,
+        ):
+            lease = await holder.semaphore(name, 1, fair=True, timeout=0).acquire()
+            with Waits(waiter) as waits, anyio.fail_after(GUARD):
+                waiting = asyncio.ensure_future(
+                    waiter.semaphore(name, 1, fair=True, timeout=PATIENT).acquire()
+                )
+                await waits.reach(1)  # queued first on the masters, waiting
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                await waiter.settle()  # its entry is out of every master's queue
+            await lease.release()
+            await holder.settle()
+        for pubsub in subscriptions:
+            with anyio.fail_after(GUARD):
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=GUARD)
+            assert message is not None
+            assert message["data"] == lease.value.encode()
+    finally:
+        for pubsub in subscriptions:
+            await pubsub.aclose()
     assert await masters.keys() == [[] for _ in masters.urls]
 
 
