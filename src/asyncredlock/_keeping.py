@@ -125,18 +125,20 @@ class Keeping(ABC):
 
     # -- per-master steps -------------------------------------------------------
 
-    async def _extend_round(self, ttl: float) -> Decision | None:
+    async def _extend_round(self, ttl: float, *, keeping: bool = False) -> Decision | None:
         """One extension round (to ``ttl``, or to the bound if sooner); ``None`` when
-        it succeeded."""
+        it succeeded. ``keeping`` (the automatic extender): it waits no longer than
+        the validity left, when the lease ends lost (its block runs only while it is
+        valid); a caller's round waits at least ``node_timeout``."""
         core = self._core
         start = core.clock()
         capped = ttl > self._bound - start
         ttl = min(ttl, max(self._bound - start, 0.001))
         args = (self.value, ms(ttl))
         rnd = core.extend_round(self.keys, self._acquired, args, shared=self.shared)
-        # Waiting past the validity is pointless: by then the lease is lost anyway.
-        left = max(core.settings.node_timeout, self._expires_at - core.clock())
-        wait = min(left, core.timing.max_wait)
+        left = self._expires_at - core.clock()
+        floor = 0.0 if keeping else core.settings.node_timeout
+        wait = min(max(left, floor), core.timing.max_wait)
         expires_at = core.expiry(start, ttl)
 
         def accepted(decision: Decision) -> bool:
@@ -148,6 +150,9 @@ class Keeping(ABC):
             core.counters.extensions += 1
             self._record.extensions += 1
             return None
+        # The masters that took it may hold the key no longer than this round asked
+        # (a shorter TTL than the validity left): the validity never counts on more.
+        self._expires_at = min(self._expires_at, expires_at)
         core.counters.failed_extensions += 1
         self._record.failed_extensions += 1
         log_extension_failed(self, decision.outcomes, decision.unavailable, self._failing)
@@ -188,7 +193,7 @@ class Keeping(ABC):
             self._capped = True
             self._extend_at(self._expires_at)
             return
-        decision = await self._extend_round(self.ttl)
+        decision = await self._extend_round(self.ttl, keeping=True)
         self._extender = None
         if decision is None:
             self._extend_at(start + self.ttl / 3)

@@ -158,6 +158,9 @@ class Lease(Keeping):
             )
         if decision is None:
             self.ttl = min(new_ttl, self._max_hold)
+            if self._timer is not None:  # the next automatic extension: by the new TTL
+                self._timer.cancel()
+                self._extend_at(self._expires_at - 2 * self.ttl / 3)
             return
         if decision.unavailable:
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
@@ -296,7 +299,7 @@ class Lease(Keeping):
                 await self._release_quietly()
             return
         if self._state is State.LOST:
-            raise self._lost_error() from (None if swallowed else exc)
+            raise self._lost_error() from (_cause_under(exc) if swallowed else exc)
         with anyio.CancelScope(shield=True):
             await self._release_quietly()
         if self.lost:  # the release found it gone on a majority
@@ -316,6 +319,13 @@ class Lease(Keeping):
             return HoldLimitError(message, resource=self.resource, outcomes=outcomes)
         message = f"the lease on {self.resource!r} was lost while its block ran"
         return LockLostError(message, resource=self.resource, outcomes=outcomes)
+
+
+def _cause_under(cancelled: BaseException | None) -> BaseException | None:
+    """The block's own exception, if the loss's cancellation came while the block
+    was handling it (cleaning up in ``finally`` or ``except``); else ``None``."""
+    context = None if cancelled is None else cancelled.__context__
+    return None if isinstance(context, asyncio.CancelledError) else context
 
 
 def make_lease(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import math
 import os
 import socket
 import weakref
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 
 import anyio
 import pytest
@@ -19,8 +21,9 @@ from asyncredlock import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    QuorumUnavailableError,
 )
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import FaultProxy, ServerGroup
 
 from .conftest import Masters
 
@@ -297,6 +300,96 @@ class TestLease:
             await lease.release()
             await redlock.settle()  # release returns at quorum; the rest follow
             assert await masters.holding("ext") == 0
+
+
+class TestExtensionAndLoss:
+    async def test_a_shorter_ttl_given_to_extend_moves_the_next_automatic_extension(
+        self, masters: Masters
+    ) -> None:
+        """The next automatic extension comes a third of the new TTL on, not of the
+        old one: the keys would otherwise expire at the new TTL while the block ran."""
+        async with (
+            AsyncRedlock(masters.given) as holder,
+            AsyncRedlock(masters.given, retry_delay=0.05) as other,
+        ):
+            with anyio.fail_after(HANG_GUARD):
+                async with holder.lock("shorter", ttl=60.0) as lease:
+                    await lease.extend(ttl=1.0)
+                    with pytest.raises(LockTimeoutError):  # several of the new TTLs
+                        await other.lock("shorter", timeout=3.0).acquire()
+                    assert lease.held
+                assert lease.statistics().extensions >= 3  # 1 by hand, then every 1/3 s
+
+    async def test_an_automatic_extension_never_keeps_a_lease_past_its_validity(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Three masters of five stop answering the holder, not the other client: the
+        holder's extension round gives up on them at the end of the validity (its
+        node_timeout is longer), so the lease is lost before the keys expire there
+        and the other client takes the lock. (A large drift allowance leaves the lease
+        room to end before its keys.)"""
+        async with AsyncExitStack() as stack:
+            proxies = [
+                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+                for server in list(servers)[:3]
+            ]
+            urls = [proxy.url for proxy in proxies] + masters.urls[3:]
+            holder = await stack.enter_async_context(
+                AsyncRedlock(urls, node_timeout=2.0, drift_factor=0.2)
+            )
+            other = await stack.enter_async_context(AsyncRedlock(masters.urls, retry_delay=0.05))
+            with anyio.fail_after(HANG_GUARD):
+                lease = await holder.lock("late", ttl=1.0).acquire()
+                await holder.settle()  # the key is on every master
+                for proxy in proxies:
+                    proxy.blackhole = True
+                taken = await other.lock("late", ttl=10.0, timeout=10.0).acquire()
+                held_meanwhile = lease.held
+                for proxy in proxies:
+                    proxy.heal()
+                await taken.release()
+            assert not held_meanwhile
+            assert lease.lost
+
+    async def test_a_failed_extension_to_a_shorter_ttl_counts_on_no_more_than_it(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """An extension to a shorter TTL whose replies come too late (the masters set
+        the shorter TTL, the round fails): the validity is no longer the old TTL's,
+        which the keys no longer have."""
+        async with AsyncExitStack() as stack:
+            proxies = [
+                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+                for server in list(servers)[:3]
+            ]
+            urls = [proxy.url for proxy in proxies] + masters.urls[3:]
+            redlock = await stack.enter_async_context(
+                AsyncRedlock(urls, node_timeout=0.1, socket_timeout=0.5)
+            )
+            with anyio.fail_after(HANG_GUARD):
+                lease = await redlock.lock("shortened", ttl=60.0, auto_extend=False).acquire()
+                await redlock.settle()
+                for proxy in proxies:
+                    proxy.delay = 0.4  # a round trip of 0.8 s, past the round's 0.5 s
+                with pytest.raises(QuorumUnavailableError):
+                    await lease.extend(ttl=2.0)
+            assert lease.held
+            assert lease.validity <= 2.0
+
+    async def test_the_blocks_exception_is_the_cause_when_the_loss_cancels_its_cleanup(
+        self, masters: Masters
+    ) -> None:
+        """The block raised, and the loss came while its ``finally`` awaited: the
+        block's exception is the cause of the `LockLostError`."""
+        async with AsyncRedlock(masters.given) as redlock:
+            with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError) as caught:
+                async with redlock.lock("cause"):
+                    try:
+                        raise ValueError("the block failed")
+                    finally:  # its cleanup awaits; the lease is lost meanwhile
+                        await redlock.force_release("cause")
+                        await asyncio.sleep(0)
+            assert isinstance(caught.value.__cause__, ValueError)
 
 
 class TestHolderIdentity:
