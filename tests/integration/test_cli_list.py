@@ -171,6 +171,33 @@ class TestList:
         assert await cli("list", *master_args(servers.urls)) == 0
         assert "binary" in table(capsys.readouterr().out)
 
+    @pytest.mark.parametrize(
+        "odd_key",
+        [
+            b"cache:a\x00b",  # keys are binary-safe: a NUL, which lock names refuse
+            b"{a}:9:{a}:fence:readers",  # a readers set whose lock key is a reserved key
+        ],
+    )
+    async def test_a_key_that_is_no_lock_name_is_skipped(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str], odd_key: bytes
+    ) -> None:
+        """A key on a shared server whose name ``inspect()`` refuses is left out of
+        the listing; the locks beside it are listed (it raised ValueError: no
+        listing, a traceback, exit 1)."""
+        async with AsyncRedlock(servers.urls, identity="lister") as redlock:
+            await hold(redlock, "jobs:1")
+            for url in servers.urls:
+                async with Redis.from_url(url) as client:
+                    if odd_key.endswith(b":readers"):
+                        await client.zadd(odd_key, {"r": 9e15})
+                    else:
+                        await client.set(odd_key, "x", px=60_000)
+            code = await cli("list", *master_args(servers.urls))
+        captured = capsys.readouterr()
+        assert code == 0
+        assert table(captured.out) == {"jobs:1": ["5 of 5", "lister", "-"]}
+        assert captured.err == ""
+
     async def test_nothing_held_exits_0(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -285,6 +312,8 @@ def test_lock_keys_are_not_auxiliary(key: str) -> None:
         (b"jobs:1", "app:", "*", None),
         (b"app:", "app:", "*", None),  # the prefix alone names no lock
         (b"\xff", "", "*", None),
+        (b"a\x00b", "", "*", None),  # a NUL: check_name refuses it
+        (b"{a}:9:{a}:fence:readers", "", "*", None),  # the readers of a reserved key
     ],
 )
 def test_listed_key(raw: bytes, prefix: str, pattern: str, expected: str | None) -> None:

@@ -25,8 +25,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from .._config import check_name
 from .._inspect import LockState
-from .._keys import glob_escape, identity_of, split_aux
+from .._keys import glob_escape, identity_of, lock_key, split_aux
 from .._redlock import AsyncRedlock
 from .common import (
     EXIT_OK,
@@ -181,8 +182,9 @@ def listed_key(raw: bytes | str, prefix: str, pattern: str) -> str | None:
     """The lock key that the key ``raw`` stands for in a listing, if any.
 
     A lock key stands for itself and a readers set for its lock key; other
-    auxiliary keys, and keys whose name (after ``prefix``) does not match
-    ``pattern``, stand for none.
+    auxiliary keys, keys whose name (after ``prefix``) does not match
+    ``pattern``, and keys that are no valid lock name (not UTF-8, a NUL in it,
+    a reserved key: ``inspect()`` would refuse it), stand for none.
     """
     try:
         key = raw if isinstance(raw, str) else raw.decode()
@@ -196,7 +198,10 @@ def listed_key(raw: bytes | str, prefix: str, pattern: str) -> str | None:
     name = key.removeprefix(prefix)
     if not key.startswith(prefix) or not name or not fnmatchcase(name, pattern):
         return None
-    return key
+    try:  # a name the library refuses (a NUL in it, a reserved key) is no lock of its
+        return lock_key(prefix, check_name(name))
+    except ValueError:
+        return None
 
 
 # -- output ----------------------------------------------------------------------------
