@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+import anyio
 import anyio.to_thread
 import pytest
 from redis.asyncio import Redis
@@ -22,10 +23,18 @@ from .conftest import Masters
 
 pytestmark = pytest.mark.anyio
 
+WAIT = 30.0  # a bound on each wait, far above what it takes
+
 
 async def cli(*argv: str) -> int:
     """``main(argv)`` in a worker thread: it runs its own event loop, as from a shell."""
     return await anyio.to_thread.run_sync(main, list(argv))
+
+
+async def cli_abandoned(*argv: str) -> int:
+    """`cli`, for a test that may give up on it (``fail_after``): the thread is left
+    behind rather than waited for."""
+    return await anyio.to_thread.run_sync(main, list(argv), abandon_on_cancel=True)
 
 
 def master_args(urls: list[str]) -> list[str]:
@@ -247,6 +256,45 @@ class TestList:
         assert "up" in table(captured.out)
         (warning,) = [line for line in captured.err.splitlines() if ": warning: " in line]
         assert "its keys cannot be listed through this URL" in warning
+
+    @pytest.mark.parametrize(
+        "query", ["?decode_responses=true", "?decode_responses=true&encoding=latin-1"]
+    )
+    async def test_a_url_decoding_for_redis_py_clients_changes_nothing(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str], query: str
+    ) -> None:
+        """``decode_responses`` and ``encoding`` in a URL shared with redis-py clients
+        are of no effect on asyncredlock's connections, the scan's included. The scan
+        decoded with them: a key that is not UTF-8 raised UnicodeDecodeError (a
+        traceback, exit 1), and latin-1 read 'café' as another name, missing the lock."""
+        async with AsyncRedlock(servers.urls, identity="lister") as redlock:
+            await hold(redlock, "café")
+            for url in servers.urls:
+                async with Redis.from_url(url) as client:
+                    await client.set(b"\xff", "x", px=60_000)
+            code = await cli("list", *master_args([url + query for url in servers.urls]))
+        captured = capsys.readouterr()
+        assert code == 0
+        assert table(captured.out) == {"café": ["5 of 5", "lister", "-"]}
+        assert captured.err == ""
+
+    async def test_node_timeout_bounds_the_scan_whatever_the_url_says(
+        self, servers: ServerGroup, make_servers: MakeServers, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A frozen master given with ``?socket_timeout=60``: its scan gives up after
+        ``--node-timeout`` (it waited the URL's 60 s), and the listing goes on."""
+        frozen = make_servers(1)
+        urls = [*servers.urls[:2], frozen.urls[0] + "?socket_timeout=60"]
+        frozen[0].pause()
+        try:
+            with anyio.fail_after(WAIT):
+                code = await cli_abandoned("list", "--node-timeout", "0.5", *master_args(urls))
+        finally:
+            frozen[0].resume()
+        captured = capsys.readouterr()
+        assert code == 0
+        (warning,) = [line for line in captured.err.splitlines() if ": warning: " in line]
+        assert warning.startswith(f"asyncredlock: warning: {frozen.urls[0]}: TimeoutError")
 
     async def test_reads_at_most_about_max_keys_per_master(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -144,11 +144,8 @@ async def _read_states(redlock: AsyncRedlock, names: Sequence[str]) -> list[Lock
 
 async def _scan(url: str, node: str, args: argparse.Namespace) -> Scan:
     """Walk one master's keys; ``node`` names it (``url`` may hold a password)."""
-    wait = args.node_timeout
     try:
-        client = Redis.from_url(
-            url, socket_timeout=wait, socket_connect_timeout=wait, retry=Retry(NoBackoff(), 0)
-        )
+        client = _scan_client(url, args.node_timeout)
     except ValueError as exc:  # a form only the lock's connections take (redis-sentinel://)
         return Scan(node, error=f"its keys cannot be listed through this URL: {exc}")
     try:
@@ -158,6 +155,25 @@ async def _scan(url: str, node: str, args: argparse.Namespace) -> Scan:
     finally:
         await client.aclose()
     return Scan(node, frozenset(keys), truncated=truncated)
+
+
+def _scan_client(url: str, wait: float) -> Redis:
+    """A client of the server of ``url`` for the scan. Whatever the URL's query says
+    (``decode_responses`` and ``encoding``, of no effect on asyncredlock's own
+    connections; ``socket_timeout``), it reads keys as bytes, encodes the pattern as
+    UTF-8, retries nothing and waits at most ``wait`` (``--node-timeout``).
+
+    Raises:
+        ValueError: A URL redis-py does not connect to directly (redis-sentinel://).
+    """
+    pool = ConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0))
+    kwargs = pool.connection_kwargs  # read by each connection the pool makes
+    kwargs.update(decode_responses=False, encoding="utf-8", encoding_errors="strict")
+    for timeout in ("socket_timeout", "socket_connect_timeout"):
+        kwargs[timeout] = wait
+        if f"orig_{timeout}" in kwargs:  # what redis-py sets back after a maintenance
+            kwargs[f"orig_{timeout}"] = wait
+    return Redis.from_pool(pool)
 
 
 async def _scan_keys(client: Redis, args: argparse.Namespace) -> tuple[set[str], bool]:
