@@ -9,7 +9,7 @@ from ._keys import identity_of
 from ._node import Reply
 from ._quorum import quorum_of
 
-__all__ = ["LockState", "NodeLockState", "node_state"]
+__all__ = ["LockState", "NodeLockState", "node_state", "reply_error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +80,20 @@ class LockState:
         return None if holder is None else identity_of(holder)
 
 
-def node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:
+def reply_error(reply: Reply | None, settings: Settings) -> str | None:
+    """Why a master's reply (``None``: none came in time) holds no value, or ``None``."""
     if reply is None:
         wait = max(settings.node_timeout, settings.socket_timeout)
-        return NodeLockState(name, None, None, None, f"no reply within {wait:g} s")
+        return f"no reply within {wait:g} s"
     if reply.error is not None:
-        return NodeLockState(name, None, None, None, f"{type(reply.error).__name__}: {reply.error}")
+        return f"{type(reply.error).__name__}: {reply.error}"
+    return None
+
+
+def node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:
+    error = reply_error(reply, settings)
+    if reply is None or error is not None:
+        return NodeLockState(name, None, None, None, error)
     value, pttl, fence, readers, queue = reply.value
     holder = _text(value)
     ttl = None if holder is None or pttl is None or int(pttl) < 0 else int(pttl) / 1000

@@ -4,19 +4,20 @@ free), and the end of an ``AsyncRedlock`` (`shut_down`)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import anyio
 
 from ._core import Core
 from ._errors import QuorumUnavailableError
-from ._inspect import LockState, node_state
+from ._inspect import LockState, node_state, reply_error
 from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
 from ._protocol import classify_deleted
 from ._quorum import Decision
 from ._refusal import why_unavailable
 from ._scripts import DELETE, INSPECT
 
-__all__ = ["end_leases", "force_free", "lose_leases", "read_state", "shut_down"]
+__all__ = ["Freed", "end_leases", "force_free", "lose_leases", "read_state", "shut_down"]
 
 
 async def read_state(core: Core, name: str) -> LockState:
@@ -32,9 +33,18 @@ async def read_state(core: Core, name: str) -> LockState:
     return LockState(name, key, nodes)
 
 
-async def force_free(core: Core, name: str) -> int:
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """What ``force_release()`` did: on how many masters it deleted a key, and the
+    masters that did not answer in time or failed (name, why), where a key may stay."""
+
+    deleted: int
+    missed: tuple[tuple[str, str], ...]
+
+
+async def force_free(core: Core, name: str) -> Freed:
     """``force_release()``: delete the key everywhere, lose this client's leases on
-    it, and count the masters where a key was deleted."""
+    it, and tell on which masters a key was deleted and which ones missed it."""
     key = lock_key(core.settings.prefix, name)
     args = (channel(key),)
     keys = (key, readers_key(key), *queue_keys(key))
@@ -51,7 +61,14 @@ async def force_free(core: Core, name: str) -> int:
         )
     lose_leases(core, key, decision)
     await asyncio.wait(rnd.tasks, timeout=max(0.0, deadline - loop.time()))
-    return sum(1 for t in rnd.tasks if t.done() and t.result().value == 1)
+    replies = [task.result() if task.done() else None for task in rnd.tasks]
+    missed = (
+        (node.name, error)
+        for node, reply in zip(core.nodes, replies, strict=True)
+        if (error := reply_error(reply, core.settings)) is not None
+    )
+    deleted = [reply for reply in replies if reply is not None and reply.value == 1]
+    return Freed(len(deleted), tuple(missed))
 
 
 def lose_leases(core: Core, key: str, decision: Decision) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ._config import Settings, check_name
 from ._core import Core
 from ._inspect import LockState
-from ._operator import force_free, read_state
+from ._operator import Freed, force_free, read_state
 from ._stats import RedlockStatistics
 from ._timings import ResourceStatistics
 
@@ -59,6 +59,11 @@ class OperatorTools:
                 the lock may still be held.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
+        return (await self._force_free(name)).deleted
+
+    async def _force_free(self, name: str) -> Freed:
+        """`force_release`, telling also which masters missed the delete (the
+        command line's ``force-release`` names them)."""
         return await force_free(self._core, check_name(name))
 
     def statistics(self) -> RedlockStatistics:

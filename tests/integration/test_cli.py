@@ -7,6 +7,7 @@ import io
 import json
 import re
 
+import anyio
 import anyio.to_thread
 import pytest
 from redis.asyncio import Redis
@@ -19,10 +20,18 @@ from asyncredlock.testing.pytest_plugin import MakeServers
 
 pytestmark = pytest.mark.anyio
 
+WAIT = 30.0  # a bound on each wait, far above what it takes
+
 
 async def cli(*argv: str) -> int:
     """``main(argv)`` in a worker thread: it runs its own event loop, as from a shell."""
     return await anyio.to_thread.run_sync(main, list(argv))
+
+
+async def cli_abandoned(*argv: str) -> int:
+    """`cli`, for a test that may give up on it (``fail_after``): the thread is left
+    behind rather than waited for."""
+    return await anyio.to_thread.run_sync(main, list(argv), abandon_on_cancel=True)
 
 
 def master_args(urls: list[str]) -> list[str]:
@@ -208,6 +217,56 @@ class TestForceRelease:
         assert code == 0
         assert all(node.readers == () for node in state.nodes)
         assert "deleted the lock key of 'cli:read' on 5 of 5 masters" in capsys.readouterr().out
+
+    async def test_a_master_that_did_not_answer_is_named(
+        self,
+        servers: ServerGroup,
+        make_servers: MakeServers,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """The key is on 3 of 3 masters, one frozen: deleted on 2 (a quorum), exit 0,
+        and a warning names the frozen one, where the key may stay (nothing said so)."""
+        frozen = make_servers(1)
+        urls = [*servers.urls[:2], *frozen.urls]
+        for url in urls:
+            async with Redis.from_url(url) as client:
+                await client.set("cli:partial", "web-1:" + "0" * 32, px=60_000)
+        frozen[0].pause()
+        try:
+            with anyio.fail_after(WAIT):
+                code = await cli_abandoned(
+                    "force-release", "cli:partial", "--yes", "--node-timeout", "0.5",
+                    *master_args(urls),
+                )  # fmt: skip
+        finally:
+            frozen[0].resume()
+        captured = capsys.readouterr()
+        assert code == 0
+        assert captured.out == "deleted the lock key of 'cli:partial' on 2 of 3 masters\n"
+        (warning,) = captured.err.splitlines()
+        assert warning.startswith(f"asyncredlock: warning: {frozen.urls[0]}: ")
+        assert "no reply within 0.5 s" in warning
+        assert warning.endswith(": the lock's keys there, if any, may stay until they expire")
+
+    async def test_nothing_deleted_names_a_master_that_failed(
+        self,
+        servers: ServerGroup,
+        make_servers: MakeServers,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """Nothing to delete on the 4 masters that answered (exit 1), and a warning for
+        the one that refused the connection: the lock's key could still be there."""
+        down = make_servers(1, start=False)  # a port reserved, nothing listening
+        urls = [*servers.urls[:4], *down.urls]
+        code = await cli("force-release", "cli:gone", "--yes", *master_args(urls))
+        captured = capsys.readouterr()
+        assert code == 1
+        assert captured.out == (
+            "nothing to release: no key of 'cli:gone' was deleted on any of 5 masters\n"
+        )
+        (warning,) = captured.err.splitlines()
+        assert warning.startswith(f"asyncredlock: warning: {down.urls[0]}: ")
+        assert warning.endswith(": the lock's keys there, if any, may stay until they expire")
 
     @pytest.mark.parametrize(("answer", "expected_code"), [("y\n", 0), ("n\n", 1), ("", 1)])
     async def test_asks_before_deleting(
