@@ -28,18 +28,24 @@ Exit codes:
   ``force-release``: too many failed, the lock may still be held; ``list``: fewer
   than a quorum answered.
 - 130: interrupted (Ctrl-C).
+- 141: standard output was a pipe whose reader went away (``watch NAME | head -n1``):
+  nothing more is printed, no error either (128 + SIGPIPE, as a shell reports a
+  command that SIGPIPE killed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
 from ._cli.common import (
+    EXIT_CLOSED_PIPE,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -69,6 +75,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status (see the module docstring).
     """
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not as the interpreter exits
+    except BrokenPipeError:
+        return _closed_pipe()
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -81,6 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
         return fail("interrupted", EXIT_INTERRUPTED)
+
+
+def _closed_pipe() -> int:
+    """Standard output's reader went away (``asyncredlock watch NAME | head -n1``):
+    end quietly, with the status a shell gives a command killed by SIGPIPE."""
+    # What is still buffered goes nowhere, rather than fail again as Python exits
+    # (see "Note on SIGPIPE" in the docs of the signal module).
+    with contextlib.suppress(OSError, ValueError):  # not a file (a test's capture)
+        stdout = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout)
+        os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 def build_parser() -> argparse.ArgumentParser:

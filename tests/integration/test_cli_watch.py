@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -159,3 +160,48 @@ async def test_ctrl_c_exits_130(servers: ServerGroup) -> None:
     assert first.endswith(b"  free")
     assert code == 130
     assert err == b"asyncredlock: error: interrupted\n"
+
+
+async def test_a_closed_pipe_ends_it_quietly_with_141(servers: ServerGroup) -> None:
+    """``asyncredlock watch NAME | head -n1``: once the reader has gone, the next line
+    it prints ends it, exit 141 (128 + SIGPIPE), nothing on stderr (it ended with a
+    BrokenPipeError traceback, exit 1)."""
+    argv = ["-m", "asyncredlock", "watch", "cli:pipe", "--interval", "0.01"]
+    read_end, write_end = os.pipe()
+    try:
+        with anyio.fail_after(WAIT):
+            async with (
+                AsyncRedlock(servers.urls) as redlock,
+                await anyio.open_process(
+                    [sys.executable, *argv, *master_args(servers.urls)],
+                    stdout=write_end,
+                    stderr=subprocess.PIPE,
+                ) as process,
+            ):
+                os.close(write_end)
+                write_end = -1
+                first = await anyio.to_thread.run_sync(_read_line, read_end)
+                os.close(read_end)  # the reader went away (head -n1 exited)
+                read_end = -1
+                assert process.stderr is not None
+                async with redlock.lock("cli:pipe"):  # a change: watch prints again
+                    err = b"".join([chunk async for chunk in process.stderr])
+                    code = await process.wait()
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    assert first.endswith(b"  free")
+    assert (code, err) == (141, b"")
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from ``fd`` (a few hundred bytes at most), unbuffered: nothing
+    beyond it is taken from the pipe."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 1000:
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        line += chunk
+    return line.rstrip(b"\n")

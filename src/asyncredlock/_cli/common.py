@@ -19,6 +19,7 @@ from .._redlock import AsyncRedlock
 
 __all__ = [
     "CLI_NODE_TIMEOUT",
+    "EXIT_CLOSED_PIPE",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
@@ -54,6 +55,7 @@ EXIT_FAILURE = 1  # also: the lock is free, or there was nothing to release
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3  # fewer than a quorum of masters answered
 EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: standard output's reader went away
 
 
 class UsageError(Exception):
