@@ -112,6 +112,29 @@ class TestInspect:
         assert document["status"] == "free"
         assert all(master["holder"] is None for master in document["masters"])
 
+    async def test_control_characters_in_a_value_are_escaped_in_text_not_in_json(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A value any client may write: its newline printed a forged row, its ANSI
+        escape reached the terminal; escaped in the table, exact in JSON."""
+        value = "web-1\x1b[2J\n:" + "0" * 32
+        for url in servers.urls:
+            async with Redis.from_url(url) as client:
+                await client.set("cli:forged", value, px=60_000)
+        code = await cli("inspect", "cli:forged", *master_args(servers.urls))
+        text = capsys.readouterr().out
+        json_code = await cli("inspect", "cli:forged", "--json", *master_args(servers.urls))
+        document = json.loads(capsys.readouterr().out)
+        assert (code, json_code) == (0, 0)
+        escaped = "web-1\\x1b[2J\\n:" + "0" * 32
+        rows = [line.split() for line in text.splitlines() if line.startswith("redis://")]
+        assert [row[1] for row in rows] == [escaped] * 5
+        assert len(text.splitlines()) == 8  # the header, the columns, 5 rows, the majority
+        assert text.splitlines()[-1] == (
+            f"majority holder: {escaped} (on 5 of 5 masters; identity web-1\\x1b[2J\\n)"
+        )
+        assert (document["holder"], document["identity"]) == (value, "web-1\x1b[2J\n")
+
     async def test_a_wrong_prefix_finds_the_lock_free(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -207,6 +207,35 @@ class TestList:
         assert table(captured.out) == {"jobs:1": ["5 of 5", "lister", "-"]}
         assert captured.err == ""
 
+    async def test_control_characters_are_escaped_in_text_not_in_json(
+        self, servers: ServerGroup, masters: Masters, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A holder's value, a reader's and a key's name are any client's to write: in
+        the table their control characters are escaped (a newline printed a forged
+        row), in JSON they are exact."""
+        holder = "web-1\n:" + "0" * 32  # its identity is "web-1\n"
+        for client in masters.clients:
+            await client.set("x\nforged", "v", px=60_000)
+            await client.set("jobs:1", holder, px=60_000)
+            await client.set("plain", "not\x1b[2Jours", px=60_000)
+            await client.zadd("{report}:readers", {"r\tx:" + "0" * 32: 9e15})
+        text_code = await cli("list", *master_args(servers.urls))
+        text = capsys.readouterr().out
+        json_code = await cli("list", "--json", *master_args(servers.urls))
+        document = json.loads(capsys.readouterr().out)
+        assert (text_code, json_code) == (0, 0)
+        assert table(text) == {
+            "jobs:1": ["5 of 5", "web-1\\n", "-"],
+            "plain": ["5 of 5", "not\\x1b[2Jours", "-"],
+            "report": ["5 of 5", "-", "1 (r\\tx)"],
+            "x\\nforged": ["5 of 5", "v", "-"],
+        }
+        assert len(text.splitlines()) == 6  # header, four rows, summary
+        locks = {lock["name"]: lock for lock in document["locks"]}
+        assert set(locks) == {"jobs:1", "plain", "report", "x\nforged"}
+        assert (locks["jobs:1"]["holder"], locks["jobs:1"]["identity"]) == (holder, "web-1\n")
+        assert locks["report"]["readers"][0]["identity"] == "r\tx"
+
     async def test_nothing_held_exits_0(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -12,6 +12,7 @@ import anyio.from_thread
 import anyio.to_thread
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
+from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockState
 from asyncredlock.__main__ import main
@@ -143,6 +144,24 @@ async def test_readers_and_silent_masters(
     assert (read, silent) == (0, 0)
     assert (await lines.next()).endswith("  read by 2 readers (reporter)")
     assert (await lines.next()).endswith("  unknown (3 of 5 masters did not answer)")
+
+
+async def test_control_characters_in_a_value_are_escaped(
+    servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value any client may write: a newline in it printed a forged line (here,
+    one claiming the lock free), an ANSI escape reached the terminal."""
+    forged = "evil\n2099-01-01T00:00:00.000+00:00  free\x1b[2J"
+    for url in servers.urls:
+        async with Redis.from_url(url) as client:
+            await client.set("cli:forged", forged, px=60_000)
+    with anyio.fail_after(WAIT):
+        code = await cli("watch", "cli:forged", "--count", "1", *master_args(servers.urls))
+    (line,) = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert line.endswith(
+        "  held by (not asyncredlock's) (value evil\\n2099-01-01T00:00:00.000+00:00  free\\x1b[2J)"
+    )
 
 
 async def test_ctrl_c_exits_130(servers: ServerGroup) -> None:

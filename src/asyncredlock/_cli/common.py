@@ -41,6 +41,7 @@ __all__ = [
     "masters",
     "positive_seconds",
     "quorum_readers",
+    "shown",
     "status_of",
 ]
 
@@ -110,6 +111,16 @@ def status_of(state: LockState, quorum: int) -> Status:
     if answered(state) < quorum or (silent and most + silent >= quorum):
         return Status.UNKNOWN
     return Status.FREE
+
+
+def shown(text: str) -> str:
+    """``text`` for a line of text output: each character that is not printable
+    escaped as ``repr()`` escapes it (``\\n``, ``\\x1b``, ``\\u202e``), so that a value
+    any client may write (a holder, a reader, a key's name) cannot forge lines or
+    drive the terminal. JSON output escapes them already, and stays exact."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def masters(number: int) -> str:

@@ -41,6 +41,7 @@ from .common import (
     master_urls,
     masters,
     quorum_readers,
+    shown,
 )
 
 __all__ = ["add_list", "listed_key", "split_aux"]
@@ -235,7 +236,7 @@ def _held_on(state: LockState) -> int:
 
 def _holder_cell(state: LockState) -> str:
     if state.holder is not None:
-        return state.identity or state.holder
+        return shown(state.identity or state.holder)
     written = any(node.holder is not None for node in state.nodes)
     return "(no majority)" if written else "-"
 
@@ -244,7 +245,7 @@ def _readers_cell(state: LockState, quorum: int) -> str:
     readers = quorum_readers(state, quorum)
     if not readers:
         return "-"
-    who = dict.fromkeys(identity_of(value) or value for value in readers)
+    who = dict.fromkeys(shown(identity_of(value) or value) for value in readers)
     return f"{len(readers)} ({', '.join(who)})"
 
 
@@ -253,7 +254,7 @@ def _listing_text(listing: Listing, args: argparse.Namespace) -> str:
     rows = [("NAME", "MASTERS", "HOLDER", "READERS")]
     rows += [
         (
-            state.resource,
+            shown(state.resource),
             f"{_held_on(state)} of {total}",
             _holder_cell(state),
             _readers_cell(state, listing.quorum),

@@ -26,6 +26,7 @@ from .common import (
     lock_name,
     masters,
     quorum_readers,
+    shown,
     status_of,
 )
 
@@ -110,8 +111,8 @@ def state_text(state: LockState, quorum: int) -> str:
 def _node_row(node: NodeLockState) -> tuple[str, ...]:
     """The cells of one master's row; a master that could not be read has two."""
     if node.error is not None:
-        return (node.node, f"error: {node.error}")
-    holder = node.holder if node.holder is not None else "(free)"
+        return (node.node, f"error: {shown(node.error)}")
+    holder = shown(node.holder) if node.holder is not None else "(free)"
     ttl = "-" if node.ttl is None else f"{node.ttl:.3f} s"
     fence = "-" if node.fence is None else str(node.fence)
     return (node.node, holder, ttl, fence, str(len(node.readers)), str(len(node.queue)))
@@ -125,8 +126,8 @@ def _majority_line(state: LockState, quorum: int) -> str:
     holder = state.holder
     if holder is not None:
         count = sum(1 for node in state.nodes if node.holder == holder)
-        identity = "" if state.identity is None else f"; identity {state.identity}"
-        return f"majority holder: {holder} (on {count} of {total}{identity})"
+        identity = "" if state.identity is None else f"; identity {shown(state.identity)}"
+        return f"majority holder: {shown(holder)} (on {count} of {total}{identity})"
     if status is Status.HELD:
         readers = len(quorum_readers(state, quorum))
         return f"majority holder: none (read-locked: {readers} on a quorum)"

@@ -20,6 +20,7 @@ from .common import (
     masters,
     positive_seconds,
     quorum_readers,
+    shown,
     status_of,
 )
 
@@ -73,7 +74,8 @@ async def _watch_lock(args: argparse.Namespace) -> int:
 
 def describe(state: LockState, quorum: int) -> str:
     """One line on who holds the lock: its majority holder, its readers on a
-    quorum, ``free``, or ``unknown`` (too few masters answered)."""
+    quorum, ``free``, or ``unknown`` (too few masters answered); the values in it
+    `shown` escaped."""
     status = status_of(state, quorum)
     if status is Status.FREE:
         return "free"
@@ -81,8 +83,8 @@ def describe(state: LockState, quorum: int) -> str:
         total, silent = len(state.nodes), len(state.nodes) - answered(state)
         return f"unknown ({silent} of {masters(total)} did not answer)"
     if state.holder is not None:
-        identity = state.identity or "(not asyncredlock's)"
-        return f"held by {identity} (value {state.holder})"
+        identity = shown(state.identity or "(not asyncredlock's)")
+        return f"held by {identity} (value {shown(state.holder)})"
     readers = quorum_readers(state, quorum)
-    who = ", ".join(dict.fromkeys(identity_of(value) or value for value in readers))
+    who = ", ".join(dict.fromkeys(shown(identity_of(value) or value) for value in readers))
     return f"read by {len(readers)} reader{'' if len(readers) == 1 else 's'} ({who})"
