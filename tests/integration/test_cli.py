@@ -400,6 +400,27 @@ class TestBadInput:
         assert captured.err.startswith("asyncredlock")
         assert ": error: " in captured.err
 
+    @pytest.mark.parametrize(
+        ("argv", "complaint"),
+        [
+            (["list", "--max-keys", "1e3"], "argument --max-keys: invalid int value: '1e3'"),
+            (["watch", "x", "--count", "two"], "argument --count: invalid int value: 'two'"),
+            (
+                ["watch", "x", "--interval", "soon"],
+                "argument --interval: invalid seconds value: 'soon'",
+            ),
+            (["demo", "--servers", "five"], "argument --servers: invalid int value: 'five'"),
+        ],
+    )
+    def test_a_number_that_does_not_parse_is_named_by_its_kind(
+        self, argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """argparse names the type by its function's name: it said 'invalid parse
+        value' and 'invalid positive_seconds value', names inside the tool."""
+        masters = [] if argv[0] == "demo" else ["--master", "redis://127.0.0.1:1"]
+        assert main([*argv, *masters]) == 2
+        assert f": error: {complaint} (see --help)" in capsys.readouterr().err
+
     def test_help_exits_zero(self, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["--help"]) == 0
         out = capsys.readouterr().out

@@ -39,8 +39,8 @@ __all__ = [
     "master_options",
     "master_urls",
     "masters",
-    "positive_seconds",
     "quorum_readers",
+    "seconds",
     "shown",
     "status_of",
 ]
@@ -166,17 +166,19 @@ def count(*, minimum: int) -> Callable[[str], int]:
     """An argparse ``type`` accepting whole numbers from ``minimum`` up."""
 
     def parse(text: str) -> int:
-        value = int(text)  # argparse reports a ValueError as "invalid value"
+        value = int(text)  # argparse reports a ValueError as "invalid int value: ..."
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         return value
 
+    parse.__name__ = "int"  # argparse names the type by it: "invalid int value"
     return parse
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse ``type`` for a finite duration above zero."""
-    value = float(text)  # argparse reports a ValueError as "invalid value"
+def seconds(text: str) -> float:
+    """An argparse ``type`` for a finite duration above zero (its name is the one
+    argparse shows: "invalid seconds value")."""
+    value = float(text)  # argparse reports a ValueError as "invalid seconds value: ..."
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
     return value

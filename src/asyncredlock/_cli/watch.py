@@ -18,8 +18,8 @@ from .common import (
     count,
     lock_name,
     masters,
-    positive_seconds,
     quorum_readers,
+    seconds,
     shown,
     status_of,
 )
@@ -43,7 +43,7 @@ def add_watch(commands: Subcommands, options: Parser) -> None:
     watch.add_argument("name", type=lock_name, metavar="NAME", help="the lock's resource name")
     watch.add_argument(
         "--interval",
-        type=positive_seconds,
+        type=seconds,
         default=DEFAULT_INTERVAL,
         metavar="SECONDS",
         help=f"the pause between two reads ({DEFAULT_INTERVAL:g} s)",
