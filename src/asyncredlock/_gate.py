@@ -13,6 +13,7 @@ and the next task gets the slot and acquires as usual.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -68,7 +69,7 @@ class Gates:
     A key is in ``_gates`` exactly while some task holds its slot: it is trying
     to acquire, or holds a lease. A lease holds it until it is released or lost,
     or its validity ends (a lease that does not extend itself is not told; the
-    waiters then take the slot back).
+    next task that wants the key, queued or arriving, takes the slot back).
     """
 
     def __init__(self, clock: Callable[[], float]) -> None:
@@ -81,7 +82,12 @@ class Gates:
         return {key: len(gate.waiters) for key, gate in self._gates.items()}
 
     def busy(self, key: str) -> bool:
-        """Whether a task of this ``AsyncRedlock`` holds ``key``'s slot."""
+        """Whether a task of this ``AsyncRedlock`` holds ``key``'s slot (a lease
+        whose validity ran out holds it no more: it gives it up here)."""
+        gate = self._gates.get(key)
+        if gate is None:
+            return False
+        self._left(key, gate)
         return key in self._gates
 
     def claim(self, key: str) -> None:
@@ -109,12 +115,9 @@ class Gates:
         deadline = self._clock() + within
         try:
             while not future.done() and (remaining := deadline - self._clock()) > 0:
-                holder = gate.holder
-                if holder is not None:
-                    if holder.validity <= 0:
-                        self.exit(key, holder)  # it ran out: the slot is free again
-                        continue
-                    remaining = min(remaining, holder.validity)
+                if (left := self._left(key, gate)) <= 0:
+                    continue  # the slot went to the first waiter
+                remaining = min(remaining, left)
                 timeout = None if remaining == float("inf") else remaining
                 await asyncio.wait([future], timeout=timeout)
         except BaseException:
@@ -161,6 +164,19 @@ class Gates:
     def close(self) -> None:
         """Pass no more leases on (the ``AsyncRedlock`` is closing)."""
         self.closed = True
+
+    def _left(self, key: str, gate: _Gate) -> float:
+        """Seconds of validity left to the lease holding ``key``'s slot (``inf``
+        while the slot's task acquires). A lease that does not extend itself is
+        not told that it ran out: at 0 it gives the slot up here, to the next
+        waiting task or free."""
+        holder = gate.holder
+        if holder is None:
+            return math.inf
+        left = holder.validity
+        if left <= 0:
+            self.exit(key, holder)
+        return left
 
     def _abandon(self, key: str, waiter: Waiter) -> None:
         """A waiter gives up (timeout or cancellation): whatever it was given

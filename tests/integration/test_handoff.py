@@ -184,6 +184,31 @@ class TestLeavingTheQueue:
             assert redlock.statistics().handoffs == 0
             await lease.release()
 
+    async def test_a_lease_that_ran_out_unreleased_does_not_refuse_one_attempt(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A lease that does not extend itself and ran out holds nothing: a later
+        ``timeout=0`` acquire() of the same client makes its one attempt on the
+        masters. Before, it raised "held by another task of this AsyncRedlock" at
+        once (only a task queued with a timeout looked at the holder's validity),
+        though the key was gone from every master."""
+        async with AsyncRedlock(servers.urls) as redlock, AsyncRedlock(servers.urls) as other:
+            stale = await redlock.lock("expiring", ttl=0.3, auto_extend=False).acquire()
+            for _ in range(400):  # the key expires on the masters (no event tells)
+                if not await masters.holding(stale.key):
+                    break
+                await anyio.sleep(0.025)
+            assert await masters.holding(stale.key) == 0
+            assert stale.validity == 0
+            # another client takes (and gives back) the free lock with one attempt
+            lease = await other.lock("expiring", timeout=0).acquire()
+            await lease.release()
+            # this client too: the lock is free everywhere
+            mine = await redlock.lock("expiring", timeout=0).acquire()
+            assert client_state(redlock).slots == {"expiring": 0}  # the new lease's
+            await mine.release()
+            assert client_state(redlock).slots == {}
+
     async def test_force_release_in_the_same_process_ends_its_leases_and_serves_the_queue(
         self,
         servers: ServerGroup,

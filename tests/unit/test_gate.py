@@ -80,6 +80,22 @@ async def test_a_holder_whose_validity_ran_out_frees_the_slot() -> None:
     assert await gates.wait("k", Waiter(SPEC, 0.0), math.inf) is None
 
 
+async def test_a_holder_whose_validity_ran_out_leaves_the_slot_free_to_claim() -> None:
+    """Nobody queued behind it: the next task asking finds the slot free (one
+    attempt with timeout=0 is not refused)."""
+    gates = make()
+    gates.claim("k")
+    holder = FakeLease()
+    gates.hold("k", holder)
+    assert gates.busy("k")
+    holder.validity = 0.0  # never told it ended
+    assert not gates.busy("k")
+    assert gates.slots() == {}
+    gates.claim("k")  # the slot is the caller's
+    gates.exit("k", holder)  # the old holder holds nothing any more: no effect
+    assert gates.slots() == {"k": 0}
+
+
 async def test_a_waiter_that_times_out_leaves_the_queue() -> None:
     gates = make()
     gates.claim("k")
