@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -61,6 +62,9 @@ class _Gate:
     # the lease that holds the slot; None while the slot's task is acquiring
     holder: Held | None = None
     waiters: Line[Waiter] = field(default_factory=Line)
+    # done when a lease comes to hold the slot (`Gates.hold`): the waiters then
+    # wait for its validity; made by the first waiter that sleeps, shared by all
+    held: asyncio.Future[None] | None = None
 
 
 class Gates:
@@ -96,8 +100,14 @@ class Gates:
         self._gates[key] = _Gate()
 
     def hold(self, key: str, lease: Held) -> None:
-        """The slot's task acquired ``lease``: it holds the slot from now on."""
-        self._gates[key].holder = lease
+        """The slot's task acquired ``lease``: it holds the slot from now on. The
+        waiters wake to wait for its validity (a lease that does not extend
+        itself is not told that it ran out)."""
+        gate = self._gates[key]
+        gate.holder = lease
+        if (held := gate.held) is not None:
+            gate.held = None
+            held.set_result(None)
 
     async def wait(self, key: str, waiter: Waiter, within: float) -> Held | None:
         """Queue behind the holder of ``key``'s slot for at most ``within`` seconds.
@@ -118,8 +128,10 @@ class Gates:
                 if (left := self._left(key, gate)) <= 0:
                     continue  # the slot went to the first waiter
                 remaining = min(remaining, left)
-                timeout = None if remaining == float("inf") else remaining
-                await asyncio.wait([future], timeout=timeout)
+                if (held := gate.held) is None:
+                    held = gate.held = asyncio.get_running_loop().create_future()
+                timeout = None if remaining == math.inf else remaining
+                await asyncio.wait((future, held), timeout=timeout, return_when=FIRST_COMPLETED)
         except BaseException:
             self._abandon(key, waiter)
             raise

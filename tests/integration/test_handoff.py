@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -208,6 +210,72 @@ class TestLeavingTheQueue:
             assert client_state(redlock).slots == {"expiring": 0}  # the new lease's
             await mine.release()
             assert client_state(redlock).slots == {}
+
+    @pytest.mark.parametrize("patience", [math.inf, HANG_GUARD])
+    async def test_a_task_queued_while_the_slot_was_acquiring_sees_the_lease_run_out(
+        self, servers: ServerGroup, patience: float
+    ) -> None:
+        """A task that queued while the slot's task was still acquiring waited with
+        no limit but its own timeout (there was no holder's validity to wait for);
+        the lease that task then got, not extending itself and never released,
+        woke nobody when it came to hold the slot. The waiter took the slot only
+        at its timeout (with ``math.inf``: never), though the lock was free once
+        that lease ran out. Now `Gates.hold` wakes the waiters to wait for the new
+        holder's validity."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            events: list[str] = []
+            redlock._core.watchers.append(events.append)
+            leases: dict[str, Lease] = {}
+
+            async def forget() -> None:  # takes the lock and never releases it
+                lock = redlock.lock("forgotten-late", ttl=0.3, auto_extend=False)
+                leases["forgotten"] = await lock.acquire()
+                events.append("first acquired")
+
+            async def wait_behind() -> None:
+                lock = redlock.lock("forgotten-late", timeout=patience)
+                leases["next"] = await lock.acquire()
+
+            with anyio.fail_after(HANG_GUARD * 2):  # only a hang (or the bug) trips it
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(forget)
+                    await anyio.lowlevel.checkpoint()  # forget() holds the slot, acquiring
+                    tg.start_soon(wait_behind)
+            assert events.index("queued") < events.index("first acquired")
+            assert leases["forgotten"].validity == 0
+            assert leases["next"].value != leases["forgotten"].value
+            assert redlock.statistics().handoffs == 0
+            await leases["next"].release()
+
+    async def test_the_tasks_behind_a_lease_that_runs_out_unreleased_take_the_slot(
+        self, servers: ServerGroup
+    ) -> None:
+        """A released lease gives the slot to the first waiter, whose lease does not
+        extend itself and is never released; the second waiter, asleep until the
+        released lease's validity would have ended (far off), is woken when the
+        new lease comes to hold the slot, and takes the slot once that lease ran
+        out (before, it slept to its timeout)."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            queue = Queue(redlock)
+            leases: dict[str, Lease] = {}
+
+            async def take(label: str, **options: Any) -> None:
+                lock = redlock.lock("relay-late", timeout=HANG_GUARD, **options)
+                leases[label] = await lock.acquire()
+
+            with anyio.fail_after(HANG_GUARD * 2):  # only a hang (or the bug) trips it
+                # not due for an extension before the hang guard
+                first = await redlock.lock("relay-late", ttl=HANG_GUARD * 10).acquire()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(partial(take, "forgotten", ttl=0.3, auto_extend=False))
+                    await queue.reach(1)
+                    tg.start_soon(take, "next")
+                    await queue.reach(2)
+                    await first.release()  # no hand-off: the first waiter's lease
+            assert leases["forgotten"].validity == 0  # taken from the masters, forgotten
+            assert leases["next"].value not in (first.value, leases["forgotten"].value)
+            assert redlock.statistics().handoffs == 0
+            await leases["next"].release()
 
     async def test_force_release_in_the_same_process_ends_its_leases_and_serves_the_queue(
         self,

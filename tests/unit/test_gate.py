@@ -15,6 +15,8 @@ from asyncredlock._keys import Resources
 
 pytestmark = pytest.mark.anyio
 
+HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
 SPEC = LockSpec(Resources(("k",), ("k",)), ttl=10.0, timeout=10.0, auto_extend=True, fencing=True)
 
 
@@ -94,6 +96,35 @@ async def test_a_holder_whose_validity_ran_out_leaves_the_slot_free_to_claim() -
     gates.claim("k")  # the slot is the caller's
     gates.exit("k", holder)  # the old holder holds nothing any more: no effect
     assert gates.slots() == {"k": 0}
+
+
+async def test_a_waiter_queued_while_the_slot_was_acquiring_waits_for_the_holder() -> None:
+    """The waiter slept with no limit (no holder yet); the lease the slot's task
+    then holds wakes it, to wait for that lease's validity."""
+    gates = make()
+    gates.claim("k")
+    with anyio.fail_after(HANG_GUARD):
+        task = asyncio.create_task(gates.wait("k", Waiter(SPEC, 0.0), math.inf))
+        await anyio.wait_all_tasks_blocked()  # queued, holder None
+        gates.hold("k", FakeLease(validity=0.0))  # ran out at once, never told
+        assert await task is None  # the slot
+
+
+async def test_the_waiters_behind_the_next_slot_holder_wait_for_its_lease() -> None:
+    """The slot passed to the first waiter; the second, asleep until the old
+    holder's validity would end, waits for the new holder's lease instead."""
+    gates = make()
+    gates.claim("k")
+    holder = FakeLease(validity=HANG_GUARD * 10)
+    gates.hold("k", holder)
+    with anyio.fail_after(HANG_GUARD):
+        first = asyncio.create_task(gates.wait("k", Waiter(SPEC, 0.0), math.inf))
+        second = asyncio.create_task(gates.wait("k", Waiter(SPEC, 0.0), math.inf))
+        await anyio.wait_all_tasks_blocked()  # both queued
+        gates.exit("k", holder)
+        assert await first is None  # the slot: its task acquires ...
+        gates.hold("k", FakeLease(validity=0.0))  # ... a lease that ran out at once
+        assert await second is None
 
 
 async def test_a_waiter_that_times_out_leaves_the_queue() -> None:
