@@ -152,7 +152,9 @@ class Keeping(ABC):
             return None
         # The masters that took it may hold the key no longer than this round asked
         # (a shorter TTL than the validity left): the validity never counts on more.
-        self._expires_at = min(self._expires_at, expires_at)
+        if expires_at < self._expires_at:
+            self._expires_at = expires_at
+            self._reschedule()
         core.counters.failed_extensions += 1
         self._record.failed_extensions += 1
         log_extension_failed(self, decision.outcomes, decision.unavailable, self._failing)
@@ -166,6 +168,13 @@ class Keeping(ABC):
         )
 
     # -- automatic extension, the bound, and loss ---------------------------------
+
+    def _reschedule(self) -> None:
+        """The validity or the TTL changed: a pending automatic extension is due by
+        them (at once if the validity left is under two thirds of the TTL)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._extend_at(self._expires_at - 2 * self.ttl / 3)
 
     def _extend_at(self, when: float) -> None:
         """Schedule the next automatic extension (by the lease's clock)."""

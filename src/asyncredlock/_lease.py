@@ -158,9 +158,7 @@ class Lease(Keeping):
             )
         if decision is None:
             self.ttl = min(new_ttl, self._max_hold)
-            if self._timer is not None:  # the next automatic extension: by the new TTL
-                self._timer.cancel()
-                self._extend_at(self._expires_at - 2 * self.ttl / 3)
+            self._reschedule()  # the next automatic extension: by the new TTL
             return
         if decision.unavailable:
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
@@ -299,7 +297,11 @@ class Lease(Keeping):
                 await self._release_quietly()
             return
         if self._state is State.LOST:
-            raise self._lost_error() from (_cause_under(exc) if swallowed else exc)
+            if swallowed and _handling(exc):
+                # the loss came while the block handled an exception (its cleanup, or
+                # an except clause): shown in the chain, not made the cause
+                raise self._lost_error()
+            raise self._lost_error() from (None if swallowed else exc)
         with anyio.CancelScope(shield=True):
             await self._release_quietly()
         if self.lost:  # the release found it gone on a majority
@@ -321,11 +323,11 @@ class Lease(Keeping):
         return LockLostError(message, resource=self.resource, outcomes=outcomes)
 
 
-def _cause_under(cancelled: BaseException | None) -> BaseException | None:
-    """The block's own exception, if the loss's cancellation came while the block
-    was handling it (cleaning up in ``finally`` or ``except``); else ``None``."""
+def _handling(cancelled: BaseException | None) -> bool:
+    """Whether the loss's cancellation came while the block was handling an
+    exception of its own (in a ``finally`` or an ``except`` clause)."""
     context = None if cancelled is None else cancelled.__context__
-    return None if isinstance(context, asyncio.CancelledError) else context
+    return context is not None and not isinstance(context, asyncio.CancelledError)
 
 
 def make_lease(

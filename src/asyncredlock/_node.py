@@ -120,7 +120,6 @@ class Node:
         loop = asyncio.get_running_loop()
         task = loop.create_task(_through(self, script, keys, args, before))
         self._tasks.add(task)
-        self.silence.sent()
         self._last[slot] = task
         # not the task itself: one cancelled before its first step never ran
         # _through's handler, and would raise where its caller reads it
@@ -130,7 +129,6 @@ class Node:
 
     def _done(self, slot: int, reply: asyncio.Future[Reply], task: asyncio.Task[Reply]) -> None:
         self._tasks.discard(task)
-        self.silence.answered()
         if self._last.get(slot) is task:
             del self._last[slot]
         if task.cancelled():  # only Node.aclose() cancels these
@@ -178,8 +176,11 @@ class ClusterSilence:
     not one of them ended (what a `Link` judges from its connection's bytes, judged
     here from the calls, which the cluster client makes on connections of its own).
 
-    Judged only by a timer that fired on time (a busy loop says nothing about the
-    master), and only once the master has ended a call: until then the cluster
+    A call is out from when it is sent (not while it waits for the call before it on
+    its slot). Judged only by a timer that fired on time (a busy loop says nothing
+    about the master), looking twice, ``node_timeout / 4`` apart (a reply already
+    read may be a task step or a callback away from ending its call), and only once
+    the master has ended a call: until then the cluster
     client may still be learning the slots and connecting, as a `Link`'s connection
     being opened is not judged. Any call that ends readmits it. After
     ``socket_timeout`` of silence it is judged afresh: the next round sends it its
@@ -193,7 +194,7 @@ class ClusterSilence:
     """
 
     __slots__ = (
-        "_due", "_out", "_quiet_since", "_timer", "_warm", "closed", "name",
+        "_due", "_out", "_quiet_since", "_suspect", "_timer", "_warm", "closed", "name",
         "node_timeout", "silent", "socket_timeout", "watchers",
     )  # fmt: skip
 
@@ -209,11 +210,12 @@ class ClusterSilence:
         self._out = 0  # calls made and not ended
         self._warm = False  # a call has ended: the client knows the cluster
         self._quiet_since = math.inf  # since when no call ended with calls out
+        self._suspect = False  # found quiet once: silent if still so at the next look
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0
 
     def sent(self) -> None:
-        """A call was made."""
+        """A call was sent."""
         if self._out == 0:
             self._quiet_since = asyncio.get_running_loop().time()
             self._arm(self.node_timeout)
@@ -222,7 +224,7 @@ class ClusterSilence:
     def answered(self) -> None:
         """A call ended (answered, failed or cancelled): the master is not silent."""
         self._out -= 1
-        self._warm = True
+        self._warm, self._suspect = True, False
         self._quiet_since = asyncio.get_running_loop().time() if self._out else math.inf
         if self.silent:
             self.silent = False
@@ -253,18 +255,24 @@ class ClusterSilence:
         quiet = now - self._quiet_since
         if quiet >= self.socket_timeout:
             self._quiet_since = now  # judged afresh: the next round sends it its call
-            self.silent = False
+            self.silent = self._suspect = False
             self._arm(self.node_timeout)
+        elif quiet >= self.node_timeout and not (self.silent or self._suspect):
+            self._suspect = True  # look again: a reply in may not have ended its call
+            self._arm(self.node_timeout / 4)
         elif quiet >= self.node_timeout:
             if not self.silent:
-                self.silent = True
-                log_master_silent(self.name, quiet)
-                master_silent(self.name)
-                for watcher in list(self.watchers):
-                    watcher()
+                self._turn_silent(quiet)
             self._arm(min(self.node_timeout, self._quiet_since + self.socket_timeout - now))
         else:
             self._arm(self._quiet_since + self.node_timeout - now)
+
+    def _turn_silent(self, quiet: float) -> None:
+        self.silent = True
+        log_master_silent(self.name, quiet)
+        master_silent(self.name)
+        for watcher in list(self.watchers):
+            watcher()
 
 
 class _LastPacked:
@@ -311,7 +319,11 @@ async def _through(
     try:
         if before is not None and not before.done():
             await asyncio.wait([before])
-        value = await evalsha(node.client, script, keys, args)
+        node.silence.sent()  # out from now on (not while it waited for ``before``)
+        try:
+            value = await evalsha(node.client, script, keys, args)
+        finally:
+            node.silence.answered()
     except asyncio.CancelledError:  # only Node.aclose() cancels these
         return Reply(error=ClosedError(_CLOSED))
     except Exception as exc:

@@ -119,6 +119,11 @@ def parse_sentinel_url(url: str) -> SentinelMaster:
     rest = url[len(SCHEME) + 3 :]
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
+    if "@" in path:  # a password holding a '/': it would read as the service name
+        raise ValueError(
+            f"master URL {shown!r}: an '@' after the sentinels (a '/' in a password must"
+            " be %-encoded: %2F)"
+        )
     credentials, at, hosts = netloc.rpartition("@")
     username = password = None
     if at:

@@ -25,6 +25,12 @@ SCHEMES = ("redis", "rediss", "unix")
 #: The scheme of a master named by its sentinels (read by `_sentinel`).
 SENTINEL = "redis-sentinel"
 _COMMON = ("db", "username", "password", "client_name", "socket_timeout", "socket_connect_timeout")
+#: Query parameters that hold a password (see `options`).
+_SECRETS = frozenset({"password", "sentinel_password", "ssl_password"})
+_HIDDEN = (
+    "an unknown parameter (its name not shown: the query holds a password, in which"
+    " an '&' must be %-encoded: %26)"
+)
 _TLS = (
     "ssl_ca_certs",
     "ssl_ca_path",
@@ -123,16 +129,20 @@ def options(query: str, known: tuple[str, ...], shown: str) -> dict[str, str]:
             " or an '@' in a value, must be %-encoded: %3F, %23, %40)"
         )
     found = parse_qs(query, keep_blank_values=True)
+    # A password holding an unencoded '&' splits: its tail reads as a parameter of
+    # its own. With a password in the query, no name or value beyond it is quoted.
+    secret = not _SECRETS.isdisjoint(found)
     for name, values in found.items():
         if name not in known:
-            raise ValueError(
-                f"master URL {shown!r}: unknown parameter {name!r} (it takes {', '.join(known)})"
-            )
+            hidden = secret and name not in _SECRETS  # a password's tail, maybe
+            what = _HIDDEN if hidden else f"unknown parameter {name!r}"
+            raise ValueError(f"master URL {shown!r}: {what} (it takes {', '.join(known)})")
         if len(values) > 1:
             raise ValueError(f"master URL {shown!r} gives the parameter {name!r} twice")
         why = _invalid(name, values[0])
         if why:
-            raise ValueError(f"master URL {shown!r}: {why}")
+            shown_why = f"the value of {name!r} is not valid (not shown)" if secret else why
+            raise ValueError(f"master URL {shown!r}: {shown_why}")
     return {name: values[0] for name, values in found.items()}
 
 

@@ -7,7 +7,9 @@ one."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -46,6 +48,11 @@ def cluster(one_node: ServerCluster) -> Iterator[ServerCluster]:
 async def _cycle(redlock: AsyncRedlock, name: str) -> None:
     lease = await redlock.lock(name, auto_extend=False, timeout=0).acquire()
     await lease.release()
+
+
+def _block_the_loop(seconds: float) -> None:
+    """Keep the event loop from running for ``seconds`` (as CPU-bound work would)."""
+    time.sleep(seconds)
 
 
 class TestFrozenClusterNode:
@@ -91,6 +98,37 @@ class TestFrozenClusterNode:
             assert await direct.get("after") is not None  # the cluster had the call
             await lease.release()
         await direct.aclose()
+
+
+class TestBusyLoop:
+    async def test_a_master_that_answered_at_once_is_not_silent_after_a_busy_loop(
+        self, cluster: ServerCluster, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The loop is busy (CPU-bound) for a little over ``node_timeout`` right after
+        an acquisition's call is made: too little to count as late. The master
+        answered at once; its reply is read, but the call's task has not ended when
+        the timer runs. It is not judged silent (the timer looks again first), and
+        the lock is acquired."""
+        caplog.set_level(logging.WARNING, logger="asyncredlock")
+        node_timeout = 2.0
+        async with AsyncRedlock(
+            [cluster.client()], node_timeout=node_timeout, socket_timeout=LONG
+        ) as redlock:
+            node = redlock._core.nodes[0]
+            with anyio.fail_after(HANG_GUARD):
+                await _cycle(redlock, "warm")
+                await node.wait_idle()
+                attempt = asyncio.create_task(redlock.lock("busy", timeout=0).acquire())
+                for _ in range(100):  # until the call is made (its task created)
+                    if node.in_flight:
+                        break
+                    await asyncio.sleep(0)
+                assert node.in_flight
+                await asyncio.sleep(0)  # its task sends it
+                _block_the_loop(node_timeout * 1.15)
+                lease = await attempt
+                await lease.release()
+        assert [r.getMessage() for r in caplog.records if "silent" in r.getMessage()] == []
 
 
 class TestColdBurst:

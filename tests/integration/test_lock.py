@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
 import os
@@ -376,11 +377,11 @@ class TestExtensionAndLoss:
             assert lease.held
             assert lease.validity <= 2.0
 
-    async def test_the_blocks_exception_is_the_cause_when_the_loss_cancels_its_cleanup(
+    async def test_the_blocks_exception_shows_when_the_loss_cancels_its_cleanup(
         self, masters: Masters
     ) -> None:
         """The block raised, and the loss came while its ``finally`` awaited: the
-        block's exception is the cause of the `LockLostError`."""
+        block's exception is in the `LockLostError`'s chain (it was hidden)."""
         async with AsyncRedlock(masters.given) as redlock:
             with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError) as caught:
                 async with redlock.lock("cause"):
@@ -389,7 +390,69 @@ class TestExtensionAndLoss:
                     finally:  # its cleanup awaits; the lease is lost meanwhile
                         await redlock.force_release("cause")
                         await asyncio.sleep(0)
-            assert isinstance(caught.value.__cause__, ValueError)
+            assert ValueError in _chain(caught.value)
+            assert not caught.value.__suppress_context__
+
+    async def test_an_exception_the_block_handled_is_not_the_cause(self, masters: Masters) -> None:
+        """The block handles an exception it expects and awaits in its ``except``; the
+        loss cancels that await. The handled exception never left the block: it is
+        not the cause of the `LockLostError` (only in its chain)."""
+        async with AsyncRedlock(masters.given) as redlock:
+            with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError) as caught:
+                async with redlock.lock("handled"):
+                    try:
+                        {}["missing"]
+                    except KeyError:  # a cache miss: fetch instead
+                        await redlock.force_release("handled")
+                        await asyncio.sleep(0)
+            assert caught.value.__cause__ is None
+            assert KeyError in _chain(caught.value)
+
+    async def test_a_failed_extension_to_a_shorter_ttl_ends_the_block_in_time(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """``extend(ttl=2)`` reaches every master, its replies too late: the validity
+        is capped at about 2 s, and the automatic extension comes by that validity
+        (not 20 s on, a third of the old TTL): the block runs no longer than its
+        lease is valid, whether that extension keeps it or not."""
+        async with AsyncExitStack() as stack:
+            proxies = [
+                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+                for server in list(servers)[:3]
+            ]
+            urls = [proxy.url for proxy in proxies] + masters.urls[3:]
+            holder = await stack.enter_async_context(
+                AsyncRedlock(urls, node_timeout=0.1, socket_timeout=0.5)
+            )
+            other = await stack.enter_async_context(AsyncRedlock(masters.urls, retry_delay=0.05))
+            held_while_taken: bool | None = None
+            with anyio.fail_after(HANG_GUARD), contextlib.suppress(LockLostError):
+                async with holder.lock("capped", ttl=60.0) as lease:
+                    await holder.settle()
+                    for proxy in proxies:
+                        proxy.delay = 0.4  # a round trip of 0.8 s, past the round's 0.5 s
+                    with pytest.raises(QuorumUnavailableError):
+                        await lease.extend(ttl=2.0)
+                    for proxy in proxies:
+                        proxy.delay = 0.0
+                    try:
+                        taken = await other.lock("capped", timeout=5.0).acquire()
+                    except LockTimeoutError:  # the automatic extension kept it
+                        taken = None
+                    else:
+                        held_while_taken = lease.held
+                        await taken.release()
+            assert not held_while_taken
+
+
+def _chain(error: BaseException) -> list[type[BaseException]]:
+    """The types of ``error`` and of the exceptions it was raised during."""
+    found: list[type[BaseException]] = []
+    seen: BaseException | None = error
+    while seen is not None and len(found) < 10:
+        found.append(type(seen))
+        seen = seen.__cause__ or seen.__context__
+    return found
 
 
 class TestHolderIdentity:

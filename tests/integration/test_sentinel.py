@@ -78,7 +78,11 @@ class TestURL:
             ("redis-sentinel://u:s3cret@[::1/svc", "'redis-sentinel://u@[::1/svc' has a"),
             ("redis-sentinel://h/svc?sentinel_password=s3cret&x=1", "'redis-sentinel://h/svc':"),
             # a "/" in the password (not %-encoded) ends the sentinels: "u:s3" is read as one
-            ("redis-sentinel://u:s3/cret@h/svc", "'redis-sentinel://u@h/svc' has an invalid"),
+            ("redis-sentinel://u:s3/cret@h/svc", "'redis-sentinel://u@h/svc': an '@' after"),
+            # ... with an address for a sentinel: the rest of it read as the service
+            ("redis-sentinel://admin:4242/tails3cret@127.0.0.1", "'redis-sentinel://admin@"),
+            # an unencoded '&' in a query password: its tail read as a parameter
+            ("redis-sentinel://h/svc?sentinel_password=ab&cds3cret", "name not shown"),
         ],
     )
     def test_a_refused_url_is_shown_without_its_password(self, url: str, shown: str) -> None:

@@ -142,6 +142,9 @@ class TestMasters:
             (f"redis://u:2024?{SECRET}@h:1/0", "'redis://...': its query holds an '@'"),
             (f"redis://h:1/0?password={SECRET[:3]}@{SECRET[3:]}", "'redis://...': its query"),
             (f"redis://h:1/0#{SECRET[:3]}@{SECRET[3:]}", "'redis://...' has a fragment"),
+            # an unencoded '&' in a query password: its tail read as a parameter
+            (f"redis://h:1/0?password=ab&{SECRET}", "'redis://h:1/0': an unknown parameter"),
+            (f"redis://h:1/0?password=ab&db={SECRET}", "the value of 'db' is not valid"),
         ],
     )
     def test_a_refused_url_is_shown_without_its_password(self, url: str, shown: str) -> None:
