@@ -316,9 +316,13 @@ class AsyncRedlock(OperatorTools):
             What ``job`` returned, the one time it ran to the end.
 
         Raises:
-            TypeError, ValueError: A bad name, job or setting, before any I/O.
+            TypeError, ValueError: A bad name, job or setting, before any I/O (a
+                job that cannot be called with the lease alone included).
             RuntimeError: This ``AsyncRedlock`` is closed (also once it closes
-                while the job runs).
+                while the job runs), or this is called from the job it would run
+                (or a task the job started): it would wait for itself.
+            QuorumUnavailableError: The masters refuse in a way that waiting
+                cannot mend (their ACL, or their TLS certificates).
             Exception: Whatever ``job`` raises (the lock is released first).
         """
         check_job(job)

@@ -3,6 +3,7 @@ its holder dies or loses the lock."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -170,7 +171,33 @@ class TestOneAtATime:
                 assert await redlock.run_singleton("gone", job) == "done"
         assert runs == 1
 
-    async def test_closing_the_client_cancels_the_job(self, servers: ServerGroup) -> None:
+    async def test_a_job_that_raised_is_not_run_again_when_the_release_finds_it_gone(
+        self, servers: ServerGroup
+    ) -> None:
+        """The job raises, and its release finds the key gone (it expired under it):
+        the job's error propagates, and the job is not run again (the release's
+        LockLostError is not a loss to wait out)."""
+        runs = 0
+        async with AsyncRedlock(servers.urls) as redlock:
+
+            async def job(lease: Lease) -> str:
+                nonlocal runs
+                runs += 1
+                if runs > 1:
+                    return "ran again"
+                for client in Masters(servers.urls).clients:  # expired under it
+                    await client.delete("raising")
+                    await client.aclose()
+                raise KeyError("broken")
+
+            with anyio.fail_after(HANG_GUARD), pytest.raises(KeyError, match="broken"):
+                await redlock.run_singleton("raising", job)
+        assert runs == 1
+
+    async def test_closing_the_client_cancels_the_job(
+        self, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.WARNING, "asyncredlock")
         started, cancelled = anyio.Event(), anyio.Event()
 
         async def job(lease: Lease) -> None:
@@ -197,6 +224,34 @@ class TestOneAtATime:
                 await redlock.aclose()
         assert cancelled.is_set()
         assert [str(error) for error in errors] == ["this AsyncRedlock is closed"]
+        # it never waits to lead again: its log does not say so
+        assert not [r for r in caplog.records if "waiting to lead again" in r.getMessage()]
+
+    async def test_its_own_name_from_inside_its_job_is_refused(self, servers: ServerGroup) -> None:
+        """Leading again on its own name from the job (or a task the job started)
+        would wait for itself forever, the job's lease extending itself: refused."""
+        refused: list[str] = []
+
+        async def inner(lease: Lease) -> None: ...
+
+        async with AsyncRedlock(servers.urls) as redlock:
+
+            async def job(lease: Lease) -> None:
+                async with anyio.create_task_group() as tg:  # a task the job started
+
+                    async def nested() -> None:
+                        with pytest.raises(RuntimeError, match="wait for itself") as caught:
+                            await redlock.run_singleton("self", inner)
+                        refused.append(str(caught.value))
+
+                    tg.start_soon(nested)
+                # another name is led as usual
+                await redlock.run_singleton("other", inner)
+
+            with anyio.fail_after(HANG_GUARD):
+                await redlock.run_singleton("self", job)
+                await redlock.run_singleton("self", inner)  # led again once it ended
+        assert len(refused) == 1
 
     async def test_bad_input_before_any_io(self) -> None:
         redlock = AsyncRedlock(["redis://127.0.0.1:1"])
@@ -205,8 +260,12 @@ class TestOneAtATime:
 
         def plain(lease: Lease) -> None: ...
 
+        async def no_lease() -> None: ...
+
         with pytest.raises(TypeError, match="must be an async function"):
             await redlock.run_singleton("x", plain)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="taking the lease"):  # found out before it leads
+            await redlock.run_singleton("x", no_lease)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"^ttl must be > 0"):
             await redlock.run_singleton("x", job, ttl=-1)
         with pytest.raises(ValueError, match="must not be empty"):
