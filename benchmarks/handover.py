@@ -258,10 +258,10 @@ async def run_row(
         gc.collect()
         cpu, served = time.process_time(), servers_cpu(servers)
         start = time.monotonic()
-        holds = await contention_holds(handles, start + seconds, failures, hold=hold)
+        holds, misses = await contention_holds(handles, start + seconds, failures, hold=hold)
         cpu = time.process_time() - cpu
         after = servers_cpu(servers)
-    result = contention_result(holds, start, start + seconds, len(handles))
+    result = contention_result(holds, start, start + seconds, len(handles), misses)
     if result is None:
         return {"status": "failed", "reason": "no acquisition", **failures.counts()}
     per_hold = 1000 / max(1, len(holds))

@@ -29,7 +29,8 @@ b. N = 5 at RTT 2 ms with one master blackholed, and with one master's server st
 c. throughput: 200 workers on distinct keys for a fixed time: cycles per second and
    client CPU seconds per 1,000 cycles (``time.process_time()``, threads included);
 d. contention: 10 workers on one key, each holding it 1 ms then trying again at once:
-   acquisitions per second, wait p50/p99, how often the releasing worker took the lock
+   acquisitions per second, wait p50/p99 (every acquire() called in the window, to its
+   return, its error, or the run's stop), how often the releasing worker took the lock
    again next, and the fraction of the time the lock was held. The workers share one
    client (tasks of one process), or each has its own (as separate processes would),
    or they are OS processes with a client each (4 of 5 tasks each, and 10 of one task
@@ -524,6 +525,22 @@ class Hold:
     released: float  # release() returned
 
 
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """An acquire() of the contention run that got no lock (``time.monotonic()``
+    seconds): it failed, or it was still waiting when the run stopped."""
+
+    worker: int
+    asked: float  # acquire() called
+    ended: float  # acquire() raised, or the run stopped
+    failed: bool  # False: still waiting at the stop, cancelled then
+
+
+#: d: the run stops this long after its deadline; an acquire() still waiting then is
+#: cancelled, and its wait counts as (at least) the time from its call to the stop.
+STOP_AFTER = WAIT
+
+
 async def contention_holds(
     handles: Sequence[Handle],
     deadline: float,
@@ -532,20 +549,28 @@ async def contention_holds(
     counter: Redis | None = None,
     first: int = 0,
     hold: Callable[[int], Awaitable[object]] | None = None,
-) -> list[Hold]:
+) -> tuple[list[Hold], list[Miss]]:
     """Every handle takes the one key, holds it ``CONTENTION_HOLD``, releases, and asks
     again at once, until ``deadline`` (``time.monotonic()``, the same clock in every
-    process of the host); acquisitions that began earlier finish. With ``counter``,
-    each holder also reads the counter and writes it back plus one (a lost update
-    shows two holders at once). Workers are numbered from ``first``. The hold is
-    ``asyncio.sleep(CONTENTION_HOLD)``, or ``await hold(worker)`` if given."""
+    process of the host); acquisitions that began earlier finish, up to
+    ``STOP_AFTER`` past the deadline (an acquire() still waiting then is cancelled).
+    With ``counter``, each holder also reads the counter and writes it back plus one (a
+    lost update shows two holders at once). Workers are numbered from ``first``. The
+    hold is ``asyncio.sleep(CONTENTION_HOLD)``, or ``await hold(worker)`` if given.
+    The holds, and the acquires that got no lock."""
     holds: list[Hold] = []
+    misses: list[Miss] = []
+    stop = deadline + STOP_AFTER
 
     async def worker(index: int, handle: Handle) -> None:
         while (asked := time.monotonic()) < deadline:
             try:
-                await handle.acquire()
+                async with asyncio.timeout(stop - asked) as limit:
+                    await handle.acquire()
             except Exception as exc:
+                misses.append(Miss(index, asked, time.monotonic(), not limit.expired()))
+                if limit.expired():
+                    return
                 failures.add("acquire", exc)
                 continue
             got = time.monotonic()
@@ -564,7 +589,7 @@ async def contention_holds(
             holds.append(Hold(index, asked, got, releasing, time.monotonic()))
 
     await asyncio.gather(*(worker(first + i, h) for i, h in enumerate(handles)))
-    return holds
+    return holds, misses
 
 
 async def contention(
@@ -576,8 +601,8 @@ async def contention(
     gc.collect()
     start = time.monotonic()
     deadline = start + duration
-    holds = await contention_holds(handles, deadline, failures)
-    acquired = contention_result(holds, start, deadline, len(handles))
+    holds, misses = await contention_holds(handles, deadline, failures)
+    acquired = contention_result(holds, start, deadline, len(handles), misses)
     statistics = summed_statistics(library_statistics(session) for session in sessions)
     if acquired is None:
         return {**no_acquisition(start, deadline), **failures.counts(), **statistics}
@@ -585,22 +610,36 @@ async def contention(
 
 
 def contention_result(
-    holds: list[Hold], start: float, end: float, workers: int = CONTENTION_WORKERS
+    holds: Sequence[Hold],
+    start: float,
+    end: float,
+    workers: int = CONTENTION_WORKERS,
+    misses: Sequence[Miss] = (),
 ) -> Acquisitions | None:
     """Rates over the window ``start``-``end``: acquisitions that returned in it (None
-    if none did)."""
+    if none did). The wait counts every acquire() called in the window, however it
+    ended: acquired in the window or after it, failed (until it raised), or still
+    waiting when the run stopped (until the stop: a lower bound)."""
     window = end - start
     inside = sorted((h for h in holds if h.got < end), key=lambda h: h.got)
     if not inside:
         return None
     pairs = list(itertools.pairwise(inside))
+    waits = [h.got - h.asked for h in holds] + [m.ended - m.asked for m in misses]
+    failed = sum(m.failed for m in misses)
     return {
         "status": "ok",
         "workers": workers,
         "window_s": round(window, 3),
         "acquisitions": len(inside),
         "acquisitions_per_s": round(len(inside) / window, 1),
-        "wait": summarize([h.got - h.asked for h in inside]),
+        "wait": summarize(waits),
+        "waits": {
+            "acquired": len(inside),
+            "acquired_after_window": len(holds) - len(inside),
+            "failed": failed,
+            "unfinished": len(misses) - failed,
+        },
         "same_worker_again": round(sum(a.worker == b.worker for a, b in pairs) / len(pairs), 4)
         if pairs
         else None,
@@ -608,7 +647,6 @@ def contention_result(
         # the next holder returned from acquire() before the previous one began to
         # release: two holders at once (expected 0)
         "exclusion_violations": sum(b.got < a.releasing for a, b in pairs),
-        "finished_after_window": len(holds) - len(inside),
     }
 
 
@@ -731,11 +769,12 @@ def processes_result(
     """The children's holds over the window (``tasks`` workers in each), with the
     count ``found`` on the counter."""
     holds = [Hold(*each) for record in records for each in record["holds"]]
+    misses = [Miss(*each) for record in records for each in record["misses"]]
     failures = Failures()
     for record in records:
         failures.count += record["failures"]
         failures.examples.extend(record["failure_examples"][: 3 - len(failures.examples)])
-    acquired = contention_result(holds, start, deadline, len(records) * tasks)
+    acquired = contention_result(holds, start, deadline, len(records) * tasks, misses)
     if acquired is None:
         return no_acquisition(start, deadline)
     return {
@@ -800,12 +839,13 @@ async def child_run(spec: ChildSpec) -> ChildRecord | Outcome:
             line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
             window: ChildWindow = json.loads(line)
             await asyncio.sleep(max(0.0, window["start"] - time.monotonic()))
-            holds = await contention_holds(
+            holds, misses = await contention_holds(
                 handles, window["deadline"], failures, counter=counter, first=spec["first"]
             )
             return {
                 "status": "ok",
                 "holds": [dataclasses.astuple(h) for h in holds],
+                "misses": [dataclasses.astuple(m) for m in misses],
                 **failures.counts(),
                 **library_statistics(session),
             }
@@ -1066,6 +1106,7 @@ def settings_record(plan: Plan) -> RunSettings:
         "throughput_workers": THROUGHPUT_WORKERS,
         "contention_workers": CONTENTION_WORKERS,
         "contention_hold_s": CONTENTION_HOLD,
+        "contention_stop_after_s": STOP_AFTER,
         "process_cases": [[PROCESSES, PROCESS_TASKS], [LONE_PROCESSES, 1]],
         "wake_hold_s": list(plan.wake_hold),
         "faulty_master": FAULTY,

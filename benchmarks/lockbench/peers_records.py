@@ -43,6 +43,7 @@ __all__ = [
     "Status",
     "ThroughputResult",
     "ThroughputRun",
+    "WaitCounts",
     "WakeResult",
     "WithStatistics",
 ]
@@ -135,19 +136,31 @@ class ThroughputResult(ThroughputRun, FailureCount, WithStatistics):
     warmup_failures: int  # warm-up cycles that failed (one per worker, all at once)
 
 
+class WaitCounts(TypedDict):
+    """d: the acquire() calls begun in the window, by how they ended (the wait summary
+    counts them all)."""
+
+    acquired: int  # returned in the window
+    acquired_after_window: int
+    failed: int  # raised: its wait runs to the error
+    unfinished: int  # still waiting when the run stopped: its wait runs to the stop
+
+
 class Acquisitions(ResultBase):
     """d: the acquisitions of the workers on one key that returned in the window
-    (status "ok")."""
+    (status "ok"), and the waits of every acquire() called in it."""
 
     workers: int
     window_s: float
     acquisitions: int
     acquisitions_per_s: float
-    wait: Summary  # acquire() called to acquire() returned
+    # acquire() called to its end; results written before `waits` existed counted only
+    # the acquisitions that returned in the window
+    wait: Summary
+    waits: NotRequired[WaitCounts]  # absent from results written before it
     same_worker_again: float | None  # share of acquisitions by the last releaser; None: one
     busy_fraction: float  # held time over the window
     exclusion_violations: int  # acquisitions while the previous holder still held
-    finished_after_window: int  # acquisitions that returned after it
 
 
 @final
@@ -231,6 +244,7 @@ class ChildRecord(FailureCount, WithStatistics):
 
     status: Literal["ok"]
     holds: list[tuple[int, float, float, float, float]]  # the fields of each Hold
+    misses: list[tuple[int, float, float, bool]]  # the fields of each Miss
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -246,6 +260,7 @@ class RunSettings(TypedDict):
     throughput_workers: int
     contention_workers: int
     contention_hold_s: float
+    contention_stop_after_s: NotRequired[float]  # d: the run stops this long after its window
     process_cases: list[list[int]]  # d: [OS processes, workers in each] per case
     wake_hold_s: list[float]  # [low, high] of the holder's uniform hold
     faulty_master: int  # the index of the master failing in b

@@ -104,23 +104,57 @@ def table(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> str:
 
 
 def contention_table(case: CaseRecord, infos: dict[str, LibraryInfo]) -> str:
-    """Scenario d, one case: one row per library."""
+    """Scenario d, one case: one row per library; the failed operations and the
+    unfinished waits beside the waits ("-": results from before they were counted)."""
     head = (
         f"{case['name']}:\n\n| Library | acquisitions/s | wait p50 (ms) | wait p99 (ms) "
-        "| same worker again | lock busy | failed |\n|---|--:|--:|--:|--:|--:|--:|\n"
+        "| failed | unfinished | same worker again | lock busy |\n"
+        "|---|--:|--:|--:|--:|--:|--:|--:|\n"
     )
     rows = []
     for lib, info in infos.items():
         r = case["results"][lib]
         if r["status"] != "ok" or "acquisitions_per_s" not in r:
-            rows.append(f"| {info['label']} | {STATUS_TEXT[r['status']]} | | | | | |")
+            rows.append(f"| {info['label']} | {STATUS_TEXT[r['status']]} | | | | | | |")
             continue
         again = "-" if r["same_worker_again"] is None else f"{r['same_worker_again']:.0%}"
+        unfinished = str(r["waits"]["unfinished"]) if "waits" in r else "-"
         rows.append(
             f"| {info['label']} | {r['acquisitions_per_s']:,.0f} | {r['wait']['p50_ms']:.2f} "
-            f"| {r['wait']['p99_ms']:.2f} | {again} | {r['busy_fraction']:.0%} | {r['failures']} |"
+            f"| {r['wait']['p99_ms']:.2f} | {r['failures']} | {unfinished} | {again} "
+            f"| {r['busy_fraction']:.0%} |"
         )
     return head + "\n".join(rows) + "\n"
+
+
+def every_wait_counted(report: PeersReport) -> bool:
+    """Whether scenario d's waits count every acquire() called in the window (results
+    written since), not only the acquisitions that returned in it."""
+    return any(
+        "waits" in result
+        for scenario in report["scenarios"]
+        if scenario["id"] == "d"
+        for case in scenario["cases"]
+        for result in case["results"].values()
+    )
+
+
+def wait_note(report: PeersReport) -> str:
+    """What scenario d's wait columns count, in this report's results."""
+    if not every_wait_counted(report):
+        return (
+            "wait is from the call of acquire() to its return, for the acquisitions that "
+            "returned in the window only (these results were written before every wait "
+            "counted: an acquisition that returned after the window and a failed acquire "
+            "are left out, so the longest waits are missing; unfinished was not counted)"
+        )
+    stop = report["settings"].get("contention_stop_after_s", 0.0)
+    return (
+        "wait is from the call of acquire() to its end, for every acquire() called in "
+        "the window: one that returned after the window with its whole wait, a failed "
+        "one until it raised, and one still waiting when the run stopped "
+        f"({stop:g} s after the window; unfinished) until the stop, a lower bound"
+    )
 
 
 def reasons(scenario: ScenarioRecord, infos: dict[str, LibraryInfo]) -> list[str]:
@@ -243,8 +277,9 @@ def notes(report: PeersReport) -> str:
         "release through the servers.\n"
         "- c: each cycle is acquire + release; CPU is this process's "
         "(`time.process_time()`, threads included), not the servers'.\n"
-        f"- d: each worker holds {s['contention_hold_s'] * 1000:g} ms; wait is from the "
-        "call of acquire() to its return; same worker again is how often the next "
+        f"- d: each worker holds {s['contention_hold_s'] * 1000:g} ms; {wait_note(report)}; "
+        "failed counts the failed operations (acquire, release, the processes' "
+        "counter), their messages under the tables; same worker again is how often the next "
         "acquisition went to the worker that released last; lock busy is the held time "
         "(acquire() returned to release() returned) over the wall time.\n"
         f"- e: the holder holds {s['wake_hold_s'][0] * 1000:g}-{s['wake_hold_s'][1] * 1000:g} "

@@ -1,4 +1,6 @@
-"""Smoke test of ``benchmarks/peers.py --quick``: it runs, and writes what it promises.
+"""Smoke test of ``benchmarks/peers.py --quick``: it runs, and writes what it promises;
+and the harness's own measuring (scenario d's waits and hold counter) on made-up holds
+and locks.
 
 Timings are never asserted: only that every scenario has a result for every library,
 numbers where it ran and a reason where it did not, and that every file is written.
@@ -8,13 +10,17 @@ Skipped when a peer library is not installed (``pip install -e '.[bench]'`` and
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import importlib.util
 import json
 import math
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -341,3 +347,82 @@ def test_a_run_on_uvloop_is_not_published() -> None:
     proc = peers("--report", str(uvloop_run), "--readme", "README.md")
     assert proc.returncode == 2
     assert proc.stderr == "peers.py: a run on uvloop is not published: no --docs or --readme\n"
+
+
+# --- the harness's measuring, without a run ---------------------------------------------
+
+
+@pytest.fixture
+def peers_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("peers")
+
+
+def test_contention_wait_counts_a_waiter_served_after_the_window(
+    peers_module: ModuleType,
+) -> None:
+    """d's wait counts every acquire() called in the window, not only those that
+    returned in it: a waiter that asked at the start and was served only after the
+    deadline (a barging lock's starved waiter) waited the whole window, and its wait is
+    the longest, though its acquisition is not in the rate."""
+    Hold = peers_module.Hold
+    start, end = 0.0, 10.0
+    # worker 0 barges: takes the lock back every 2 ms for the whole window
+    holds = [
+        Hold(0, t / 1000, t / 1000, t / 1000 + 0.001, t / 1000 + 0.0011)
+        for t in range(0, 10_000, 2)
+    ]
+    # worker 1 asked at the start and got the lock only after the deadline
+    holds.append(Hold(1, 0.0, 10.2, 10.201, 10.2011))
+    result = peers_module.contention_result(holds, start, end, workers=2)
+    assert result["wait"]["max_ms"] == 10_200
+    assert result["wait"]["iterations"] == len(holds)
+    assert result["acquisitions"] == len(holds) - 1
+    assert result["waits"] == {
+        "acquired": len(holds) - 1,
+        "acquired_after_window": 1,
+        "failed": 0,
+        "unfinished": 0,
+    }
+
+
+def test_contention_wait_counts_failed_and_unfinished_acquires(
+    peers_module: ModuleType,
+) -> None:
+    """A failed acquire's wait runs to its error, an unfinished one's to the stop;
+    both are in the wait summary and counted apart."""
+    Hold, Miss = peers_module.Hold, peers_module.Miss
+    holds = [Hold(0, 0.0, 0.001, 0.002, 0.003)]
+    misses = [Miss(1, 0.0, 5.0, True), Miss(2, 1.0, 20.0, False)]
+    result = peers_module.contention_result(holds, 0.0, 10.0, 3, misses)
+    assert result["wait"]["iterations"] == 3
+    assert result["wait"]["max_ms"] == 19_000
+    assert result["waits"]["failed"] == 1
+    assert result["waits"]["unfinished"] == 1
+
+
+class NeverLock:
+    """A "lock" whose acquire() never returns."""
+
+    async def acquire(self) -> None:
+        await asyncio.Event().wait()
+
+    async def release(self) -> None:  # pragma: no cover - never acquired
+        pass
+
+
+@pytest.mark.anyio
+async def test_the_contention_run_stops_a_wait_that_outlasts_it(
+    peers_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acquire() still waiting ``STOP_AFTER`` past the deadline is cancelled and
+    recorded as unfinished, its wait running to the stop; it is not a failure."""
+    monkeypatch.setattr(peers_module, "STOP_AFTER", 0.05)
+    failures = peers_module.Failures()
+    deadline = time.monotonic() + 0.01
+    holds, misses = await peers_module.contention_holds([NeverLock()], deadline, failures)
+    assert holds == []
+    (miss,) = misses
+    assert not miss.failed
+    assert miss.ended >= deadline + 0.05
+    assert failures.count == 0
