@@ -34,8 +34,9 @@ d. contention: 10 workers on one key, each holding it 1 ms then trying again at 
    again next, and the fraction of the time the lock was held. The workers share one
    client (tasks of one process), or each has its own (as separate processes would),
    or they are OS processes with a client each (4 of 5 tasks each, and 10 of one task
-   each, as web workers are), which also count their holds on a separate server (GET
-   then SET, a lost update is a mutual-exclusion violation);
+   each, as web workers are), which also count their holds on a separate server (a GET
+   as the hold begins, a SET of one more as it ends: two overlapping holds lose an
+   update, a mutual-exclusion violation);
 e. wake-up: one holder, one waiter blocked in acquire; time from the holder's release()
    returning to the waiter's acquire() returning.
 
@@ -554,10 +555,10 @@ async def contention_holds(
     again at once, until ``deadline`` (``time.monotonic()``, the same clock in every
     process of the host); acquisitions that began earlier finish, up to
     ``STOP_AFTER`` past the deadline (an acquire() still waiting then is cancelled).
-    With ``counter``, each holder also reads the counter and writes it back plus one (a
-    lost update shows two holders at once). Workers are numbered from ``first``. The
-    hold is ``asyncio.sleep(CONTENTION_HOLD)``, or ``await hold(worker)`` if given.
-    The holds, and the acquires that got no lock."""
+    With ``counter``, each holder also reads the counter as its hold begins and writes
+    it back plus one as it ends: two holds that overlap at all lose an update. Workers
+    are numbered from ``first``. The hold is ``asyncio.sleep(CONTENTION_HOLD)``, or
+    ``await hold(worker)`` if given. The holds, and the acquires that got no lock."""
     holds: list[Hold] = []
     misses: list[Miss] = []
     stop = deadline + STOP_AFTER
@@ -574,13 +575,9 @@ async def contention_holds(
                 failures.add("acquire", exc)
                 continue
             got = time.monotonic()
+            seen = await read_count(counter, failures)
             await (asyncio.sleep(CONTENTION_HOLD) if hold is None else hold(index))
-            if counter is not None:
-                try:
-                    seen = int(await counter.get(COUNTER_KEY) or 0)
-                    await counter.set(COUNTER_KEY, seen + 1)
-                except Exception as exc:
-                    failures.add("counter", exc)
+            await write_count(counter, seen, failures)
             releasing = time.monotonic()
             try:
                 await handle.release()
@@ -590,6 +587,28 @@ async def contention_holds(
 
     await asyncio.gather(*(worker(first + i, h) for i, h in enumerate(handles)))
     return holds, misses
+
+
+async def read_count(counter: Redis | None, failures: Failures) -> int | None:
+    """The holds counted so far, read as a hold begins (None: no counter, or it failed)."""
+    if counter is None:
+        return None
+    try:
+        return int(await counter.get(COUNTER_KEY) or 0)
+    except Exception as exc:
+        failures.add("counter", exc)
+        return None
+
+
+async def write_count(counter: Redis | None, seen: int | None, failures: Failures) -> None:
+    """Write ``seen`` plus one as the hold ends: a hold that overlapped another one
+    read the same count, so one of the two is lost."""
+    if counter is None or seen is None:
+        return
+    try:
+        await counter.set(COUNTER_KEY, seen + 1)
+    except Exception as exc:
+        failures.add("counter", exc)
 
 
 async def contention(
@@ -1107,6 +1126,7 @@ def settings_record(plan: Plan) -> RunSettings:
         "contention_workers": CONTENTION_WORKERS,
         "contention_hold_s": CONTENTION_HOLD,
         "contention_stop_after_s": STOP_AFTER,
+        "hold_counter": "read as a hold begins, written as it ends",
         "process_cases": [[PROCESSES, PROCESS_TASKS], [LONE_PROCESSES, 1]],
         "wake_hold_s": list(plan.wake_hold),
         "faulty_master": FAULTY,

@@ -261,6 +261,7 @@ class RunSettings(TypedDict):
     contention_workers: int
     contention_hold_s: float
     contention_stop_after_s: NotRequired[float]  # d: the run stops this long after its window
+    hold_counter: NotRequired[str]  # d, processes: when a hold reads and writes the counter
     process_cases: list[list[int]]  # d: [OS processes, workers in each] per case
     wake_hold_s: list[float]  # [low, high] of the holder's uniform hold
     faulty_master: int  # the index of the master failing in b

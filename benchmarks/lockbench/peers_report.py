@@ -139,6 +139,22 @@ def every_wait_counted(report: PeersReport) -> bool:
     )
 
 
+def counter_note(report: PeersReport) -> str:
+    """How scenario d's processes counted their holds, in this report's results."""
+    how = report["settings"].get("hold_counter")
+    if how is None:
+        return (
+            "the processes count each hold on a separate server, a GET and a SET back to "
+            "back after the hold (these results were written before the count moved "
+            "around the hold: it sees two holds at once only if those two short "
+            "read-modify-writes interleave; the overlap of the timestamps is checked too)"
+        )
+    return (
+        f"the processes count each hold on a separate server, {how}: two holds that "
+        "overlap at all lose an update (and the overlap of the timestamps is checked too)"
+    )
+
+
 def wait_note(report: PeersReport) -> str:
     """What scenario d's wait columns count, in this report's results."""
     if not every_wait_counted(report):
@@ -279,7 +295,8 @@ def notes(report: PeersReport) -> str:
         "(`time.process_time()`, threads included), not the servers'.\n"
         f"- d: each worker holds {s['contention_hold_s'] * 1000:g} ms; {wait_note(report)}; "
         "failed counts the failed operations (acquire, release, the processes' "
-        "counter), their messages under the tables; same worker again is how often the next "
+        f"counter), their messages under the tables; {counter_note(report)}; "
+        "same worker again is how often the next "
         "acquisition went to the worker that released last; lock busy is the held time "
         "(acquire() returned to release() returned) over the wall time.\n"
         f"- e: the holder holds {s['wake_hold_s'][0] * 1000:g}-{s['wake_hold_s'][1] * 1000:g} "

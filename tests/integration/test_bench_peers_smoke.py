@@ -24,6 +24,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
+
+from asyncredlock.testing import ServerGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "peers.py"
@@ -426,3 +429,44 @@ async def test_the_contention_run_stops_a_wait_that_outlasts_it(
     assert not miss.failed
     assert miss.ended >= deadline + 0.05
     assert failures.count == 0
+
+
+class NoLock:
+    """A "lock" that excludes nothing: acquire() returns after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    async def acquire(self) -> None:
+        await asyncio.sleep(self.delay)
+
+    async def release(self) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_the_hold_counter_loses_an_update_when_two_holds_overlap(
+    peers_module: ModuleType, servers: ServerGroup
+) -> None:
+    """Scenario d's processes count each hold on a separate server: the count is read
+    as the hold begins and written back plus one as it ends, so two holds that overlap
+    at all lose an update (a GET and a SET back to back after the hold saw it only if
+    those two short read-modify-writes interleaved). Here two workers of a lock that
+    excludes nothing hold at once, the second 0.6 ms after the first."""
+    counter = Redis.from_url(servers.urls[0])
+    try:
+        await counter.delete(peers_module.COUNTER_KEY)
+        failures = peers_module.Failures()
+        holds, misses = await peers_module.contention_holds(
+            [NoLock(0.0), NoLock(0.0006)],
+            time.monotonic() + 0.0002,  # each worker asks once
+            failures,
+            counter=counter,
+        )
+        counted = int(await counter.get(peers_module.COUNTER_KEY) or 0)
+    finally:
+        await counter.aclose()
+    assert (len(holds), misses, failures.count) == (2, [], 0)
+    a, b = sorted(holds, key=lambda h: h.got)
+    assert b.got < a.releasing, "the setup must make the two holds overlap"
+    assert counted == 1
