@@ -265,7 +265,7 @@ class RunSettings(TypedDict):
     process_cases: list[list[int]]  # d: [OS processes, workers in each] per case
     wake_hold_s: list[float]  # [low, high] of the holder's uniform hold
     faulty_master: int  # the index of the master failing in b
-    pool: int  # connections per master
+    pool: int  # connections per master in each peer's pool (asyncredlock: one, no pool)
     seed: int
     silenced_loggers: list[str]
 

@@ -1,12 +1,16 @@
 """Every benchmark script's report step (``--report JSON``): it measures nothing and,
-from the results it published, writes the same files again."""
+from the results it published, writes the same files again; and what the peers report
+writes from the results (notes, ratios, cells)."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -71,3 +75,24 @@ def test_the_peers_report_rewrites_its_docs_section_and_checks_the_targets(
     published = (RESULTS / "peers.md").read_text()
     (count,) = [line for line in published.splitlines() if line.startswith("Met ")]
     assert count in printed  # the targets, checked again from the JSON
+
+
+@pytest.fixture
+def peers_report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("lockbench.peers_report")
+
+
+def test_the_peers_notes_say_asyncredlock_has_one_connection_per_master(
+    peers_report: ModuleType,
+) -> None:
+    """asyncredlock ignores max_connections (deprecated; the run records null) and
+    reaches each master over one connection: the notes must not say it has the
+    peers' pool of ``pool`` connections."""
+    results = json.loads((RESULTS / "peers.json").read_text())
+    recorded = results["libraries"]["asyncredlock"]["settings"]["uncontended"]["AsyncRedlock"]
+    assert recorded["max_connections"] is None
+    notes = peers_report.notes(results)
+    assert "asyncredlock reaches each master over one connection" in notes
+    assert f"Every peer gets a pool of up to {results['settings']['pool']}" in notes
+    assert "asyncredlock's default" not in notes
