@@ -38,7 +38,8 @@ d. contention: 10 workers on one key, each holding it 1 ms then trying again at 
    as the hold begins, a SET of one more as it ends: two overlapping holds lose an
    update, a mutual-exclusion violation);
 e. wake-up: one holder, one waiter blocked in acquire; time from the holder's release()
-   returning to the waiter's acquire() returning.
+   call to the waiter's acquire() returning (from the call, not its return: libraries
+   return from release() at different points, asyncredlock's at a quorum of masters).
 
 c and d run at N = 5 (the Redlock libraries) and at N = 1 (every library, so the
 single-server locks are compared too), RTT 0; e at N = 1 and 5, RTT 0.
@@ -883,9 +884,12 @@ async def timed_acquire(handle: Handle) -> float:
     return time.perf_counter()
 
 
-async def wake_trial(holder: Handle, waiter: Handle, hold: float, guard: float) -> float:
+async def wake_trial(
+    holder: Handle, waiter: Handle, hold: float, guard: float
+) -> tuple[float, float]:
     """The holder holds, the waiter asks, the holder releases after ``hold`` seconds:
-    release() returning to the waiter's acquire() returning, in seconds."""
+    from the holder's release() call to the waiter's acquire() returning, and to the
+    holder's release() returning, in seconds."""
     await guarded(holder.acquire(), guard, "holder acquire")
     task = asyncio.create_task(timed_acquire(waiter))
     try:
@@ -893,24 +897,28 @@ async def wake_trial(holder: Handle, waiter: Handle, hold: float, guard: float) 
         if task.done():
             task.result()  # raises the waiter's error, if it failed
             raise RuntimeError("the waiter acquired while the holder held the lock")
+        releasing = time.perf_counter()
         await guarded(holder.release(), guard, "holder release")
         released = time.perf_counter()
         acquired = await guarded(task, guard, "waiter acquire after the release")
     finally:
         task.cancel()  # a no-op once it is done
     await guarded(waiter.release(), guard, "waiter release")
-    return acquired - released
+    return acquired - releasing, released - releasing
 
 
 async def wakeup(holder: Handle, waiter: Handle, plan: Plan) -> WakeResult:
     """Warm-up trials, then the measured ones."""
     rng = random.Random(SEED)
-    wakes = []
+    wakes, releases = [], []
     for trial in range(plan.warmup + plan.wake_trials):
-        wake = await wake_trial(holder, waiter, rng.uniform(*plan.wake_hold), plan.op_guard)
+        wake, release = await wake_trial(
+            holder, waiter, rng.uniform(*plan.wake_hold), plan.op_guard
+        )
         if trial >= plan.warmup:
             wakes.append(wake)
-    return {"status": "ok", "wake": summarize(wakes)}
+            releases.append(release)
+    return {"status": "ok", "wake": summarize(wakes), "release": summarize(releases)}
 
 
 async def wakeup_case(
@@ -1129,6 +1137,7 @@ def settings_record(plan: Plan) -> RunSettings:
         "hold_counter": "read as a hold begins, written as it ends",
         "process_cases": [[PROCESSES, PROCESS_TASKS], [LONE_PROCESSES, 1]],
         "wake_hold_s": list(plan.wake_hold),
+        "wake_timed_from": "release() called",
         "faulty_master": FAULTY,
         "pool": POOL,
         "seed": SEED,

@@ -197,9 +197,11 @@ class NoAcquisition(ResultBase, WithStatistics, total=False):
 
 @final
 class WakeResult(ResultBase, WithStatistics):
-    """e: release() returning to the waiter's acquire() returning (status "ok")."""
+    """e: the holder's release() called to the waiter's acquire() returning (status
+    "ok"; results without ``release`` were timed from release() returning)."""
 
     wake: Summary
+    release: NotRequired[Summary]  # the holder's release(), called to returning
 
 
 #: One library's result in one case: the record of its scenario, or an `Outcome`.
@@ -264,6 +266,7 @@ class RunSettings(TypedDict):
     hold_counter: NotRequired[str]  # d, processes: when a hold reads and writes the counter
     process_cases: list[list[int]]  # d: [OS processes, workers in each] per case
     wake_hold_s: list[float]  # [low, high] of the holder's uniform hold
+    wake_timed_from: NotRequired[str]  # e: "release() called"; absent: release() returning
     faulty_master: int  # the index of the master failing in b
     pool: int  # connections per master in each peer's pool (asyncredlock: one, no pool)
     seed: int

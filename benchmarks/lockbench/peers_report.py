@@ -139,6 +139,23 @@ def every_wait_counted(report: PeersReport) -> bool:
     )
 
 
+def wake_note(report: PeersReport) -> str:
+    """From when scenario e's wake-up is timed, in this report's results."""
+    if report["settings"].get("wake_timed_from") is None:
+        return (
+            "the wake-up is timed from the holder's release() returning (these results "
+            "were written before it was timed from the call): asyncredlock's release() "
+            "returns once a quorum of masters released, the hand-over to the waiter "
+            "under way, while aioredlock's, pottery's and redlock-ng's wait for every "
+            "master, so each library's time starts at a different point of the release"
+        )
+    return (
+        "the wake-up is timed from the holder's release() call, the same point for every "
+        "library (asyncredlock's release() returns at a quorum of masters, the others' "
+        "Redlock releases after every master: the JSON has each release() too)"
+    )
+
+
 def counter_note(report: PeersReport) -> str:
     """How scenario d's processes counted their holds, in this report's results."""
     how = report["settings"].get("hold_counter")
@@ -303,7 +320,7 @@ def notes(report: PeersReport) -> str:
         "(acquire() returned to release() returned) over the wall time.\n"
         f"- e: the holder holds {s['wake_hold_s'][0] * 1000:g}-{s['wake_hold_s'][1] * 1000:g} "
         "ms (uniform) before releasing, so the release falls anywhere in a waiter's "
-        "retry pause.\n"
+        f"retry pause; {wake_note(report)}.\n"
         "- RTT 0 cases connect straight to the servers; RTT 2 ms cases and scenario b go"
         " through the proxies.\n"
         f"- RTT is the delay the proxies add (nominal → PING p50 through one proxy): {rtt}.\n"
@@ -890,7 +907,7 @@ PANEL_LABELS = {
     "b": ("p50 acquire (ms, log)", True),
     "c": ("cycles per second", False),
     "d": ("acquisitions per second", False),
-    "e": ("p50 release → acquire (ms, log)", True),
+    "e": ("p50 release() → acquire() (ms, log)", True),
 }
 
 

@@ -1,6 +1,6 @@
 """Smoke test of ``benchmarks/peers.py --quick``: it runs, and writes what it promises;
-and the harness's own measuring (scenario d's waits and hold counter) on made-up holds
-and locks.
+and the harness's own measuring (scenario d's waits and hold counter, scenario e's
+wake-up) on made-up holds and locks.
 
 Timings are never asserted: only that every scenario has a result for every library,
 numbers where it ran and a reason where it did not, and that every file is written.
@@ -470,3 +470,44 @@ async def test_the_hold_counter_loses_an_update_when_two_holds_overlap(
     a, b = sorted(holds, key=lambda h: h.got)
     assert b.got < a.releasing, "the setup must make the two holds overlap"
     assert counted == 1
+
+
+class HandingHolder:
+    """A holder whose release() hands the lock over at once, then takes a while to
+    return (as a release that returns only once every master answered)."""
+
+    def __init__(self, handed: asyncio.Event) -> None:
+        self.handed = handed
+
+    async def acquire(self) -> None:
+        self.handed.clear()
+
+    async def release(self) -> None:
+        self.handed.set()
+        await asyncio.sleep(0.005)
+
+
+class HandedWaiter:
+    """A waiter whose acquire() returns as soon as the holder hands the lock over."""
+
+    def __init__(self, handed: asyncio.Event) -> None:
+        self.handed = handed
+
+    async def acquire(self) -> None:
+        await self.handed.wait()
+
+    async def release(self) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_the_wake_up_is_timed_from_the_release_call(peers_module: ModuleType) -> None:
+    """Scenario e times the waiter from the holder's release() call, the same point for
+    every library: a release that hands over first and returns later (as the Redlock
+    peers' wait for every master, and asyncredlock's returns at a quorum) no longer
+    moves the start. Timed from release() returning, this wake-up read below zero."""
+    handed = asyncio.Event()
+    wake, release = await peers_module.wake_trial(
+        HandingHolder(handed), HandedWaiter(handed), 0.001, 1.0
+    )
+    assert 0 <= wake <= release
