@@ -1231,6 +1231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report is not None:
         report = read_report(args.report)
+        # what is computed from the results, computed again by the code of today
+        report["ratios"] = {
+            s["id"]: ratio_lines(s, report["libraries"]) for s in report["scenarios"]
+        }
+        report["targets"] = targets(report)
         loop = loop_of(report)
         if loop != "asyncio" and (args.docs or args.readme):
             refused = f"peers.py: a run on {loop} is not published: no --docs or --readme"

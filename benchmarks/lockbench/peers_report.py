@@ -240,8 +240,12 @@ def ratio_line(
     if not ours:
         return f"{case}: asyncredlock not run or did not complete"
     best = (min if lower else max)(peers, key=peers.__getitem__)
-    parts = [f"{infos[lib]['label']} {v:,.2f} ({v / peers[best]:.2f}x)" for lib, v in ours.items()]
-    return f"{case}: {', '.join(parts)} vs the best peer, {infos[best]['label']} {peers[best]:,.2f}"
+    parts = [
+        f"{infos[lib]['label']} {number(v)} ({times(v / peers[best])})" for lib, v in ours.items()
+    ]
+    return (
+        f"{case}: {', '.join(parts)} vs the best peer, {infos[best]['label']} {number(peers[best])}"
+    )
 
 
 def scenario_section(scenario: ScenarioRecord, infos: dict[str, LibraryInfo], level: str) -> str:
@@ -543,10 +547,13 @@ def number(v: float) -> str:
 
 
 def times(x: float) -> str:
-    """A ratio: ``1.52x``, ``12.3x``, ``1,650x``."""
+    """A ratio: ``0.0021x``, ``0.029x``, ``1.52x``, ``12.3x``, ``1,650x`` (two
+    significant digits below 0.1, so that no real ratio reads 0.00x)."""
     if x >= 100:
         return f"{x:,.0f}x"
-    return f"{x:.1f}x" if x >= 10 else f"{x:.2f}x"
+    if x >= 10:
+        return f"{x:.1f}x"
+    return f"{x:.2f}x" if x >= 0.1 or x == 0 else f"{x:.2g}x"
 
 
 def ok_result(case: CaseRecord, lib: str) -> Result | None:
@@ -875,7 +882,9 @@ def summary_cells(sid: str, case: CaseRecord, infos: dict[str, LibraryInfo], low
     right = f"{infos[lib]['label']} {show(sid, theirs)}"
     if mine is None:
         return f"{left} | {right} | -"
-    if not lower:
+    if show(sid, mine) == show(sid, theirs):  # as shown, neither is ahead
+        versus = "equal at this precision"
+    elif not lower:
         versus = f"{times(mine / theirs)} the peer's" if theirs > 0 else "-"
     elif mine <= 0:
         versus = "-"

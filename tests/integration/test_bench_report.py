@@ -96,3 +96,34 @@ def test_the_peers_notes_say_asyncredlock_has_one_connection_per_master(
     assert "asyncredlock reaches each master over one connection" in notes
     assert f"Every peer gets a pool of up to {results['settings']['pool']}" in notes
     assert "asyncredlock's default" not in notes
+
+
+def test_the_ratio_line_prints_a_small_ratio_with_its_digits(peers_report: ModuleType) -> None:
+    """docs/peers.md e, N=5 read "asyncredlock 0.16 (0.00x) vs ... pottery 75.44": every
+    ratio had two decimals. Below 0.1 a ratio keeps two significant digits."""
+    infos = {
+        "asyncredlock": {"label": "asyncredlock"},
+        "pottery": {"label": "pottery AIORedlock"},
+    }
+    line = peers_report.ratio_line("N=5", {"asyncredlock": 0.16}, {"pottery": 75.44}, infos, True)
+    assert "asyncredlock 0.16 (0.0021x)" in line, line
+    assert peers_report.times(0.0287) == "0.029x"
+    assert peers_report.times(0.71) == "0.71x"
+
+
+def test_the_summary_calls_values_equal_when_they_show_equal(peers_report: ModuleType) -> None:
+    """README summary, a N=1 RTT 2 ms read "5.01 | redis-py Lock 5.01 | 1.00x slower":
+    the comparison was of the unrounded values. Values that show the same are equal."""
+    infos = {
+        "asyncredlock": {"label": "asyncredlock"},
+        "redis-py": {"label": "redis-py Lock"},
+    }
+    case = {
+        "name": "N=1, RTT 2 ms",
+        "results": {
+            "asyncredlock": {"status": "ok", "total": {"p50_ms": 5.0104}},
+            "redis-py": {"status": "ok", "total": {"p50_ms": 5.0101}},
+        },
+    }
+    cells = peers_report.summary_cells("a", case, infos, True)
+    assert cells == "5.01 | redis-py Lock 5.01 | equal at this precision"
