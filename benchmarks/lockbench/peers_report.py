@@ -16,6 +16,7 @@ from typing import Any
 
 from .adapters import LibraryInfo
 from .harness import (
+    Summary,
     machine_line,
     publish_between,
     publish_section,
@@ -57,6 +58,18 @@ def value(result: Result) -> float | None:
     return result["wake"]["p50_ms"] if "wake" in result else None  # e
 
 
+#: Below this many samples a p99 is about the largest sample: the tables show "n/a".
+P99_MIN_SAMPLES = 100
+
+
+def p99_text(summary: Summary, *, counted: bool = False) -> str:
+    """A summary's p99 for a cell, or "n/a (3 samples)" below `P99_MIN_SAMPLES` (just
+    "n/a" where the cell ``counted`` its samples already)."""
+    if summary["iterations"] >= P99_MIN_SAMPLES:
+        return f"{summary['p99_ms']:.2f}"
+    return "n/a" if counted else f"n/a ({summary['iterations']} samples)"
+
+
 def cell(result: Result) -> str:
     """A table cell for one library in one case (the columns of its scenario)."""
     if result["status"] != "ok":
@@ -64,18 +77,18 @@ def cell(result: Result) -> str:
         succeeded = result.get("succeeded")  # b: stopped after some acquires
         return f"{text} ({succeeded} ok)" if succeeded else text
     if "total" in result:  # a
-        return f"{result['total']['p50_ms']:.2f} / {result['total']['p99_ms']:.2f}"
+        return f"{result['total']['p50_ms']:.2f} / {p99_text(result['total'])}"
     if "succeeded" in result:  # b
         acquire = result["acquire"]
         failed = f", {result['failures']} failed" if result["failures"] else ""
         counts = f"({acquire['iterations']} ok{failed})"
-        return f"{acquire['p50_ms']:.2f} / {acquire['p99_ms']:.2f} {counts}"
+        return f"{acquire['p50_ms']:.2f} / {p99_text(acquire, counted=True)} {counts}"
     if "cycles_per_s" in result:  # c
         return f"{result['cycles_per_s']:,.0f} / {result['cpu_s_per_1000']:.3f}"
     if "acquisitions_per_s" in result:  # d
         return f"{result['acquisitions_per_s']:,.0f}"
     if "wake" in result:  # e
-        return f"{result['wake']['p50_ms']:.2f} / {result['wake']['p99_ms']:.2f}"
+        return f"{result['wake']['p50_ms']:.2f} / {p99_text(result['wake'])}"
     raise ValueError(f"a result of no known kind: {sorted(result)}")
 
 
@@ -121,7 +134,7 @@ def contention_table(case: CaseRecord, infos: dict[str, LibraryInfo]) -> str:
         unfinished = str(r["waits"]["unfinished"]) if "waits" in r else "-"
         rows.append(
             f"| {info['label']} | {r['acquisitions_per_s']:,.0f} | {r['wait']['p50_ms']:.2f} "
-            f"| {r['wait']['p99_ms']:.2f} | {r['failures']} | {unfinished} | {again} "
+            f"| {p99_text(r['wait'])} | {r['failures']} | {unfinished} | {again} "
             f"| {r['busy_fraction']:.0%} |"
         )
     return head + "\n".join(rows) + "\n"
@@ -298,6 +311,10 @@ def notes(report: PeersReport) -> str:
         "aioredis's maxsize; redlock-ng: set on the pools it builds); redis-py's default "
         "pool of 100 fails 200 workers with MaxConnectionsError. python-redis-lock's "
         "client has no socket timeout, as its BLPOP waits up to the lock's expiry.\n"
+        f"- A p99 is shown from {P99_MIN_SAMPLES} samples up, and n/a below (from fewer "
+        "it is about the largest sample; the JSON has it, and the max); the p50 is "
+        f"shown from any number. b takes at most {report['plan']['fault_iterations']} "
+        f"cycles per library and case, e {report['plan']['wake_trials']} trials.\n"
         f"- An operation that takes longer than {s['op_guard_s']:g} s counts as hung and "
         "that library stops for the case; a whole case has a wall-clock guard too.\n"
         f"- b: master {s['faulty_master'] + 1} of 5 is blackholed (its proxy swallows "

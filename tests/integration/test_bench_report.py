@@ -127,3 +127,23 @@ def test_the_summary_calls_values_equal_when_they_show_equal(peers_report: Modul
     }
     cells = peers_report.summary_cells("a", case, infos, True)
     assert cells == "5.01 | redis-py Lock 5.01 | equal at this precision"
+
+
+def summary(iterations: int) -> dict[str, float]:
+    return {"iterations": iterations, "p50_ms": 1.0, "p99_ms": 2.0, "max_ms": 2.5}
+
+
+def test_a_p99_from_fewer_than_100_samples_is_not_shown(peers_report: ModuleType) -> None:
+    """docs/peers.md b showed pottery's p50/p99 from 3 acquires as "5007.40 / 5007.68 (3
+    ok)": a p99 of 3 samples is their largest. Below 100 samples the cell says n/a
+    (with the count, unless the cell has it already); the p50 stays."""
+    b = {
+        "status": "ok",
+        "succeeded": 3,
+        "failures": 0,
+        "acquire": summary(3),
+    }
+    assert peers_report.cell(b) == "1.00 / n/a (3 ok)"
+    assert peers_report.cell({"status": "ok", "wake": summary(60)}) == "1.00 / n/a (60 samples)"
+    a = {"status": "ok", "total": summary(100), "acquire": summary(100), "release": summary(100)}
+    assert peers_report.cell(a) == "1.00 / 2.00"
