@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -147,3 +148,56 @@ def test_a_p99_from_fewer_than_100_samples_is_not_shown(peers_report: ModuleType
     assert peers_report.cell({"status": "ok", "wake": summary(60)}) == "1.00 / n/a (60 samples)"
     a = {"status": "ok", "total": summary(100), "acquire": summary(100), "release": summary(100)}
     assert peers_report.cell(a) == "1.00 / 2.00"
+
+
+# The generated parts of docs/peers.md: the hand-over tables, and all after the marker.
+GENERATED = re.compile(
+    r"(<!-- (HANDOVER-FLOOR|HANDOVER-QUERY) -->.*?<!-- /\2 -->|<!-- PEERS-TABLE -->.*)", re.S
+)
+# A number precise enough to drift: with decimals, with thousands separators, or of
+# three digits or more (not a date, nor in `code`).
+NUMBER = re.compile(r"\d[\d,]*\.\d+|\d{1,3}(?:,\d{3})+|\d{3,}")
+
+
+def numbers_not_below(page: str) -> list[str]:
+    """Each number a hand-written sentence quotes from "the run below" (or "the table
+    below") that the generated text below it does not hold."""
+    segments, pos = [], 0
+    for match in GENERATED.finditer(page):
+        segments += [("prose", page[pos : match.start()]), ("generated", match.group(0))]
+        pos = match.end()
+    segments.append(("prose", page[pos:]))
+    stale = []
+    for k, (kind, text) in enumerate(segments):
+        if kind != "prose":
+            continue
+        below = " ".join(t for later, t in segments[k + 1 :] if later == "generated")
+        for paragraph in re.split(r"\n\s*\n", text):
+            for sentence in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", paragraph)):
+                if not re.search(r"\b(run|tables?) below\b", sentence):
+                    continue
+                bare = re.sub(r"`[^`]*`|\d{4}-\d{2}-\d{2}", " ", sentence)
+                for number in NUMBER.findall(bare):
+                    if not re.search(rf"(?<![\d.,]){re.escape(number)}(?!\d|[.,]\d)", below):
+                        stale.append(f"{number}: {sentence[:120]}")
+    return stale
+
+
+def test_the_check_of_the_prose_finds_a_number_the_tables_do_not_hold() -> None:
+    page = (
+        "Prose. In the run below, 825 acquisitions/s (1.66x). Earlier, 1.60x.\n\n"
+        "<!-- PEERS-TABLE -->\n| asyncredlock | 832 | 1.63x | 825.5 |\n"
+    )
+    assert numbers_not_below(page) == [
+        "825: In the run below, 825 acquisitions/s (1.66x).",
+        "1.66: In the run below, 825 acquisitions/s (1.66x).",
+    ]
+
+
+def test_the_prose_of_docs_peers_md_quotes_only_numbers_of_the_run_below() -> None:
+    """docs/peers.md's hand-written paragraphs quoted "the run below" with numbers of
+    another run (d at N = 5: 825/s and 1.66x against the table's 832/s and 1.63x; c at
+    N = 1, d with a client per worker, d with 10 processes, a at N = 5). A sentence that
+    speaks of the run (or table) below may quote only numbers the generated text below
+    it holds; better, it points to the table."""
+    assert numbers_not_below((ROOT / "docs" / "peers.md").read_text()) == []
