@@ -90,8 +90,8 @@ def report_extensions() -> None:
     at every moment. A library without the method stops the worker at its start."""
     extend_round = Keeping._extend_round
 
-    async def reporting(self: Keeping, ttl: float) -> Any:
-        decision = await extend_round(self, ttl)
+    async def reporting(self: Keeping, ttl: float, **options: Any) -> Any:
+        decision = await extend_round(self, ttl, **options)
         if decision is None:  # granted
             emit("extended", token=self.token, until=deadline(self))
         return decision
