@@ -184,7 +184,16 @@ class Keeping(ABC):
     def _extension_due(self) -> None:
         self._timer = None
         if self._state is State.HELD:
-            self._extender = self._core.tracker.loop(self._extend_once())
+            self._extender = self._core.tracker.loop(self._extend_kept())
+
+    async def _extend_kept(self) -> None:
+        """`_extend_once`; should it fail (a bug), the lease is no longer kept, so it
+        ends lost (its block cancelled) rather than run on unextended."""
+        try:
+            await self._extend_once()
+        except Exception as exc:
+            self._lose(None, f"its extension failed ({type(exc).__name__}: {exc})")
+            raise  # (logged as a background task's crash)
 
     async def _extend_once(self) -> None:
         """One automatic extension; schedules the next, or ends the lease lost."""

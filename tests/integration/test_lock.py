@@ -24,6 +24,7 @@ from asyncredlock import (
     LockTimeoutError,
     QuorumUnavailableError,
 )
+from asyncredlock._keeping import Keeping
 from asyncredlock.testing import FaultProxy, ServerGroup
 
 from .conftest import Masters
@@ -376,6 +377,24 @@ class TestExtensionAndLoss:
                     await lease.extend(ttl=2.0)
             assert lease.held
             assert lease.validity <= 2.0
+
+    async def test_an_extension_that_crashes_ends_the_lease_lost(
+        self, masters: Masters, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An automatic extension that raises (a bug: here its round is replaced by
+        one that fails) does not leave the lease held and unextended, its block
+        running while the keys expire: the lease ends lost and its block is
+        cancelled."""
+
+        async def broken(self: object, ttl: float, **options: object) -> None:
+            raise ZeroDivisionError("a bug")
+
+        async with AsyncRedlock(masters.given) as redlock:
+            monkeypatch.setattr(Keeping, "_extend_round", broken)
+            with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError):
+                async with redlock.lock("crashing", ttl=0.3) as lease:
+                    await lease.wait_lost()
+            assert lease.lost
 
     async def test_the_blocks_exception_shows_when_the_loss_cancels_its_cleanup(
         self, masters: Masters
