@@ -323,6 +323,8 @@ class TestSubscriptions:
                 connection = listener.connection
                 held = _Held()  # the master's replies held back, as by a slow network
                 deliver, connection.data_received = connection.data_received, held
+                # uvloop binds data_received when the protocol is set: set it again
+                connection.transport.set_protocol(connection)
                 listener.subscribe("renew:ch")
                 listener.unsubscribe("renew:ch")
                 renewed = listener.subscribe("renew:ch")
