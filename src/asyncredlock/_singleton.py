@@ -39,7 +39,7 @@ def check_job(job: object) -> None:
     if not (callable(job) and inspect.iscoroutinefunction(job)):
         raise TypeError(f"the job must be an async function taking the lease, not {job!r}")
     try:
-        signature = inspect.signature(job)
+        signature = inspect.signature(job, follow_wrapped=False)  # a wrapper's own
     except (TypeError, ValueError):  # no signature to read (a builtin): found at the call
         return
     try:
@@ -70,9 +70,9 @@ async def run_singleton(lock: Lock, job: Callable[[Lease], Awaitable[T]]) -> T:
         except LockLostError:
             if lease is None or not lease.lost:
                 raise  # the job's own error, not this lock's loss
-            if lock._core.closing:
-                raise RuntimeError("this AsyncRedlock is closed") from None
             if not ended:
+                if lock._core.closing:
+                    raise RuntimeError("this AsyncRedlock is closed") from None
                 logger.warning("singleton %r lost its lock; waiting to lead again", lock.name)
                 continue
             # the job had ended; the release found the lock gone: it is still done
@@ -94,6 +94,8 @@ async def _run_job(
     except asyncio.CancelledError:
         raise
     except Exception as exc:
+        if lease.lost:  # cut off by the loss (its cleanup raised): a loss, not an end
+            raise
         return None, exc
     finally:
         _LEADING.reset(token)

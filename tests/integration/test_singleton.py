@@ -3,6 +3,7 @@ its holder dies or loses the lock."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -299,3 +300,76 @@ class TestTakeOver:
                 # the dead leader's key expires (ttl 1 s) and this candidate takes over
                 await redlock.run_singleton("scheduler", job)
         assert took_over.is_set()
+
+
+# -- a loss while the job cleans up, and closing as the release finds the lock gone
+
+
+class CleanupError(Exception):
+    """What a job's cleanup raised while the loss cancelled it."""
+
+
+async def test_a_job_whose_cleanup_raises_on_the_loss_runs_again(
+    servers: ServerGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease is lost while the job runs; the job's cleanup (a ``finally`` that
+    fails, as closing a resource on cancellation may) raises instead of the
+    cancellation. Before 76e3182 that came to ``async with`` as the block's
+    exception: LockLostError from it, the job restarted ("lost its lock; waiting to
+    lead again"). Now `_run_job` swallows it, the block ends normally, and
+    run_singleton takes the loss for one found by the release: it logs "its lock was
+    gone when released" and raises the cleanup's error; the job is not restarted,
+    though docs/singleton.md says a leader that loses the lock starts the job anew."""
+    runs = 0
+
+    async def job(lease: Lease) -> int:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            try:
+                await redlock.force_release("cleanup-job")  # lost at once, mid-run
+                await anyio.sleep_forever()
+            finally:
+                raise CleanupError("closing the job's resource failed")
+        return runs
+
+    caplog.set_level(logging.WARNING, "asyncredlock")
+    async with AsyncRedlock(servers.urls) as redlock:
+        with anyio.fail_after(HANG_GUARD):
+            assert await redlock.run_singleton("cleanup-job", job) == 2
+    assert "gone when released" not in caplog.text
+
+
+async def test_a_job_that_returned_keeps_its_result_when_closing_meets_a_gone_lock(
+    servers: ServerGroup,
+) -> None:
+    """The job ran to its end and returned; its release finds the lock gone (another
+    process freed it) while the client begins to close. run_singleton checks
+    ``closing`` before whether the job had ended (`_singleton.py`: the RuntimeError
+    comes first), so the job's result is dropped for "this AsyncRedlock is closed",
+    though no job was cancelled and docs/singleton.md says a job that returned has
+    its result returned, also when the release finds the lock gone."""
+    results: list[object] = []
+
+    async with AsyncRedlock(servers.urls) as other:
+        redlock = AsyncRedlock(servers.urls)
+        await redlock.__aenter__()
+        try:
+
+            async def job(lease: Lease) -> str:
+                await other.force_release("closing-job")  # gone on the masters
+                loop = asyncio.get_running_loop()
+                # aclose() starts while this job's release is out
+                loop.call_soon(lambda: results.append(loop.create_task(redlock.aclose())))
+                return "done"
+
+            with anyio.fail_after(HANG_GUARD):
+                outcome: object
+                try:
+                    outcome = await redlock.run_singleton("closing-job", job)
+                except RuntimeError as exc:
+                    outcome = exc
+                await results[0]  # type: ignore[misc]
+            assert outcome == "done"
+        finally:
+            await redlock.aclose()
