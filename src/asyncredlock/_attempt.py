@@ -169,6 +169,8 @@ class Acquisition:
             if self.ticket is None and not outcome.decision.unavailable:
                 await self._enroll()
                 continue
+            if self.ticket is not None and len(self.ticket.channels) > 1:
+                core.waker.pass_on(self.ticket)  # a set: the release may serve a later one
             await self._pause(outcome)
 
     def _was_handed(self) -> bool:

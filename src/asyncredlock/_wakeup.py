@@ -42,6 +42,7 @@ in between went unheard.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 from collections.abc import Iterable, Sequence
@@ -277,6 +278,20 @@ class Waker:
         if ticket.nudge is None:
             loop = asyncio.get_running_loop()
             ticket.nudge = loop.call_later(self.confirm_within / 4, self._nudge, ticket)
+
+    def pass_on(self, ticket: Ticket) -> None:
+        """``ticket``, a waiter of several resources woken by a release, could not
+        use it (another of its resources is held): wake the next waiter, after it,
+        of each channel whose release woke it (a later set may be free to go)."""
+        if not ticket.event.is_set():
+            return
+        for channel in ticket.channels:
+            last, queue = self.last.get(channel), self.queues.get(channel)
+            if last is None or last[1] is not ticket or not queue:
+                continue
+            later = itertools.dropwhile(lambda waiting: waiting is not ticket, queue)
+            next(later, None)  # the ticket itself
+            self.last[channel] = (last[0], _wake_first(later))
 
     def _nudge(self, ticket: Ticket) -> None:
         """Wake ``ticket`` if some masters, but fewer than a quorum, handed it the

@@ -157,6 +157,39 @@ class TestWaiting:
             await second.release()
 
 
+class TestWakingSets:
+    async def test_a_release_a_woken_set_cannot_use_wakes_the_next_set(
+        self, servers: ServerGroup
+    ) -> None:
+        """Two sets of one client wait on "a": ["a", "b"] (b held elsewhere) enrolled
+        first, then ["a", "c"] (c free). The release of "a" wakes the first; its
+        attempt fails on "b", and it passes the wake-up on: ["a", "c"] takes the
+        lock without waiting out its retry delay (here: never)."""
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+        ):
+            held_a = await holder.lock("a", ttl=60.0).acquire()
+            held_b = await holder.lock("b", ttl=60.0).acquire()
+            waits = Waits(waiter)
+            got: list[Lease] = []
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+
+                    async def take(names: list[str]) -> None:
+                        got.append(await waiter.lock(names, timeout=NEVER).acquire())
+                        tg.cancel_scope.cancel()  # the other set stays blocked on "b"
+
+                    tg.start_soon(take, ["a", "b"])
+                    await waits.reach(1)
+                    tg.start_soon(take, ["a", "c"])
+                    await waits.reach(2)
+                    await held_a.release()
+            assert [lease.resources for lease in got] == [("a", "c")]
+            await got[0].release()
+            await held_b.release()
+
+
 class TestValidation:
     @pytest.mark.parametrize(
         ("names", "error", "match"),
