@@ -331,11 +331,7 @@ class TestExtensionAndLoss:
         and the other client takes the lock. (A large drift allowance leaves the lease
         room to end before its keys.)"""
         async with AsyncExitStack() as stack:
-            proxies = [
-                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
-                for server in list(servers)[:3]
-            ]
-            urls = [proxy.url for proxy in proxies] + masters.urls[3:]
+            proxies, urls = await _three_behind_proxies(stack, servers, masters)
             holder = await stack.enter_async_context(
                 AsyncRedlock(urls, node_timeout=2.0, drift_factor=0.2)
             )
@@ -360,11 +356,7 @@ class TestExtensionAndLoss:
         the shorter TTL, the round fails): the validity is no longer the old TTL's,
         which the keys no longer have."""
         async with AsyncExitStack() as stack:
-            proxies = [
-                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
-                for server in list(servers)[:3]
-            ]
-            urls = [proxy.url for proxy in proxies] + masters.urls[3:]
+            proxies, urls = await _three_behind_proxies(stack, servers, masters)
             redlock = await stack.enter_async_context(
                 AsyncRedlock(urls, node_timeout=0.1, socket_timeout=0.5)
             )
@@ -435,11 +427,7 @@ class TestExtensionAndLoss:
         (not 20 s on, a third of the old TTL): the block runs no longer than its
         lease is valid, whether that extension keeps it or not."""
         async with AsyncExitStack() as stack:
-            proxies = [
-                await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
-                for server in list(servers)[:3]
-            ]
-            urls = [proxy.url for proxy in proxies] + masters.urls[3:]
+            proxies, urls = await _three_behind_proxies(stack, servers, masters)
             holder = await stack.enter_async_context(
                 AsyncRedlock(urls, node_timeout=0.1, socket_timeout=0.5)
             )
@@ -462,6 +450,18 @@ class TestExtensionAndLoss:
                         held_while_taken = lease.held
                         await taken.release()
             assert not held_while_taken
+
+
+async def _three_behind_proxies(
+    stack: AsyncExitStack, servers: ServerGroup, masters: Masters
+) -> tuple[list[FaultProxy], list[str]]:
+    """A proxy in front of each of the first three masters (closed with ``stack``):
+    the proxies, and the five masters' URLs, those three through their proxy."""
+    proxies = [
+        await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+        for server in list(servers)[:3]
+    ]
+    return proxies, [proxy.url for proxy in proxies] + masters.urls[3:]
 
 
 def _chain(error: BaseException) -> list[type[BaseException]]:
