@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ._config import check_no_nul, check_text
 from ._keys import aux_key, glob_escape
 from ._wakeup import INBOX_PREFIX
 
@@ -74,6 +75,11 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
     Raises:
         ValueError: ``keys`` is empty or holds whitespace (a rule is one token).
     """
+    for what, text in (("keys", keys), ("prefix", prefix)):
+        if not isinstance(text, str):
+            raise TypeError(f"{what} must be a str, not {type(text).__name__}")
+        check_text(what, text)
+    check_no_nul("prefix", prefix)
     if not keys:
         raise ValueError("keys must be a non-empty glob pattern")
     if any(char.isspace() for char in prefix + keys):

@@ -16,7 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from ._urls import SENTINEL, bracketed, is_number, options, redacted
+from ._urls import SENTINEL, bracketed, check_sendable, is_number, options, redacted
 
 __all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "display_name", "parse_sentinel_url"]
 
@@ -114,6 +114,7 @@ def parse_sentinel_url(url: str) -> SentinelMaster:
         ValueError: The URL is not of that form.
     """
     shown = redacted(url)  # errors never show a password
+    check_sendable(url, shown)
     if "#" in url:
         raise ValueError(f"master URL {shown!r} has a fragment ('#...'): %-encode a '#'")
     rest = url[len(SCHEME) + 3 :]

@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ParamSpec, TypeVar
 
+from ._config import check_name
+
 __all__ = ["NameTemplate", "serialize"]
 
 P = ParamSpec("P")
@@ -42,6 +44,8 @@ class NameTemplate:
             fields = frozenset(_fields(text))
         except ValueError as exc:
             raise ValueError(f"lock name template {text!r}: {exc}") from None
+        if not fields:  # the lock name itself: what it cannot be is known now
+            check_name(text.format())
         self.text = text
         #: The names the template needs, without attributes or items.
         self.fields = frozenset(fields)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import codecs
 import ssl
-from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, unquote_to_bytes, urlsplit, urlunsplit
 
 from ._config import check_seconds
 
@@ -14,6 +14,7 @@ __all__ = [
     "SCHEMES",
     "SENTINEL",
     "bracketed",
+    "check_sendable",
     "checked",
     "display",
     "is_number",
@@ -46,6 +47,10 @@ _TLS = (
     "ssl_exclude_verify_flags",
 )
 _TLS_VERSIONS = frozenset(version.value for version in ssl.TLSVersion)
+#: Flags redis-py reads as true unless one of its false words: a typo of "false"
+#: would turn one on. Only its words are taken (any case; empty: not set).
+_FLAGS = frozenset({"socket_keepalive", "ssl_check_hostname", "retry_on_timeout"})
+_FLAG_WORDS = frozenset({"", "0", "F", "FALSE", "N", "NO", "1", "T", "TRUE", "Y", "YES"})
 #: Taken as redis-py takes them, to no effect on the connections asyncredlock opens
 #: (it sets RESP2, no retries and no health checks itself, parses the replies itself
 #: and keeps no pool): a URL shared with redis-py clients works as it is.
@@ -76,6 +81,7 @@ def checked(url: str) -> tuple[SplitResult, int | None]:
         ValueError: The URL is not one of a master, named without its password.
     """
     shown = redacted(url)  # errors never show the password
+    check_sendable(url, shown)
     if "," in url.partition("?")[0]:
         raise ValueError(
             f"master URL {shown!r} has a comma: one host per URL (only {SENTINEL}:// URLs"
@@ -100,7 +106,7 @@ def checked(url: str) -> tuple[SplitResult, int | None]:
         raise ValueError(f"master URL {shown!r} names no host")
     if port == 0:
         raise ValueError(f"master URL {shown!r} has port 0")
-    if parts.path not in ("", "/") and not is_number(parts.path[1:]):
+    if parts.path not in ("", "/") and not _db_number(parts.path[1:]):
         raise ValueError(f"master URL {shown!r}: the path must be a database number")
     return parts, port
 
@@ -148,8 +154,10 @@ def options(query: str, known: tuple[str, ...], shown: str) -> dict[str, str]:
 
 def _invalid(name: str, value: str) -> str | None:
     """Why redis-py would take ``value`` of the parameter ``name`` in vain, if so."""
-    if name == "db" and not is_number(value):
+    if name == "db" and not _db_number(value):
         return f"db must be a database number, got {value!r}"
+    if name in _FLAGS and value.upper() not in _FLAG_WORDS:
+        return f"{name} must be true or false (or 1, 0, yes, no), got {value!r}"
     if name in ("socket_timeout", "socket_connect_timeout"):
         try:
             check_seconds(name, float(value))
@@ -165,6 +173,27 @@ def _invalid(name: str, value: str) -> str | None:
         except LookupError:
             return f"{name} must name a codec or error handler Python knows, got {value!r}"
     return None
+
+
+def check_sendable(url: str, shown: str) -> None:
+    """Refuse, at construction, a URL no connection could send: a lone surrogate
+    (no UTF-8 encoding) or a NUL (plain or %-encoded), which would fail every
+    connection to that master later.
+
+    Raises:
+        ValueError: It holds one, named with the URL ``shown``.
+    """
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"master URL {shown!r} holds a character with no UTF-8 encoding") from None
+    if b"\0" in unquote_to_bytes(url):
+        raise ValueError(f"master URL {shown!r} holds a NUL character")
+
+
+def _db_number(text: str) -> bool:
+    """A database number ``SELECT`` takes: ASCII digits, at most 2**31 - 1."""
+    return is_number(text) and int(text) < 2**31
 
 
 def is_number(text: str) -> bool:
