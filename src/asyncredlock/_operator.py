@@ -91,6 +91,21 @@ async def shut_down(core: Core) -> None:
     connections."""
     core.gates.close()
     core.begin_closing()  # lock() and acquire() refuse from now on; waiters wake
+    closing = asyncio.get_running_loop().create_task(_closing(core))
+    cancelled: asyncio.CancelledError | None = None
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError as exc:
+            if closing.cancelled():  # the close itself (the loop is shutting down)
+                raise
+            cancelled = exc  # the caller: it ends once the client is closed
+    if cancelled is not None:
+        raise cancelled
+    closing.result()
+
+
+async def _closing(core: Core) -> None:
     try:
         await _shut_down(core)
     finally:

@@ -422,8 +422,8 @@ class AsyncRedlock(OperatorTools):
         the calls still out, then fails every call still out (the calls waiting
         on them end with an error: ``QuorumUnavailableError`` whose outcomes say
         the ``AsyncRedlock`` was closed) and closes the connections. A lock key
-        whose undo was cut short expires with its TTL. Safe to call twice, and at
-        once: a call made while another closes returns when that one has closed.
+        whose undo was cut short expires with its TTL. Safe to call twice, at once
+        (the later returns when the first has closed), and to cancel (it closes first).
         """
         core = self._core
         if core.closing:

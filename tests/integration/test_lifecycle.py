@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from redis.asyncio import Redis
 
 from asyncredlock import (
     AsyncRedlock,
@@ -518,3 +519,43 @@ class TestConcurrentClose:
                 await waiter.aclose()
             await held.release()
         assert state == (1, True)
+
+    async def test_an_aclose_cancelled_while_it_waits_still_closes_the_client(
+        self, make_servers: MakeServers
+    ) -> None:
+        """aclose() waits (up to node_timeout) for a release still out on a frozen
+        master; its task is cancelled meanwhile (a lifespan's shutdown timeout). The
+        cancellation ends it only once the client is closed: no connection or task
+        of the library is left, and the next aclose() returns. (A plain task.cancel()
+        went through the shield: nothing was closed, and the next aclose() returned
+        at once, leaving it so.)"""
+        group = make_servers(3)
+        before = await _connections(group.urls)
+        redlock = AsyncRedlock(group.urls, node_timeout=1.0, socket_timeout=30.0)
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                lease = await redlock.lock("closing", auto_extend=False).acquire()
+                group[2].pause()
+                await lease.release()  # a quorum answered; master 2's call is out
+                closing = asyncio.get_running_loop().create_task(redlock.aclose())
+                await anyio.wait_all_tasks_blocked()
+                assert not closing.done()
+                closing.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await closing
+                left = (library_tasks(), redlock._core.closed)
+                group[2].resume()
+                await redlock.aclose()  # returns: closed already
+                assert await _connections(group.urls) == before
+        finally:
+            group[2].resume()
+        assert left == ([], True)
+
+
+async def _connections(urls: list[str]) -> int:
+    """Client connections on the masters, but the one asking on each."""
+    total = 0
+    for url in urls:
+        async with Redis.from_url(url) as direct:
+            total += len(await direct.client_list()) - 1
+    return total
