@@ -93,13 +93,16 @@ async def shut_down(core: Core) -> None:
     core.begin_closing()  # lock() and acquire() refuse from now on; waiters wake
     closing = asyncio.get_running_loop().create_task(_closing(core))
     cancelled: asyncio.CancelledError | None = None
-    while not closing.done():
-        try:
-            await asyncio.shield(closing)
-        except asyncio.CancelledError as exc:
-            if closing.cancelled():  # the close itself (the loop is shutting down)
-                raise
-            cancelled = exc  # the caller: it ends once the client is closed
+    # anyio's scopes outside wait (they deliver nothing into a shielded one, where
+    # they would cancel again at every turn of the loop); a task.cancel() is caught
+    with anyio.CancelScope(shield=True):
+        while not closing.done():
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError as exc:
+                if closing.cancelled():  # the close itself (the loop is shutting down)
+                    raise
+                cancelled = exc  # the caller: it ends once the client is closed
     if cancelled is not None:
         raise cancelled
     closing.result()
