@@ -282,9 +282,9 @@ class Waker:
     def pass_on(self, ticket: Ticket) -> None:
         """``ticket``, a waiter of several resources woken by a release, could not
         use it (another of its resources is held): wake the next waiter, after it,
-        of each channel whose release woke it (a later set may be free to go)."""
-        if not ticket.event.is_set():
-            return
+        of each channel whose release woke it (a later set may be free to go; the
+        channel's last release names whom it woke, as its wake-up flag is cleared
+        by now)."""
         for channel in ticket.channels:
             last, queue = self.last.get(channel), self.queues.get(channel)
             if last is None or last[1] is not ticket or not queue:

@@ -14,6 +14,7 @@ from redis.asyncio import RedisCluster
 from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError
 from asyncredlock._protocol import TOKEN_BLOCK
 from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters, Queue
 
@@ -158,16 +159,19 @@ class TestWaiting:
 
 
 class TestWakingSets:
+    @pytest.mark.parametrize("masters", [1, 5])
     async def test_a_release_a_woken_set_cannot_use_wakes_the_next_set(
-        self, servers: ServerGroup
+        self, make_servers: MakeServers, masters: int
     ) -> None:
         """Two sets of one client wait on "a": ["a", "b"] (b held elsewhere) enrolled
         first, then ["a", "c"] (c free). The release of "a" wakes the first; its
         attempt fails on "b", and it passes the wake-up on: ["a", "c"] takes the
-        lock without waiting out its retry delay (here: never)."""
+        lock without waiting out its retry delay (here: never). With one master no
+        copy of the release from another master wakes anyone again meanwhile."""
+        urls = make_servers(masters).urls
         async with (
-            AsyncRedlock(servers.urls) as holder,
-            AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
+            AsyncRedlock(urls) as holder,
+            AsyncRedlock(urls, retry_delay=NEVER) as waiter,
         ):
             held_a = await holder.lock("a", ttl=60.0).acquire()
             held_b = await holder.lock("b", ttl=60.0).acquire()
