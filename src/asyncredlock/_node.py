@@ -182,10 +182,9 @@ class ClusterSilence:
     read may be a task step or a callback away from ending its call), and only once
     the master has ended a call: until then the cluster client may still be learning
     the slots and connecting, as a `Link`'s connection being opened is not judged.
-    Any call that ends readmits it. After
-    ``socket_timeout`` of silence it is judged afresh: the next round sends it its
-    call again (a call of the cluster client may hang longer than that, for as long
-    as its own ``socket_timeout``).
+    Any call that ends readmits it. After ``socket_timeout`` of silence it is judged
+    afresh: the next round sends it its call again (a call of the cluster client may
+    hang longer than that, for as long as its own ``socket_timeout``).
 
     Args:
         name: The master's display name, for the log.
