@@ -73,7 +73,9 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
         channel patterns (``&``).
 
     Raises:
-        ValueError: ``keys`` is empty or holds whitespace (a rule is one token).
+        TypeError: ``keys`` or ``prefix`` is not a ``str``.
+        ValueError: ``keys`` is empty or holds whitespace (a rule is one token), or
+            either does not encode as UTF-8, or ``prefix`` holds a NUL.
     """
     for what, text in (("keys", keys), ("prefix", prefix)):
         if not isinstance(text, str):

@@ -136,14 +136,15 @@ class Lease(Keeping):
         Args:
             ttl: New time to live in seconds; the lease's ``ttl`` when omitted.
                 Once the extension succeeds it also becomes the TTL of later
-                automatic extensions.
+                automatic extensions (the next one due a third of it later).
 
         Raises:
             LockNotOwnedError: The lease is released, lost, or a majority of masters
                 no longer holds it (what remains is then removed), or it reached its
                 ``max_hold`` (it ends lost then, and is released).
             QuorumUnavailableError: Too many masters failed to answer; the lease
-                keeps its previous validity and may be extended again.
+                may be extended again, its validity unchanged (or cut to this
+                round's ``ttl`` when shorter: some masters may have set it).
         """
         new_ttl = self.ttl if ttl is None else check_ttl("ttl", ttl)
         self._core.check_loop()
