@@ -277,11 +277,10 @@ class AsyncRedlock(OperatorTools):
             TypeError: The template is not a str, a setting has the wrong type
                 (here), or the decorated object is not a coroutine function.
             ValueError: The template is empty or malformed, has a positional
-                field (``{}``), names a parameter the function does not have
-                (when decorating), has no field and is a name `lock` refuses, or
-                a setting is out of range (here). At each call, the errors of
-                `lock` for the filled name (before any I/O), and ``TypeError``
-                for arguments that do not fit the signature.
+                field (``{}``), names a parameter the function lacks (when
+                decorating), has no field and is a name `lock` refuses, or a
+                setting is out of range (here). At each call, the errors of `lock`
+                for the filled name, and ``TypeError`` for arguments not fitting.
         """
         template = NameTemplate(name)
         options = LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)  # checked now
