@@ -17,8 +17,9 @@ else from the ``REDLOCK_MASTERS`` environment variable (comma- or space-separate
 Exit codes:
 
 - 0: success; ``inspect``: the lock is held (a value, or a reader, on a quorum);
-  ``force-release``: a key was deleted (a master that failed or did not answer is
-  named in a warning on stderr); ``watch``: ``--count`` lines printed.
+  ``force-release``: a key was deleted (whatever its status, it names each master
+  that failed or did not answer in a warning on stderr); ``watch``: ``--count``
+  lines printed.
 - 1: ``inspect``: the lock is free; ``force-release``: there was nothing to delete,
   or the confirmation was declined; ``demo``: the locked round was wrong, or a
   dependency is missing.
