@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import ResponseError
 
 from ._errors import NodeOutcome
 from ._keys import identity_of
-from ._telemetry import record_lost
+from ._telemetry import master_silent, record_lost
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -29,6 +29,7 @@ __all__ = [
     "log_ping_refused",
     "log_release_short",
     "refuses_ping",
+    "turned_silent",
 ]
 
 logger = logging.getLogger("asyncredlock")
@@ -120,6 +121,15 @@ def log_master_silent(master: str, seconds: float) -> None:
         reason,
         extra={"masters": {master: "silent"}, "reason": reason},
     )
+
+
+def turned_silent(master: str, seconds: float, watchers: Iterable[Callable[[], None]]) -> None:
+    """A master turned silent (calls out, nothing heard for ``seconds``): log and
+    count it, and tell the ``watchers`` (the rounds waiting on it decide)."""
+    log_master_silent(master, seconds)
+    master_silent(master)
+    for watcher in list(watchers):
+        watcher()
 
 
 def log_master_readmitted(master: str) -> None:

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._keys import key_slot
-from ._log import log_master_readmitted, log_master_silent
+from ._log import log_master_readmitted, turned_silent
 from ._scripts import SCRIPTS, Script, evalsha
-from ._telemetry import master_error, master_silent
+from ._telemetry import master_error
 from ._transport import Link
 from ._wire import ClosedError, Opener, Reply, pack
 
@@ -268,10 +268,7 @@ class ClusterSilence:
 
     def _turn_silent(self, quiet: float) -> None:
         self.silent = True
-        log_master_silent(self.name, quiet)
-        master_silent(self.name)
-        for watcher in list(self.watchers):
-            watcher()
+        turned_silent(self.name, quiet, self.watchers)
 
 
 class _LastPacked:

@@ -31,9 +31,9 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._liveness import Heartbeat, readable
-from ._log import log_master_readmitted, log_master_silent, log_ping_refused, refuses_ping
+from ._log import log_master_readmitted, log_ping_refused, refuses_ping, turned_silent
 from ._spin import Spin, spin_of
-from ._telemetry import master_error, master_silent
+from ._telemetry import master_error
 from ._tls import lost_reason
 from ._wire import ClosedError, Hook, Opener, Reply, Stream, pack, pack_args
 
@@ -337,10 +337,7 @@ class Link:
         if quiet >= self.node_timeout:
             if not self.silent:
                 self.silent = True
-                log_master_silent(self.name, quiet)
-                master_silent(self.name)
-                for watcher in list(self.watchers):
-                    watcher()
+                turned_silent(self.name, quiet, self.watchers)
             self._arm(min(self.node_timeout, self._quiet_since + self.socket_timeout - now))
         else:
             self._arm(self._quiet_since + self.node_timeout - now)
