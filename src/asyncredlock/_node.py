@@ -184,7 +184,9 @@ class ClusterSilence:
     the slots and connecting, as a `Link`'s connection being opened is not judged.
     Any call that ends readmits it. After ``socket_timeout`` of silence it is judged
     afresh: the next round sends it its call again (a call of the cluster client may
-    hang longer than that, for as long as its own ``socket_timeout``).
+    hang longer than that, for as long as its own ``socket_timeout``); the calls
+    still out then are not judged again, so a master that gets no new call is not
+    found silent again (nor logged) for the same calls.
 
     Args:
         name: The master's display name, for the log.
@@ -193,8 +195,8 @@ class ClusterSilence:
     """
 
     __slots__ = (
-        "_due", "_out", "_quiet_since", "_suspect", "_timer", "_warm", "closed", "name",
-        "node_timeout", "silent", "socket_timeout", "watchers",
+        "_due", "_out", "_quiet_since", "_stale", "_suspect", "_timer", "_unheard", "_warm",
+        "closed", "name", "node_timeout", "silent", "socket_timeout", "watchers",
     )  # fmt: skip
 
     def __init__(self, name: str, node_timeout: float, socket_timeout: float) -> None:
@@ -207,6 +209,8 @@ class ClusterSilence:
         self.watchers: set[Callable[[], None]] = set()
         self.closed = False
         self._out = 0  # calls made and not ended
+        self._stale = 0  # of those, the ones out when it was judged afresh (not judged)
+        self._unheard = False  # judged afresh while silent, no call ended since
         self._warm = False  # a call has ended: the client knows the cluster
         self._quiet_since = math.inf  # since when no call ended with calls out
         self._suspect = False  # found quiet once: silent if still so at the next look
@@ -215,7 +219,7 @@ class ClusterSilence:
 
     def sent(self) -> None:
         """A call was sent."""
-        if self._out == 0:
+        if self._out == self._stale:  # the first call out that is judged
             self._quiet_since = asyncio.get_running_loop().time()
             self._arm(self.node_timeout)
         self._out += 1
@@ -223,10 +227,12 @@ class ClusterSilence:
     def answered(self) -> None:
         """A call ended (answered, failed or cancelled): the master is not silent."""
         self._out -= 1
-        self._warm, self._suspect = True, False
+        self._warm, self._suspect, self._stale = True, False, 0
         self._quiet_since = asyncio.get_running_loop().time() if self._out else math.inf
-        if self.silent:
-            self.silent = False
+        if self._out:  # the calls still out are judged (again) from now
+            self._arm(self.node_timeout)
+        if self.silent or self._unheard:
+            self.silent = self._unheard = False
             log_master_readmitted(self.name)
 
     def close(self) -> None:
@@ -244,7 +250,7 @@ class ClusterSilence:
 
     def _check(self) -> None:
         self._timer = None
-        if self._out == 0:
+        if self._out == self._stale:  # no call out that is judged
             return
         now = asyncio.get_running_loop().time()
         if now - self._due > self.node_timeout / 2 or not self._warm:
@@ -253,9 +259,9 @@ class ClusterSilence:
             return
         quiet = now - self._quiet_since
         if quiet >= self.socket_timeout:
-            self._quiet_since = now  # judged afresh: the next round sends it its call
+            # judged afresh: the next round sends it its call, judged from its send
+            self._stale, self._unheard = self._out, self._unheard or self.silent
             self.silent = self._suspect = False
-            self._arm(self.node_timeout)
         elif quiet >= self.node_timeout and not (self.silent or self._suspect):
             self._suspect = True  # look again: a reply in may not have ended its call
             self._arm(self.node_timeout / 4)

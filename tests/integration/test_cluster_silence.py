@@ -99,6 +99,48 @@ class TestFrozenClusterNode:
             await lease.release()
         await direct.aclose()
 
+    async def test_a_call_left_hanging_is_judged_once_and_its_answer_readmits_it(
+        self, cluster: ServerCluster, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """One call hangs on the frozen node (the cluster client waits for it) and no
+        other is made: the master turns silent once, not again every ``socket_timeout``
+        for the same call, and is said to answer again when that call ends."""
+        caplog.set_level(logging.INFO, logger="asyncredlock")
+        masters = [cluster.client(socket_timeout=LONG), *servers.urls[:2]]
+        socket_timeout = 0.2
+        async with AsyncRedlock(
+            masters, node_timeout=0.05, socket_timeout=socket_timeout
+        ) as redlock:
+            node = redlock._core.nodes[0]
+            turned: list[None] = []
+            first = asyncio.Event()
+
+            def silent() -> None:
+                turned.append(None)
+                first.set()
+
+            node.silence.watchers.add(silent)
+            await _cycle(redlock, "warm")
+            await redlock.settle()  # the cluster answered (its client knows the slots)
+            cluster.nodes[0].pause()
+            with anyio.fail_after(HANG_GUARD):
+                # held on the two other masters; its call to the frozen node hangs
+                lease = await redlock.lock("hung", auto_extend=False).acquire()
+                await first.wait()
+            # four socket_timeouts with that call out: it was judged afresh at the
+            # first, and nothing new was sent there to judge
+            await anyio.sleep(4 * socket_timeout)
+            assert len(turned) == 1
+            assert not node.silence.silent
+            cluster.nodes[0].resume()
+            with anyio.fail_after(HANG_GUARD):
+                await node.wait_idle()  # the hanging call is answered
+            await lease.release()
+        said = [r.getMessage() for r in caplog.records if r.name == "asyncredlock"]
+        name = node.name
+        assert said.count(f"master {name} answers again") == 1
+        assert len([m for m in said if m.startswith(f"master {name} silent")]) == 1
+
 
 class TestBusyLoop:
     async def test_a_master_that_answered_at_once_is_not_silent_after_a_busy_loop(
