@@ -72,10 +72,13 @@ class RedlockStatistics:
         in_flight: Calls to masters waiting for a reply right now.
         notifications: Release announcements received from the masters (each
             release is announced by every master that deleted the key).
-        wakeups: Waiting acquisitions woken by a release announcement (at most
-            one per release), instead of waiting out their retry delay. A wake-up
-            that a waiter of several resources could not use (another of them is
-            held) and passed on to the next waiter is not counted again.
+        wakeups: Waiting acquisitions woken by a release announcement, instead
+            of waiting out their retry delay: one per release, but for a waiter
+            told by fewer than a quorum of masters within a quarter of
+            ``node_timeout``, woken to attempt then and counted again when the
+            others tell it. A wake-up that a waiter of several resources could not
+            use (another of them is held) and passed on to the next waiter is not
+            counted again.
         commits: Second rounds sent to commit a fencing token (skipped when a
             quorum of masters counted the same token in the first).
         wait: From each successful ``acquire()`` call to its lease.
