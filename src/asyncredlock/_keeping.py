@@ -29,10 +29,26 @@ from ._telemetry import EXTEND, traced
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["BOUND", "GONE", "Keeping", "State"]
+__all__ = ["BOUND", "EXPIRED", "GONE", "Keeping", "State", "lost_by"]
 
 #: Why a lease ends lost, for the log (and the telemetry's causes).
 GONE = "a majority of masters no longer hold it"
+EXPIRED = "not extended before its validity ran out"
+
+
+def lost_by(decision: Decision) -> str:
+    """Why an extension round that did not hold ends the lease: a quorum took it too
+    late (its validity had run out by then), or a majority no longer held it."""
+    return EXPIRED if decision.reached else GONE
+
+
+def _failure(decision: Decision) -> str:
+    """Why an extension round failed, as its log line says."""
+    if decision.unavailable:
+        return "too many masters failed or did not answer"
+    return "too late: the validity ran out first" if decision.reached else "not held"
+
+
 BOUND = "held for its max_hold"
 
 
@@ -157,7 +173,7 @@ class Keeping(ABC):
             self._reschedule()
         core.counters.failed_extensions += 1
         self._record.failed_extensions += 1
-        log_extension_failed(self, decision.outcomes, decision.unavailable, self._failing)
+        log_extension_failed(self, decision.outcomes, _failure(decision), self._failing)
         self._failing = True  # until an extension succeeds: later failures log at DEBUG
         return decision
 
@@ -203,7 +219,7 @@ class Keeping(ABC):
             if self._capped:  # extended as far as its bound allows
                 self._reach_bound()
             else:
-                self._lose(self._loss, "not extended before its validity ran out")
+                self._lose(self._loss, EXPIRED)
             return
         if self._capped or self._bound - self._expires_at <= self._drift():
             # Its validity reaches its bound already: nothing left to extend (a
@@ -218,7 +234,7 @@ class Keeping(ABC):
         elif self._at_bound():
             self._reach_bound()  # the bound came while the round ran
         elif not decision.unavailable:
-            self._lose(decision, GONE)
+            self._lose(decision, lost_by(decision))
         else:
             self._loss = decision
             self._extend_at(core.clock() + min(self.ttl / 12, core.settings.retry_delay))

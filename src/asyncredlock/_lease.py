@@ -11,7 +11,7 @@ import anyio
 from ._config import LockSpec, check_ttl
 from ._core import Core
 from ._errors import HoldLimitError, LockLostError, LockNotOwnedError, QuorumUnavailableError
-from ._keeping import GONE, Keeping, State
+from ._keeping import Keeping, State, lost_by
 from ._log import log_release_short
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag
@@ -140,7 +140,8 @@ class Lease(Keeping):
 
         Raises:
             LockNotOwnedError: The lease is released, lost, or a majority of masters
-                no longer holds it (what remains is then removed), or it reached its
+                no longer holds it, or a quorum extended it only after its validity
+                ran out (what remains is then removed), or it reached its
                 ``max_hold`` (it ends lost then, and is released).
             QuorumUnavailableError: Too many masters failed to answer; the lease
                 may be extended again, its validity unchanged (or cut to this
@@ -164,8 +165,12 @@ class Lease(Keeping):
         if decision.unavailable:
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)
-        self._lose(decision, GONE)
-        why = f"{self.resource!r} is no longer held by this lease"
+        self._lose(decision, lost_by(decision))
+        why = (
+            f"{self.resource!r}: extended too late, its validity ran out first"
+            if decision.reached
+            else f"{self.resource!r} is no longer held by this lease"
+        )
         raise self._error(LockNotOwnedError, why, decision)
 
     async def release(self) -> None:

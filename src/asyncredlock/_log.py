@@ -71,11 +71,11 @@ def log_acquired(lease: Held, attempts: int, waited: float) -> None:
 
 
 def log_extension_failed(
-    lease: Held, outcomes: Sequence[NodeOutcome], unavailable: bool, repeated: bool
+    lease: Held, outcomes: Sequence[NodeOutcome], reason: str, repeated: bool
 ) -> None:
-    """An extension round that did not reach a quorum in time: WARNING, or DEBUG
-    when the round before failed too (an outage retries every fraction of a TTL)."""
-    reason = "too many masters failed or did not answer" if unavailable else "not held"
+    """An extension round that did not reach a quorum in time, for ``reason``:
+    WARNING, or DEBUG when the round before failed too (an outage retries every
+    fraction of a TTL)."""
     logger.log(
         logging.DEBUG if repeated else logging.WARNING,
         "extending %r failed (%s): %s",

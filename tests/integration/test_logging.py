@@ -8,7 +8,7 @@ import logging
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, Lease, LockLostError
+from asyncredlock import AsyncRedlock, Lease, LockLostError, LockNotOwnedError
 from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -17,6 +17,17 @@ from .conftest import Heard, Masters
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+
+
+class Clock:
+    """An injected clock: frozen, then ``step`` later at every read."""
+
+    def __init__(self) -> None:
+        self.now, self.step = 1000.0, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
 
 
 def records(caplog: pytest.LogCaptureFixture, resource: str) -> list[logging.LogRecord]:
@@ -74,6 +85,27 @@ class TestLeaseStory:
             assert record.__dict__["token"] == lease.token
             assert set(record.__dict__["masters"]) == set(servers.urls)
         assert servers.urls[0] in lost.getMessage()  # a master that said why, named
+
+    async def test_an_extension_confirmed_too_late_says_so_not_gone(
+        self, servers: ServerGroup, masters: Masters, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Every master extends the lease, but the client's clock says its validity ran
+        out before the quorum answered: the lease is lost as not extended in time, not
+        as gone from the masters (which still hold it, until it is released)."""
+        clock = Clock()
+        async with AsyncRedlock(servers.urls, clock=clock, identity="web-1") as redlock:
+            lease = await redlock.lock("late", ttl=30, auto_extend=False).acquire()
+            clock.step = 60.0  # each read from now on: two TTLs later
+            with pytest.raises(LockNotOwnedError, match="extended too late"):
+                await lease.extend()
+            assert lease.lost
+            await redlock.settle()
+        failed, lost = records(caplog, "late")
+        assert failed.getMessage().startswith("extending 'late' failed (too late")
+        assert lost.getMessage().startswith(
+            "lease on 'late' lost: not extended before its validity ran out"
+        )
+        assert await masters.keys() == [[]] * 5  # what remained is removed
 
     async def test_an_outage_logs_each_failed_extension_then_the_loss(
         self, make_servers: MakeServers, caplog: pytest.LogCaptureFixture
