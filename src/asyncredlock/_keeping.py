@@ -44,9 +44,9 @@ def lost_by(decision: Decision) -> str:
 
 def _failure(decision: Decision) -> str:
     """Why an extension round failed, as its log line says."""
-    if decision.unavailable:
-        return "too many masters failed or did not answer"
-    return "too late: the validity ran out first" if decision.reached else "not held"
+    if decision.reached:
+        return "too late: the validity ran out first"
+    return "not held" if decision.refuted else "too many masters failed or did not answer"
 
 
 BOUND = "held for its max_hold"
@@ -233,7 +233,7 @@ class Keeping(ABC):
             self._extend_at(start + self.ttl / 3)
         elif self._at_bound():
             self._reach_bound()  # the bound came while the round ran
-        elif not decision.unavailable:
+        elif decision.reached or decision.refuted:
             self._lose(decision, lost_by(decision))
         else:
             self._loss = decision

@@ -143,9 +143,11 @@ class Lease(Keeping):
                 no longer holds it, or a quorum extended it only after its validity
                 ran out (what remains is then removed), or it reached its
                 ``max_hold`` (it ends lost then, and is released).
-            QuorumUnavailableError: Too many masters failed to answer; the lease
-                may be extended again, its validity unchanged (or cut to this
-                round's ``ttl`` when shorter: some masters may have set it).
+            QuorumUnavailableError: Too many masters failed to answer for a quorum
+                to extend it (some may have answered that they no longer hold it,
+                too few to outvote a quorum); the lease may be extended again, its
+                validity unchanged (or cut to this round's ``ttl`` when shorter: some
+                masters may have set it).
         """
         new_ttl = self.ttl if ttl is None else check_ttl("ttl", ttl)
         self._core.check_loop()
@@ -162,7 +164,7 @@ class Lease(Keeping):
             self.ttl = min(new_ttl, self._max_hold)
             self._reschedule()  # the next automatic extension: by the new TTL
             return
-        if decision.unavailable:
+        if not (decision.reached or decision.refuted):  # failures may pass
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)
         self._lose(decision, lost_by(decision))
@@ -217,7 +219,7 @@ class Lease(Keeping):
             deciding = core.decide(rnd, classify_flag, wait=core.timing.max_wait)
             core.counters.releases += 1
             decision = await traced(RELEASE, self, deciding)
-            if not decision.reached and not decision.unavailable:
+            if decision.refuted:
                 self._state, self._loss = State.LOST, decision
                 self._count_loss(decision, "gone from a majority when released")
             return decision
@@ -317,7 +319,7 @@ class Lease(Keeping):
         if self._state is not State.HELD or self._hand_off():
             return
         decision = await self._release_round()
-        if decision.unavailable:
+        if not (decision.reached or decision.refuted):
             log_release_short(self, decision.outcomes)
 
     def _lost_error(self) -> LockLostError:

@@ -199,6 +199,11 @@ class Decision:
         """Whether failures alone made the quorum unreachable (an outage)."""
         return self.failed > self.masters - self.quorum
 
+    @property
+    def refuted(self) -> bool:
+        """Whether too many masters said no for a quorum to say yes (fewer: it may)."""
+        return self.no > self.masters - self.quorum
+
 
 class Round:
     """One operation sent to every master at once.

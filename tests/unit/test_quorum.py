@@ -362,6 +362,16 @@ class TestDecision:
     ) -> None:
         assert self.decision(n, failed).unavailable is unavailable
 
+    @pytest.mark.parametrize(
+        ("yes", "no", "failed", "refuted"),
+        [(1, 1, 1, False), (0, 1, 2, False), (1, 2, 0, True), (0, 2, 1, True), (0, 3, 0, True)],
+    )
+    def test_refuted_when_too_many_masters_say_no_for_a_quorum(
+        self, yes: int, no: int, failed: int, refuted: bool
+    ) -> None:
+        decision = Decision(yes, no, failed, lambda: ())
+        assert decision.refuted is refuted
+
     def test_the_success_rule_needs_a_quorum_and_validity_left(self) -> None:
         reads: list[float] = []
 
