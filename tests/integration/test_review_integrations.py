@@ -1,0 +1,311 @@
+"""Review of the framework integrations (rint): shutdown with requests in flight, a
+lease lost on a WebSocket or an aiohttp stream, a client gone away."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import anyio
+import httpx
+import pytest
+from aiohttp import WSMsgType, web
+from aiohttp.test_utils import TestClient, TestServer
+from fastapi import Depends, FastAPI, WebSocket
+
+from asyncredlock import AsyncRedlock, Lease, LockLostError
+from asyncredlock.contrib import aiohttp as redlock_aiohttp
+from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locked, redlock_of
+from asyncredlock.testing import ServerGroup, Waits
+
+from .conftest import Masters, library_tasks
+from .test_contrib_fastapi import websocket
+
+pytestmark = pytest.mark.anyio
+
+#: Bounds a hung test; never decides an outcome.
+HANG_GUARD = 10
+
+
+def fastapi_app(masters: list[str]) -> FastAPI:
+    app = FastAPI(lifespan=lifespan(masters))
+    add_exception_handlers(app)
+    return app
+
+
+def aiohttp_app(masters: list[str]) -> web.Application:
+    app = web.Application()
+    redlock_aiohttp.setup(app, masters)
+    return app
+
+
+class TestFastAPIShutdown:
+    async def test_a_request_holding_a_lease_at_shutdown_gets_503_and_leaves_nothing(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Guard (not covered elsewhere): the lifespan exits while a handler holds
+        its lease: the handler is cancelled, the client gets 503, no key, no task."""
+        app = fastapi_app(servers.urls)
+        inside = anyio.Event()
+        ends: list[str] = []
+        answers: list[tuple[int, str]] = []
+
+        @app.post("/work/{job}")
+        async def work(job: str, lease: Annotated[Lease, Depends(locked("work:{job}"))]) -> None:
+            inside.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                ends.append("cancelled")
+                raise
+
+        with anyio.fail_after(HANG_GUARD):
+            transport = httpx.ASGITransport(app)
+            async with (
+                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+                anyio.create_task_group() as tg,
+            ):
+                running = app.router.lifespan_context(app)
+                await running.__aenter__()
+
+                async def post() -> None:
+                    response = await client.post("/work/1")
+                    answers.append((response.status_code, response.json()["resource"]))
+
+                tg.start_soon(post)
+                await inside.wait()
+                await running.__aexit__(None, None, None)
+        assert ends == ["cancelled"]
+        assert answers == [(503, "work:1")]
+        assert await masters.keys() == [[]] * len(masters)
+        assert library_tasks() == []
+
+    async def test_a_stream_holding_a_lease_at_shutdown_is_cut_and_leaves_nothing(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Guard: the same for a generator handler mid-stream."""
+        app = fastapi_app(servers.urls)
+        inside = anyio.Event()
+        ends: list[str] = []
+
+        @app.get("/export/{job}")
+        async def export(job: str, lease: Annotated[Lease, Depends(locked("export:{job}"))]) -> Any:
+            yield "part"
+            inside.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                ends.append("cancelled")
+                raise
+            yield "unprotected"
+
+        got: list[object] = []
+        with anyio.fail_after(HANG_GUARD):
+            transport = httpx.ASGITransport(app)
+            async with (
+                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+                anyio.create_task_group() as tg,
+            ):
+                running = app.router.lifespan_context(app)
+                await running.__aenter__()
+
+                async def get() -> None:
+                    try:
+                        await client.get("/export/1")
+                    except Exception as exc:  # the status went out: the stream is cut
+                        # with add_exception_handlers, Starlette's RuntimeError("response
+                        # already started") from the LockLostError
+                        chain = [exc, exc.__cause__, exc.__context__]
+                        got.append(any(isinstance(e, LockLostError) for e in chain))
+
+                tg.start_soon(get)
+                await inside.wait()
+                await running.__aexit__(None, None, None)
+        assert ends == ["cancelled"]
+        assert got == [True]
+        assert await masters.keys() == [[]] * len(masters)
+        assert library_tasks() == []
+
+
+class TestFastAPIWebSocket:
+    async def test_a_lease_lost_after_the_handshake_closes_the_socket(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """BUG: once the socket is accepted, a lost lease makes the exception handler
+        answer with an HTTP denial response (``websocket.http.response.start``),
+        which ASGI allows only before the handshake is accepted (uvicorn fails the
+        connection with an internal error). The socket should be closed instead."""
+        app = fastapi_app(servers.urls)
+        cancelled: list[bool] = []
+
+        @app.websocket("/rooms/{room}")
+        async def chat(
+            socket: WebSocket, room: str, lease: Annotated[Lease, Depends(locked("room:{room}"))]
+        ) -> None:
+            await socket.accept()
+            await socket.send_json({"resource": lease.resource})
+            try:
+                await redlock_of(app).force_release(f"room:{room}")  # as an operator would
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
+
+        with anyio.fail_after(HANG_GUARD):
+            async with (
+                app.router.lifespan_context(app),
+                websocket(app, "/rooms/1") as (send, receive),
+            ):
+                assert (await receive())["type"] == "websocket.accept"
+                assert (await receive())["type"] == "websocket.send"
+                after_loss = await receive()
+        assert cancelled == [True]
+        assert after_loss["type"] == "websocket.close", after_loss
+        assert await masters.keys() == [[]] * len(masters)
+
+
+class TestAiohttpLostMidResponse:
+    async def test_a_lease_lost_on_a_websocket_closes_it_without_a_protocol_error(
+        self, servers: ServerGroup
+    ) -> None:
+        """BUG: the middleware answers the LockLostError with a 503 JSON response
+        written into the upgraded connection: the client reads it as a broken
+        frame (1002 "Received frame with non-zero reserved bits")."""
+        app = aiohttp_app(servers.urls)
+
+        @redlock_aiohttp.locked("room:{room}")
+        async def chat(request: web.Request) -> web.StreamResponse:
+            socket = web.WebSocketResponse()
+            await socket.prepare(request)
+            await socket.send_str("hello")
+            redlock = request.app[redlock_aiohttp.REDLOCK]
+            await redlock.force_release(f"room:{request.match_info['room']}")
+            await anyio.sleep_forever()
+            return socket
+
+        app.router.add_get("/rooms/{room}", chat)
+        with anyio.fail_after(HANG_GUARD):
+            async with TestClient(TestServer(app)) as client:
+                socket = await client.ws_connect("/rooms/1")
+                assert (await socket.receive()).data == "hello"
+                ending = await socket.receive()
+                await socket.close()
+        assert ending.type is not WSMsgType.ERROR, ending
+        assert socket.close_code != 1002  # PROTOCOL_ERROR
+
+    async def test_a_lease_lost_mid_stream_ends_the_response(self, servers: ServerGroup) -> None:
+        """BUG: after the handler prepared and wrote a StreamResponse, a lost lease
+        makes the middleware return a second (503) response for a request whose
+        response has started: the client's stream never ends (its read hangs, and
+        so does the test server's shutdown). It should be cut, as FastAPI's is."""
+        app = aiohttp_app(servers.urls)
+
+        @redlock_aiohttp.locked("export:{job}")
+        async def export(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse()
+            await response.prepare(request)
+            await response.write(b"part\n")
+            redlock = request.app[redlock_aiohttp.REDLOCK]
+            await redlock.force_release(f"export:{request.match_info['job']}")
+            await anyio.sleep_forever()
+            return response
+
+        app.router.add_get("/export/{job}", export)
+        body: list[bytes] = []
+        ended = False
+        client = TestClient(TestServer(app))
+        await client.start_server()
+        try:
+            with anyio.move_on_after(HANG_GUARD):
+                async with client.get("/export/1") as response:
+                    try:
+                        while chunk := await response.content.readany():
+                            body.append(chunk)
+                    except Exception:  # a cut stream is an end too
+                        pass
+                    ended = True
+        finally:
+            with anyio.move_on_after(HANG_GUARD, shield=True):
+                await client.close()
+        assert body[:1] == [b"part\n"]
+        assert ended, "the stream never ended after its lease was lost"
+
+
+class TestAiohttpClientGone:
+    async def test_a_client_gone_releases_the_lease(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Guard (documented, not tested elsewhere): with handler_cancellation (the
+        test server's default) a disconnect cancels the handler and releases."""
+        app = aiohttp_app(servers.urls)
+        inside, ended = asyncio.Event(), asyncio.Event()
+
+        @redlock_aiohttp.locked("job:{job}")
+        async def work(request: web.Request) -> web.Response:
+            inside.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ended.set()
+            return web.Response()
+
+        app.router.add_get("/job/{job}", work)
+        with anyio.fail_after(HANG_GUARD):
+            async with TestClient(TestServer(app)) as client, AsyncRedlock(servers.urls) as other:
+                async with anyio.create_task_group() as tg:
+
+                    async def get() -> None:
+                        async with client.get("/job/1"):
+                            pass
+
+                    tg.start_soon(get)
+                    await inside.wait()
+                    tg.cancel_scope.cancel()  # the client goes away
+                await ended.wait()
+                async with other.lock("job:1", timeout=HANG_GUARD) as lease:
+                    assert lease.held
+        assert await masters.keys() == [[]] * len(masters)
+
+    async def test_a_request_waiting_for_the_lock_at_close_leaves_the_queue(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Guard: a request waiting for a contended lock when the client goes away
+        stops waiting: the next holder gets it at once after the holder's release."""
+        app = aiohttp_app(servers.urls)
+        ran: list[bool] = []
+        done = asyncio.Event()
+
+        @web.middleware
+        async def ended(request: web.Request, handler: Any) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            finally:
+                done.set()
+
+        app.middlewares.insert(0, ended)
+
+        @redlock_aiohttp.locked("job:{job}", timeout=HANG_GUARD, fair=True)
+        async def work(request: web.Request) -> web.Response:
+            ran.append(True)
+            return web.Response()
+
+        app.router.add_get("/job/{job}", work)
+        with anyio.fail_after(HANG_GUARD):
+            async with TestClient(TestServer(app)) as client, AsyncRedlock(servers.urls) as other:
+                async with other.lock("job:1"):
+                    waits = Waits(client.app[redlock_aiohttp.REDLOCK])
+                    async with anyio.create_task_group() as tg:
+
+                        async def get() -> None:
+                            async with client.get("/job/1"):
+                                pass
+
+                        tg.start_soon(get)
+                        await waits.reach(1)  # the request waits on the masters' queue
+                        tg.cancel_scope.cancel()
+                    waits.close()
+                    await done.wait()  # the server saw the disconnect: the handler ended
+                async with other.lock("job:1", timeout=0) as lease:  # fair: nobody queued
+                    assert lease.held
+        assert ran == []
+        assert await masters.keys() == [[]] * len(masters)
