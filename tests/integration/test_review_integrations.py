@@ -4,6 +4,7 @@ lease lost on a WebSocket or an aiohttp stream, a client gone away."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
 from typing import Annotated, Any
 
 import anyio
@@ -16,7 +17,7 @@ from fastapi import Depends, FastAPI, WebSocket
 from asyncredlock import AsyncRedlock, Lease, LockLostError
 from asyncredlock.contrib import aiohttp as redlock_aiohttp
 from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locked, redlock_of
-from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing import FaultProxy, ServerGroup, Waits
 
 from .conftest import Masters, library_tasks
 from .test_contrib_fastapi import websocket
@@ -309,3 +310,99 @@ class TestAiohttpClientGone:
                     assert lease.held
         assert ran == []
         assert await masters.keys() == [[]] * len(masters)
+
+
+class TestExtensionFailsMidRequest:
+    """A request whose lease cannot be extended (a majority of masters gone silent)
+    ends with 503 at the end of its validity, in both frameworks."""
+
+    async def test_fastapi_answers_503_when_the_extension_cannot_reach_a_quorum(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncExitStack() as stack:
+            proxies, urls = await three_behind_proxies(stack, servers, masters)
+            app = FastAPI(lifespan=lifespan(urls, node_timeout=0.3, socket_timeout=0.5))
+            add_exception_handlers(app)
+            inside = anyio.Event()
+            cancelled: list[bool] = []
+
+            @app.post("/work/{job}")
+            async def work(
+                job: str, lease: Annotated[Lease, Depends(locked("work:{job}", ttl=1.0))]
+            ) -> None:
+                await redlock_of(app).settle()  # the key is on every master
+                inside.set()
+                try:
+                    await anyio.sleep_forever()
+                except anyio.get_cancelled_exc_class():
+                    cancelled.append(True)
+                    raise
+
+            answers: list[tuple[int, str]] = []
+            with anyio.fail_after(HANG_GUARD):
+                async with app.router.lifespan_context(app), anyio.create_task_group() as tg:
+                    transport = httpx.ASGITransport(app)
+                    client = await stack.enter_async_context(
+                        httpx.AsyncClient(transport=transport, base_url="http://app")
+                    )
+
+                    async def post() -> None:
+                        response = await client.post("/work/1")
+                        answers.append((response.status_code, response.json()["detail"]))
+
+                    tg.start_soon(post)
+                    await inside.wait()
+                    for proxy in proxies:
+                        proxy.blackhole = True
+                for proxy in proxies:
+                    proxy.heal()
+            assert cancelled == [True]
+            assert answers == [(503, "lock lost while the handler ran: its work was cancelled")]
+        assert library_tasks() == []  # the client's and, closed now, the proxies'
+
+    async def test_aiohttp_answers_503_when_the_extension_cannot_reach_a_quorum(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncExitStack() as stack:
+            proxies, urls = await three_behind_proxies(stack, servers, masters)
+            app = web.Application()
+            redlock_aiohttp.setup(app, urls, node_timeout=0.3, socket_timeout=0.5)
+            inside = asyncio.Event()
+
+            @redlock_aiohttp.locked("work:{job}", ttl=1.0)
+            async def work(request: web.Request) -> web.Response:
+                await request.app[redlock_aiohttp.REDLOCK].settle()
+                inside.set()
+                await anyio.sleep_forever()
+                return web.Response()
+
+            app.router.add_post("/work/{job}", work)
+            with anyio.fail_after(HANG_GUARD):
+                async with TestClient(TestServer(app)) as client:
+                    async with anyio.create_task_group() as tg:
+                        answers: list[tuple[int, str]] = []
+
+                        async def post() -> None:
+                            async with client.post("/work/1") as response:
+                                body = await response.json()
+                                answers.append((response.status, body["detail"]))
+
+                        tg.start_soon(post)
+                        await inside.wait()
+                        for proxy in proxies:
+                            proxy.blackhole = True
+                    for proxy in proxies:
+                        proxy.heal()
+            assert answers == [(503, "lock lost while the handler ran: its work was cancelled")]
+
+
+async def three_behind_proxies(
+    stack: AsyncExitStack, servers: ServerGroup, masters: Masters
+) -> tuple[list[FaultProxy], list[str]]:
+    """A proxy before each of the first three masters (closed with ``stack``): the
+    proxies, and the five masters' URLs, those three through their proxy."""
+    proxies = [
+        await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+        for server in list(servers)[:3]
+    ]
+    return proxies, [proxy.url for proxy in proxies] + masters.urls[3:]
