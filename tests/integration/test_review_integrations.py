@@ -155,7 +155,7 @@ class TestFastAPIWebSocket:
         with anyio.fail_after(HANG_GUARD):
             async with (
                 app.router.lifespan_context(app),
-                websocket(app, "/rooms/1") as (send, receive),
+                websocket(app, "/rooms/1") as (_, receive),
             ):
                 assert (await receive())["type"] == "websocket.accept"
                 assert (await receive())["type"] == "websocket.send"
@@ -406,3 +406,42 @@ async def three_behind_proxies(
         for server in list(servers)[:3]
     ]
     return proxies, [proxy.url for proxy in proxies] + masters.urls[3:]
+
+
+class TestClientChosenNames:
+    async def test_a_path_the_lock_cannot_be_named_after_is_a_client_error(
+        self, servers: ServerGroup
+    ) -> None:
+        """BUG (judgement): the lock's name comes from the client's path; a NUL in it
+        (``/orders/%00``) makes ``lock()`` raise ValueError at the request, an
+        unhandled server error (500, and a traceback in the log) in both
+        frameworks, where the client sent a bad path (4xx)."""
+        app = fastapi_app(servers.urls)
+
+        @app.get("/orders/{order_id}")
+        async def get(
+            order_id: str, lease: Annotated[Lease, Depends(locked("o:{order_id}"))]
+        ) -> None:
+            raise AssertionError("not reached")
+
+        aio = aiohttp_app(servers.urls)
+
+        @redlock_aiohttp.locked("o:{order_id}")
+        async def aio_get(request: web.Request) -> web.Response:
+            raise AssertionError("not reached")
+
+        aio.router.add_get("/orders/{order_id}", aio_get)
+        with anyio.fail_after(HANG_GUARD):
+            transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+            async with (
+                app.router.lifespan_context(app),
+                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+            ):
+                fastapi_status = (await client.get("/orders/%00")).status_code
+            async with (
+                TestClient(TestServer(aio)) as aio_client,
+                aio_client.get("/orders/%00") as response,
+            ):
+                aiohttp_status = response.status
+        assert 400 <= fastapi_status < 500, fastapi_status
+        assert 400 <= aiohttp_status < 500, aiohttp_status

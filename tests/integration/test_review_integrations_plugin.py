@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-INNER = '''
+INNER = """
 import json, os
 from pathlib import Path
 
@@ -34,7 +34,7 @@ def test_fails_with_a_paused_server(make_servers):
 def test_a_group_that_cannot_start_fails_the_test(make_servers):
     record(make_servers(1))
     make_servers(1, extra_args=["--no-such-option", "x"])
-'''
+"""
 
 
 def alive(pid: int) -> bool:
