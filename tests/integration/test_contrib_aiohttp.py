@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
@@ -22,7 +22,7 @@ from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, aiohttp_app
-from .conftest import documented, masters_in
+from .conftest import Masters, documented, masters_in
 
 pytestmark = pytest.mark.anyio
 
@@ -143,6 +143,48 @@ class TestErrors:
         assert response.status == 503
         assert "lock lost" in body["detail"]
         assert cancelled == [True]
+
+
+class TestLostMidResponse:
+    """A lease lost after the handler prepared its response itself: no 503 can be
+    sent any more."""
+
+    async def test_a_lease_lost_on_a_websocket_closes_it_with_1013(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The middleware wrote its 503 into the upgraded connection: the client read
+        it as a broken frame (1002 "Received frame with non-zero reserved bits")."""
+        app = app_with(servers.urls)
+        cancelled: list[bool] = []
+
+        @locked("room:{room}")
+        async def chat(request: web.Request) -> web.StreamResponse:
+            socket = web.WebSocketResponse()
+            await socket.prepare(request)
+            await socket.send_str("hello")
+            try:
+                await request.app[REDLOCK].force_release(f"room:{request.match_info['room']}")
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
+            return socket
+
+        app.router.add_get("/rooms/{room}", chat)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                socket = await client.ws_connect("/rooms/1")
+                assert (await socket.receive()).data == "hello"
+                ending = await socket.receive()
+                await socket.close()
+        assert cancelled == [True]
+        assert (ending.type, ending.data, ending.extra) == (
+            WSMsgType.CLOSE,
+            1013,
+            "lock lost while the handler ran: its work was cancelled",
+        )
+        assert socket.close_code == 1013
+        assert await masters.keys() == [[]] * len(masters)
 
 
 class TestHandlers:

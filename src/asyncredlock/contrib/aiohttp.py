@@ -26,7 +26,14 @@ from typing import Any, TypeVar
 from .._config import LockOptions
 from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
 from .._redlock import AsyncRedlock
-from ._http import HTTPErrors, RequestLock, check_redlock, errors_or_default, missing_framework
+from ._http import (
+    CLOSE_TRY_AGAIN_LATER,
+    HTTPErrors,
+    RequestLock,
+    check_redlock,
+    errors_or_default,
+    missing_framework,
+)
 
 try:
     from aiohttp import web
@@ -39,6 +46,14 @@ __all__ = ["REDLOCK", "HTTPErrors", "locked", "setup"]
 #: or ``request.config_dict[REDLOCK]`` in a handler (which also finds it from a
 #: sub-application's routes).
 REDLOCK: web.AppKey[AsyncRedlock] = web.AppKey("asyncredlock", AsyncRedlock)
+
+#: Where `setup`'s ``on_response_prepare`` signal keeps the response a handler
+#: prepared itself (a ``web.RequestKey`` where aiohttp has them, 3.13 and later).
+_PREPARED: Any = (
+    web.RequestKey("asyncredlock.prepared", web.StreamResponse)
+    if hasattr(web, "RequestKey")
+    else "asyncredlock.prepared"
+)
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
 Handle = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -58,6 +73,8 @@ def setup(
     and closes it at cleanup; a middleware answers `LockTimeoutError` with 423,
     `QuorumUnavailableError` and `LockLostError` with 503, each with
     ``Retry-After`` and a JSON body (``errors``: other codes, see `HTTPErrors`).
+    A WebSocket the handler prepared is closed with code 1013 (Try Again Later)
+    and the body's ``detail`` as the reason instead.
 
     Args:
         app: The application, before it starts.
@@ -84,10 +101,23 @@ def setup(
         except (LockTimeoutError, QuorumUnavailableError, LockLostError) as exc:
             answer = mapping.response(exc)
             assert answer is not None  # each of these has one
+            started: web.StreamResponse | None = request.get(_PREPARED)
+            if isinstance(started, web.WebSocketResponse) and started.prepared:
+                # upgraded: an HTTP answer would be read as a broken frame
+                reason = answer.body["detail"].encode()
+                await started.close(code=CLOSE_TRY_AGAIN_LATER, message=reason)
+                return started
             return web.json_response(answer.body, status=answer.status, headers=answer.headers)
 
     app.cleanup_ctx.append(own_redlock)
+    app.on_response_prepare.append(_note_prepared)
     app.middlewares.append(answer_lock_errors)
+
+
+async def _note_prepared(request: web.Request, response: web.StreamResponse) -> None:
+    """Keep the response being prepared (by its handler, or by aiohttp with what a
+    handler returned) where `setup`'s middleware finds it."""
+    request[_PREPARED] = response
 
 
 def locked(
