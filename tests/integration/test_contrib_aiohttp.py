@@ -12,11 +12,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from aiohttp import WSMsgType, web
+from aiohttp import ClientPayloadError, WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
-from asyncredlock import AsyncRedlock
+from asyncredlock import AsyncRedlock, LockLostError
 from asyncredlock.contrib.aiohttp import REDLOCK, HTTPErrors, locked, setup
 from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
@@ -184,6 +184,55 @@ class TestLostMidResponse:
             "lock lost while the handler ran: its work was cancelled",
         )
         assert socket.close_code == 1013
+        assert await masters.keys() == [[]] * len(masters)
+
+    async def test_a_lease_lost_mid_stream_cuts_the_response(
+        self, servers: ServerGroup, masters: Masters, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """After the handler prepared and wrote a StreamResponse, the middleware
+        returned a 503 for a response already started: the client's read hung (and
+        the test server's shutdown with it). The error is raised on instead: aiohttp
+        logs it and drops the connection, so the client sees the body cut off."""
+        app = app_with(servers.urls)
+        cancelled: list[bool] = []
+
+        @locked("export:{job}")
+        async def export(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse()
+            await response.prepare(request)
+            await response.write(b"part\n")
+            try:
+                await request.app[REDLOCK].force_release(f"export:{request.match_info['job']}")
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
+            return response
+
+        app.router.add_get("/export/{job}", export)
+        seen: list[object] = []
+        client = TestClient(TestServer(app))
+        await client.start_server()
+        try:
+            with anyio.move_on_after(HANG_GUARD):  # bounds the hang before the fix
+                async with client.get("/export/1") as response:
+                    seen.append(response.status)
+                    try:
+                        while chunk := await response.content.readany():
+                            seen.append(chunk)
+                    except ClientPayloadError:
+                        seen.append("cut")
+                    else:
+                        seen.append("complete")
+        finally:
+            with anyio.move_on_after(HANG_GUARD, shield=True):
+                await client.close()
+        assert seen == [200, b"part\n", "cut"]
+        assert cancelled == [True]
+        logged = [
+            r.exc_info[1] for r in caplog.records if r.name == "aiohttp.server" and r.exc_info
+        ]
+        assert [type(error) for error in logged] == [LockLostError]
         assert await masters.keys() == [[]] * len(masters)
 
 

@@ -74,7 +74,9 @@ def setup(
     `QuorumUnavailableError` and `LockLostError` with 503, each with
     ``Retry-After`` and a JSON body (``errors``: other codes, see `HTTPErrors`).
     A WebSocket the handler prepared is closed with code 1013 (Try Again Later)
-    and the body's ``detail`` as the reason instead.
+    and the body's ``detail`` as the reason instead; after another response the
+    handler prepared (its status sent) the error is raised on, and aiohttp drops
+    the connection: the client sees the body cut off.
 
     Args:
         app: The application, before it starts.
@@ -102,12 +104,16 @@ def setup(
             answer = mapping.response(exc)
             assert answer is not None  # each of these has one
             started: web.StreamResponse | None = request.get(_PREPARED)
-            if isinstance(started, web.WebSocketResponse) and started.prepared:
-                # upgraded: an HTTP answer would be read as a broken frame
-                reason = answer.body["detail"].encode()
-                await started.close(code=CLOSE_TRY_AGAIN_LATER, message=reason)
-                return started
-            return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+            if started is None or not started.prepared:
+                return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+            if not isinstance(started, web.WebSocketResponse):
+                # its status is sent: aiohttp logs the error and drops the connection,
+                # so the client sees the body cut off, never a complete one
+                raise
+            # upgraded: an HTTP answer would be read as a broken frame
+            reason = answer.body["detail"].encode()
+            await started.close(code=CLOSE_TRY_AGAIN_LATER, message=reason)
+            return started
 
     app.cleanup_ctx.append(own_redlock)
     app.on_response_prepare.append(_note_prepared)
@@ -140,7 +146,9 @@ def locked(
     the other arguments are `AsyncRedlock.lock`'s. The lock is released when the
     handler returns, before aiohttp sends the response. A lease lost while the
     handler runs cancels it and raises `LockLostError` (503 through `setup`'s
-    middleware); so does a handler still running at ``max_hold`` (`HoldLimitError`).
+    middleware, or, once the handler prepared its response, a WebSocket closed
+    with 1013 or a connection dropped); so does a handler still running at
+    ``max_hold`` (`HoldLimitError`).
 
     Raises:
         TypeError, ValueError: A bad template or setting, or a decorated object
