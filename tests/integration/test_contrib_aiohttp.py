@@ -4,6 +4,7 @@ server, and each helper's behaviour."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -313,6 +314,29 @@ class TestHandlers:
         async with serving(app) as client, client.get("/orders/7") as response:
             assert response.status == 500
         assert "uses order_id, which is not a path parameter" in str(failures[0])
+
+    @pytest.mark.parametrize("path", ["/orders/%00", "/orders/%7Bo%7D:fence"])
+    async def test_a_path_the_lock_cannot_be_named_after_is_a_client_error(
+        self, servers: ServerGroup, caplog: pytest.LogCaptureFixture, path: str
+    ) -> None:
+        """The name comes from the client's path: one the library refuses (a NUL, a
+        reserved key) raised ValueError at the request, a 500 with a traceback."""
+        app = app_with(servers.urls)
+
+        @locked("{order_id}")
+        async def get(request: web.Request) -> web.Response:
+            raise AssertionError("not reached")
+
+        app.router.add_get("/orders/{order_id:[^/]+}", get)  # braces too (not by default)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, client.get(path) as response:
+                body = await response.json()
+        assert (response.status, body) == (
+            400,
+            {"detail": "bad path: the lock name it makes cannot be used"},
+        )
+        assert "Retry-After" not in response.headers
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_importing_without_aiohttp_says_what_to_install() -> None:

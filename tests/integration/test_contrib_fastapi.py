@@ -4,6 +4,7 @@ worker processes, and each helper's behaviour in process."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -378,6 +379,28 @@ class TestDependency:
                 await client.get("/orders/7")
         async with AsyncRedlock(servers.urls) as redlock:
             assert (await redlock.inspect("orders:7")).holder is None
+
+    @pytest.mark.parametrize("path", ["/orders/%00", "/orders/%7Bo%7D:fence"])
+    async def test_a_path_the_lock_cannot_be_named_after_is_a_client_error(
+        self, servers: ServerGroup, caplog: pytest.LogCaptureFixture, path: str
+    ) -> None:
+        """The name comes from the client's path: one the library refuses (a NUL, a
+        reserved key) raised ValueError at the request, a 500 with a traceback."""
+        app = app_with(servers.urls)
+
+        @app.get("/orders/{order_id}")
+        async def get(lease: Annotated[Lease, Depends(locked("{order_id}"))]) -> None:
+            raise AssertionError("not reached")
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                response = await client.get(path)
+        assert (response.status_code, response.json()) == (
+            400,
+            {"detail": "bad path: the lock name it makes cannot be used"},
+        )
+        assert "retry-after" not in response.headers
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
     async def test_without_the_lifespan_the_error_says_what_is_missing(self) -> None:
         app = FastAPI()

@@ -21,9 +21,11 @@ from .._template import NameTemplate
 
 __all__ = [
     "CLOSE_TRY_AGAIN_LATER",
+    "BadLockName",
     "ErrorResponse",
     "HTTPErrors",
     "RequestLock",
+    "answer",
     "check_redlock",
     "errors_or_default",
     "missing_framework",
@@ -99,6 +101,29 @@ class HTTPErrors:
         return ErrorResponse(status, {"Retry-After": str(self.retry_after)}, body)
 
 
+class BadLockName(ValueError):
+    """The lock name filled from a request's path is one the library refuses (a
+    NUL, text that is not UTF-8, a reserved key): the client's path is bad (400)."""
+
+
+#: The answer to `BadLockName`: no ``Retry-After`` (the same path fails again), and
+#: neither the name nor the refusal's text (the name is the client's, perhaps not
+#: encodable; the text is for the logs).
+BAD_LOCK_NAME = ErrorResponse(
+    400, {}, {"detail": "bad path: the lock name it makes cannot be used"}
+)
+
+
+def answer(errors: HTTPErrors, error: Exception) -> ErrorResponse | None:
+    """The response for ``error``: `HTTPErrors.response` for a lock error, 400 for
+    `BadLockName`, ``None`` for anything else."""
+    if isinstance(error, BadLockName):
+        return BAD_LOCK_NAME
+    if isinstance(error, RedlockError):
+        return errors.response(error)
+    return None
+
+
 def missing_framework(module: str, framework: str, extra: str) -> ImportError:
     """The error raised by a contrib module imported without its framework."""
     return ImportError(
@@ -139,7 +164,16 @@ class RequestLock:
         """The lock for a request with these path parameters.
 
         Raises:
-            ValueError: A field of the template is not among ``params``.
+            ValueError: A field of the template is not among ``params``, or an
+                attribute or item of one is missing (the route's bug: a 500).
+            BadLockName: The library refuses the name the path made (the
+                client's: a 400).
         """
         self.template.require_fields(params, "a path parameter of this route")
-        return redlock.lock(self.template.fill(params), **self.options.kwargs())
+        name = self.template.fill(params)
+        try:
+            return redlock.lock(name, **self.options.kwargs())
+        except ValueError as exc:
+            # The options were checked when made, and one name is never refused for
+            # spanning slots or being fair: lock() refuses the name.
+            raise BadLockName(f"lock name {name!r} refused: {exc}") from exc

@@ -28,8 +28,10 @@ from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
 from .._redlock import AsyncRedlock
 from ._http import (
     CLOSE_TRY_AGAIN_LATER,
+    BadLockName,
     HTTPErrors,
     RequestLock,
+    answer,
     check_redlock,
     errors_or_default,
     missing_framework,
@@ -72,7 +74,8 @@ def setup(
     A cleanup context makes the ``AsyncRedlock`` at startup (``app[REDLOCK]``)
     and closes it at cleanup; a middleware answers `LockTimeoutError` with 423,
     `QuorumUnavailableError` and `LockLostError` with 503, each with
-    ``Retry-After`` and a JSON body (``errors``: other codes, see `HTTPErrors`).
+    ``Retry-After`` and a JSON body (``errors``: other codes, see `HTTPErrors`),
+    and a path that makes a lock name the library refuses (a NUL in it) with 400.
     A WebSocket the handler prepared is closed with code 1013 (Try Again Later)
     and the body's ``detail`` as the reason instead; after another response the
     handler prepared (its status sent) the error is raised on, and aiohttp drops
@@ -100,18 +103,19 @@ def setup(
     async def answer_lock_errors(request: web.Request, handler: Handle) -> web.StreamResponse:
         try:
             return await handler(request)
-        except (LockTimeoutError, QuorumUnavailableError, LockLostError) as exc:
-            answer = mapping.response(exc)
-            assert answer is not None  # each of these has one
+        except (LockTimeoutError, QuorumUnavailableError, LockLostError, BadLockName) as exc:
+            response = answer(mapping, exc)
+            assert response is not None  # each of these has one
             started: web.StreamResponse | None = request.get(_PREPARED)
             if started is None or not started.prepared:
-                return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+                body, status, headers = response.body, response.status, response.headers
+                return web.json_response(body, status=status, headers=headers)
             if not isinstance(started, web.WebSocketResponse):
                 # its status is sent: aiohttp logs the error and drops the connection,
                 # so the client sees the body cut off, never a complete one
                 raise
             # upgraded: an HTTP answer would be read as a broken frame
-            reason = answer.body["detail"].encode()
+            reason = response.body["detail"].encode()
             await started.close(code=CLOSE_TRY_AGAIN_LATER, message=reason)
             return started
 
@@ -153,7 +157,9 @@ def locked(
     Raises:
         TypeError, ValueError: A bad template or setting, or a decorated object
             that is not a coroutine function. At a request, `ValueError` if a
-            field is not a path parameter of the route.
+            field is not a path parameter of the route (a 500); a path whose
+            lock name the library refuses (a NUL in it) is the client's error,
+            400 through `setup`'s middleware.
     """
     request_lock = RequestLock(
         name, LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)

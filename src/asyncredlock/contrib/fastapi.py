@@ -24,13 +24,15 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from .._config import LockOptions
-from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, RedlockError
+from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
 from ._http import (
     CLOSE_TRY_AGAIN_LATER,
+    BadLockName,
     HTTPErrors,
     RequestLock,
+    answer,
     check_redlock,
     errors_or_default,
     missing_framework,
@@ -132,7 +134,9 @@ def locked(
 
     Raises:
         TypeError, ValueError: A bad template or setting, raised here. At a
-            request, `ValueError` if a field is not a path parameter of the route.
+            request, `ValueError` if a field is not a path parameter of the route
+            (a 500); a path whose lock name the library refuses (a NUL in it) is
+            the client's error, 400 with `add_exception_handlers`.
     """
     request_lock = RequestLock(
         name, LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)
@@ -199,7 +203,9 @@ def _streamed(connection: HTTPConnection) -> bool:
 def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> None:
     """Answer the lock's errors with HTTP responses (see `HTTPErrors`):
     `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503, each
-    with ``Retry-After`` and a JSON body ``{"detail": ..., "resource": ...}``.
+    with ``Retry-After`` and a JSON body ``{"detail": ..., "resource": ...}``; and a
+    path that makes a lock name the library refuses (a NUL in it) 400, with a JSON
+    body ``{"detail": ...}``.
 
     On a WebSocket route, an error before the handshake is accepted answers it the
     same way; one after (a lease lost during the conversation) closes the socket
@@ -213,18 +219,17 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
     mapping = errors_or_default(errors)
 
     async def handle(connection: HTTPConnection, exc: Exception) -> Response | None:
-        assert isinstance(exc, RedlockError)
-        answer = mapping.response(exc)
-        assert answer is not None  # registered only for the errors it answers
+        response = answer(mapping, exc)
+        assert response is not None  # registered only for the errors it answers
         if isinstance(connection, WebSocket) and (
             connection.application_state is not WebSocketState.CONNECTING
         ):
             # accepted (or already closed): no HTTP response may follow the handshake
             if connection.application_state is WebSocketState.CONNECTED:
-                await connection.close(CLOSE_TRY_AGAIN_LATER, answer.body["detail"])
+                await connection.close(CLOSE_TRY_AGAIN_LATER, response.body["detail"])
             return None
-        return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+        return JSONResponse(response.body, status_code=response.status, headers=response.headers)
 
-    for error in (LockTimeoutError, QuorumUnavailableError, LockLostError):
+    for error in (LockTimeoutError, QuorumUnavailableError, LockLostError, BadLockName):
         # handle() takes the Request or the WebSocket Starlette gives
         app.add_exception_handler(error, handle)  # type: ignore[arg-type]
