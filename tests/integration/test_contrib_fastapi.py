@@ -503,6 +503,29 @@ class TestStreaming:
                     await client.get("/export/1")
         assert cancelled == [True]
 
+    async def test_with_the_handlers_a_stream_cut_raises_starlettes_error_from_the_loss(
+        self, servers: ServerGroup
+    ) -> None:
+        """What the docs say the server logs: with add_exception_handlers, Starlette
+        cannot send the 503 of a handled error once the response started and raises
+        a RuntimeError, whose direct cause is the LockLostError."""
+        app = app_with(servers.urls)
+
+        @app.get("/export/{job}")
+        async def export(
+            job: str, lease: Annotated[Lease, Depends(locked("export:{job}"))]
+        ) -> AsyncIterator[str]:
+            yield "part"
+            await redlock_of(app).force_release(f"export:{job}")  # as an operator would
+            await anyio.sleep_forever()
+            yield "unprotected"
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                with pytest.raises(RuntimeError, match="response already started") as raised:
+                    await client.get("/export/1")
+        assert isinstance(raised.value.__cause__, LockLostError)
+
     async def test_a_client_gone_mid_stream_releases_the_lock(self, servers: ServerGroup) -> None:
         app = app_with(servers.urls)
         inside, cancelled = anyio.Event(), anyio.Event()
