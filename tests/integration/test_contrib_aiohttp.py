@@ -3,6 +3,7 @@ server, and each helper's behaviour."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,7 +21,7 @@ from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockLostError
 from asyncredlock.contrib.aiohttp import REDLOCK, HTTPErrors, locked, setup
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, aiohttp_app
@@ -337,6 +339,88 @@ class TestHandlers:
         )
         assert "Retry-After" not in response.headers
         assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+class TestClientGone:
+    """With ``handler_cancellation`` (the test server's default), a client that
+    goes away cancels its handler."""
+
+    async def test_a_client_gone_releases_the_lease(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A disconnect cancels the handler holding the lease, which is released."""
+        app = app_with(servers.urls)
+        inside, ended = asyncio.Event(), asyncio.Event()
+
+        @locked("job:{job}")
+        async def work(request: web.Request) -> web.Response:
+            inside.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ended.set()
+            return web.Response()
+
+        app.router.add_get("/job/{job}", work)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, AsyncRedlock(servers.urls) as other:
+                async with anyio.create_task_group() as tg:
+
+                    async def get() -> None:
+                        async with client.get("/job/1"):
+                            pass
+
+                    tg.start_soon(get)
+                    await inside.wait()
+                    tg.cancel_scope.cancel()  # the client goes away
+                await ended.wait()
+                async with other.lock("job:1", timeout=HANG_GUARD) as lease:
+                    assert lease.held
+        assert await masters.keys() == [[]] * len(masters)
+
+    async def test_a_request_waiting_for_the_lock_at_close_leaves_the_queue(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A request waiting for a contended lock when the client goes away stops
+        waiting: the next holder gets it at once after the holder's release."""
+        app = app_with(servers.urls)
+        ran: list[bool] = []
+        done = asyncio.Event()
+
+        @web.middleware
+        async def ended(request: web.Request, handler: Any) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            finally:
+                done.set()
+
+        app.middlewares.insert(0, ended)
+
+        @locked("job:{job}", timeout=HANG_GUARD, fair=True)
+        async def work(request: web.Request) -> web.Response:
+            ran.append(True)
+            return web.Response()
+
+        app.router.add_get("/job/{job}", work)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, AsyncRedlock(servers.urls) as other:
+                async with other.lock("job:1"):
+                    waits = Waits(client.app[REDLOCK])
+                    async with anyio.create_task_group() as tg:
+
+                        async def get() -> None:
+                            async with client.get("/job/1"):
+                                pass
+
+                        tg.start_soon(get)
+                        await waits.reach(1)  # the request waits on the masters' queue
+                        tg.cancel_scope.cancel()
+                    waits.close()
+                    await done.wait()  # the server saw the disconnect: the handler ended
+                async with other.lock("job:1", timeout=0) as lease:  # fair: nobody queued
+                    assert lease.held
+        assert ran == []
+        assert await masters.keys() == [[]] * len(masters)
 
 
 def test_importing_without_aiohttp_says_what_to_install() -> None:

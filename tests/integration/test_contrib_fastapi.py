@@ -40,7 +40,7 @@ from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, fastapi_app
-from .conftest import Masters, documented, masters_in
+from .conftest import Masters, documented, library_tasks, masters_in
 
 #: The lease of a route on ``/events/{job}`` (module level: FastAPI reads the route's
 #: annotations as strings, in this module's names).
@@ -297,6 +297,95 @@ class TestLifespan:
             lifespan(["redis://127.0.0.1:1"], ttl=0)
         with pytest.raises(TypeError):
             lifespan(["redis://127.0.0.1:1"], colour="blue")
+
+
+class TestShutdown:
+    """The lifespan exits while a request holds its lease."""
+
+    async def test_a_request_holding_a_lease_at_shutdown_gets_503_and_leaves_nothing(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The handler is cancelled, the client gets 503; no key, no task left."""
+        app = app_with(servers.urls)
+        inside = anyio.Event()
+        ends: list[str] = []
+        answers: list[tuple[int, str]] = []
+
+        @app.post("/work/{job}")
+        async def work(job: str, lease: Annotated[Lease, Depends(locked("work:{job}"))]) -> None:
+            inside.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                ends.append("cancelled")
+                raise
+
+        with anyio.fail_after(HANG_GUARD):
+            transport = httpx.ASGITransport(app)
+            async with (
+                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+                anyio.create_task_group() as tg,
+            ):
+                running = app.router.lifespan_context(app)
+                await running.__aenter__()
+
+                async def post() -> None:
+                    response = await client.post("/work/1")
+                    answers.append((response.status_code, response.json()["resource"]))
+
+                tg.start_soon(post)
+                await inside.wait()
+                await running.__aexit__(None, None, None)
+        assert ends == ["cancelled"]
+        assert answers == [(503, "work:1")]
+        assert await masters.keys() == [[]] * len(masters)
+        assert library_tasks() == []
+
+    async def test_a_stream_holding_a_lease_at_shutdown_is_cut_and_leaves_nothing(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The same for a generator handler mid-stream: the stream is cut."""
+        app = app_with(servers.urls)
+        inside = anyio.Event()
+        ends: list[str] = []
+
+        @app.get("/export/{job}")
+        async def export(job: str, lease: Annotated[Lease, Depends(locked("export:{job}"))]) -> Any:
+            yield "part"
+            inside.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                ends.append("cancelled")
+                raise
+            yield "unprotected"
+
+        got: list[object] = []
+        with anyio.fail_after(HANG_GUARD):
+            transport = httpx.ASGITransport(app)
+            async with (
+                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+                anyio.create_task_group() as tg,
+            ):
+                running = app.router.lifespan_context(app)
+                await running.__aenter__()
+
+                async def get() -> None:
+                    try:
+                        await client.get("/export/1")
+                    except Exception as exc:  # the status went out: the stream is cut
+                        # with add_exception_handlers, Starlette's RuntimeError("response
+                        # already started") from the LockLostError
+                        chain = [exc, exc.__cause__, exc.__context__]
+                        got.append(any(isinstance(e, LockLostError) for e in chain))
+
+                tg.start_soon(get)
+                await inside.wait()
+                await running.__aexit__(None, None, None)
+        assert ends == ["cancelled"]
+        assert got == [True]
+        assert await masters.keys() == [[]] * len(masters)
+        assert library_tasks() == []
 
 
 class TestDependency:

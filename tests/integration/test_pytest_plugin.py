@@ -1,5 +1,5 @@
-"""Review (rint): the pytest plugin's fixtures clean up after a failing test, in a
-pytest run of its own (a subprocess, so its failures are its own)."""
+"""The pytest plugin's fixtures clean up after a failing test, in a pytest run of
+its own (a subprocess, so its failures are its own)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ def alive(pid: int) -> bool:
 
 
 def test_make_servers_closes_every_group_when_a_test_fails(tmp_path: Path) -> None:
-    """Guard (no plugin test runs pytest on it elsewhere): three failing tests, one
-    of them with a paused server, one with a group that cannot start: every server
-    process they made is gone and every private directory removed."""
+    """Three failing tests, one of them with a paused server, one with a group that
+    cannot start: every server process they made is gone and every private
+    directory removed."""
     (tmp_path / "test_inner.py").write_text(INNER)
     record = tmp_path / "record.json"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
