@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlencode
 
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, Lease, RedlockError
+from asyncredlock import AsyncRedlock, Lease, QuorumUnavailableError, RedlockError
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state, whole_retry_delay
 
 from .conftest import library_tasks, polled
@@ -175,3 +177,49 @@ async def test_aclose_during_a_tls_handshake(
         assert isinstance(errors[0], RedlockError | RuntimeError), repr(errors[0])
         assert own_tasks() == []
         await no_connection_left(group, mutual)
+
+
+@pytest.fixture
+def encrypted_key(certs: Certs, tmp_path: Path) -> Path:
+    """The client key of `certs`, encrypted with the password ``right-pass``."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(certs.client_key.read_bytes(), None)
+    path = tmp_path / "client-encrypted.key"
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"right-pass"),
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing CA file", "wrong ssl_password"])
+async def test_a_tls_setting_redis_py_refuses_is_refused_at_construction(
+    certs: Certs, encrypted_key: Path, tmp_path: Path, case: str
+) -> None:
+    """configuration.md (URL parameters): "a value redis-py would refuse ... raise
+    ValueError at construction, instead of failing every connection to that master
+    later". A CA file that does not exist, or an ``ssl_password`` that does not
+    decrypt ``ssl_keyfile``, is refused by redis-py on every connection; today the
+    client is built, then each acquisition retries "Error 2 connecting to HOST:PORT.
+    No such file or directory." / "[SSL] PEM lib" as an outage until its timeout."""
+    query = {
+        "missing CA file": {"ssl_ca_certs": tmp_path / "no-such-ca.pem"},
+        "wrong ssl_password": {
+            "ssl_ca_certs": certs.ca_pem,
+            "ssl_certfile": certs.client_pem,
+            "ssl_keyfile": encrypted_key,
+            "ssl_password": "wrong-pass",
+        },
+    }[case]
+    masters = [f"rediss://127.0.0.1:{port}?{urlencode(query)}" for port in (7001, 7002, 7003)]
+    with pytest.raises(ValueError) as refused:
+        redlock = AsyncRedlock(masters, timeout=0)
+        async with redlock:  # only reached when construction let it through
+            with pytest.raises(QuorumUnavailableError) as caught:
+                await redlock.lock("tls:setting").acquire()
+        pytest.fail(f"built; its acquisition raised: {caught.value}")
+    assert "wrong-pass" not in str(refused.value)
