@@ -21,7 +21,13 @@ from ._config import Settings
 from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
-from ._tls import CLIENT_CERTIFICATE_HINT, certificate_error, ended_by_master, lost_reason
+from ._tls import (
+    CLIENT_CERTIFICATE_HINT,
+    certificate_error,
+    ended_by_master,
+    lost_reason,
+    settings_error,
+)
 from ._urls import bracketed, checked, display, redacted
 from ._wire import Stream
 
@@ -170,6 +176,7 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
     if isinstance(master, Redis) or kind == "client":
         pool = client.connection_pool
         kwargs = dict(pool.connection_kwargs)
+        _check_client_tls(client, pool.connection_class, kwargs)
         for timeout in ("socket_connect_timeout", "socket_timeout"):  # the handshake too
             if kwargs.get(timeout) is None:
                 kwargs[timeout] = settings.socket_timeout
@@ -181,6 +188,18 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
         "each master must be a URL string or a redis.asyncio Redis/RedisCluster or"
         f" valkey.asyncio Valkey/ValkeyCluster client, not {type(master).__name__}"
     )
+
+
+def _check_client_tls(client: Any, connection_class: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse a redis-py client whose TLS settings would fail each connect (a file
+    missing, a wrong ``ssl_password``...), with `ValueError`."""
+    if not (isinstance(connection_class, type) and issubclass(connection_class, SSLConnection)):
+        return
+    # its TLS settings only: a Sentinel-managed connection class needs its pool
+    tls = {key: value for key, value in kwargs.items() if key.startswith("ssl_")}
+    refused = _tls_refused(SSLConnection(**tls))
+    if refused is not None:
+        raise ValueError(f"master {_client_name(client)!r}: {refused}")
 
 
 def _valkey_kind(master: object) -> str | None:
@@ -241,10 +260,19 @@ def _url_opener(url: str, settings: Settings) -> RedisPyOpener:
             **_NO_CLIENT_SETINFO,
         )
         kwargs = {**pool.connection_kwargs, **_OWN_CONNECTION}
-        pool.connection_class(**kwargs)
+        refused = _tls_refused(pool.connection_class(**kwargs))
     except (TypeError, ValueError, RedisError) as exc:
         raise ValueError(f"master URL {redacted(url)!r}: {exc}") from None
+    if refused is not None:
+        raise ValueError(f"master URL {redacted(url)!r}: {refused}")
     return RedisPyOpener(pool.connection_class, kwargs)
+
+
+def _tls_refused(connection: Any) -> str | None:
+    """Why a (not opened) redis-py connection's TLS settings would fail each of its
+    connects: a file missing or unreadable, a wrong ``ssl_password``...; else None."""
+    context = getattr(connection, "ssl_context", None)
+    return None if context is None else settings_error(context)
 
 
 def _node_from_sentinel(url: str, settings: Settings) -> tuple[Node, object]:

@@ -7,8 +7,10 @@ looks the same)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from collections.abc import Iterator
+from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -19,6 +21,7 @@ __all__ = [
     "certificate_error",
     "ended_by_master",
     "lost_reason",
+    "settings_error",
 ]
 
 #: How the account of a certificate that failed verification begins.
@@ -91,3 +94,51 @@ def lost_reason(
     if unanswered is not None and unanswered.get_extra_info("ssl_object") is not None:
         return reason + CLIENT_CERTIFICATE_HINT
     return reason
+
+
+#: redis-py's TLS settings that name a file (a directory for ``ssl_ca_path``), with
+#: the attribute of its ``RedisSSLContext`` that holds each.
+_FILES = (
+    ("ssl_certfile", "certfile"),
+    ("ssl_keyfile", "keyfile"),
+    ("ssl_ca_certs", "ca_certs"),
+    ("ssl_ca_path", "ca_path"),
+)
+
+
+def settings_error(context: Any) -> str | None:
+    """Why redis-py cannot build the TLS context of its ``RedisSSLContext``
+    ``context`` (it does so in each ``connect()``, refusing every connection), naming
+    the setting and its file; else ``None``. No password shows, and none is asked
+    for on the terminal: an encrypted ``ssl_keyfile`` without ``ssl_password`` is
+    refused. ``context`` is a throwaway: its settings are changed."""
+    if context.password is None:
+        context.password = _no_password
+    try:
+        context.get()
+    except (OSError, ValueError, TypeError) as exc:  # ssl.SSLError is an OSError
+        return _which_setting(context, exc)
+    return None
+
+
+def _no_password() -> bytes:
+    return b""
+
+
+def _which_setting(context: Any, exc: BaseException) -> str:
+    for setting, attribute in _FILES:
+        path = getattr(context, attribute, None)
+        if path and not os.path.exists(path):
+            return f"{setting} {str(path)!r}: no such file or directory"
+    if context.certfile or context.keyfile:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(
+                context.certfile, context.keyfile, context.password
+            )
+        except (OSError, ValueError, TypeError) as error:
+            return (
+                f"ssl_certfile {str(context.certfile)!r} with ssl_keyfile"
+                f" {str(context.keyfile)!r} could not be loaded (a wrong or missing"
+                f" ssl_password, a key not of that certificate, or not PEM): {error}"
+            )
+    return f"the TLS settings could not be loaded (ssl_ca_certs, ssl_ca_data...): {exc}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+
 import anyio
 import pytest
 
@@ -46,7 +47,8 @@ async def _fair_queue(one: AsyncRedlock, two: AsyncRedlock, three: AsyncRedlock)
 async def _multi(one: AsyncRedlock, two: AsyncRedlock) -> None:
     """A lock on several resources, with fencing; a waiter on an overlapping set woken."""
     lease = await one.lock(["orders:a", "orders:b"], ttl=60.0).acquire()
-    assert lease.tokens is not None and len(lease.tokens) == 2
+    assert lease.tokens is not None
+    assert len(lease.tokens) == 2
     got: list[Lease] = []
 
     async def wait() -> None:

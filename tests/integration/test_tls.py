@@ -9,6 +9,7 @@ acquisition at once, with each master's reason.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import ssl
@@ -26,12 +27,13 @@ import trustme
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from asyncredlock import AsyncRedlock, Lease, QuorumUnavailableError
+from asyncredlock import AsyncRedlock, Lease, QuorumUnavailableError, RedlockError
 from asyncredlock._tls import CLIENT_CERTIFICATE_HINT
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state, whole_retry_delay
 from asyncredlock.testing._support import connected_clients
 from asyncredlock.testing.pytest_plugin import MakeServers
 
+from .conftest import library_tasks, polled
 from .test_cli import cli, master_args
 
 pytestmark = pytest.mark.anyio
@@ -451,3 +453,228 @@ class TestCLI:
         assert all(
             "TLS certificate verification failed" in row and UNTRUSTED in row for row in rows
         )
+
+
+def own_tasks() -> list[asyncio.Task[object]]:
+    """The library's running tasks, not those of its testing helpers (the fronts)."""
+    return [
+        task
+        for task in library_tasks()
+        if "/testing/" not in task.get_coro().cr_code.co_filename  # type: ignore[union-attr]
+    ]
+
+
+@pytest.fixture
+async def mutual(group: ServerGroup, certs: Certs) -> AsyncIterator[list[FaultProxy]]:
+    """Fronts that require a client certificate signed by the CA."""
+    async with tls_fronts(group, certs.server(ask_client=True)) as proxies:
+        yield proxies
+
+
+def mutual_urls(fronts: list[FaultProxy], certs: Certs) -> list[str]:
+    # ssl_check_hostname is on by default in redis-py >= 6; said explicitly here
+    return urls(
+        fronts,
+        ssl_ca_certs=certs.ca_pem,
+        ssl_certfile=certs.client_pem,
+        ssl_keyfile=certs.client_key,
+        ssl_check_hostname="true",
+    )
+
+
+async def test_mutual_tls_wakeup_restart_and_idle_pings(
+    group: ServerGroup, mutual: list[FaultProxy], certs: Certs
+) -> None:
+    """Over mutual TLS with host name checks: a waiter is woken through its TLS
+    subscription; idle command and subscription connections PING and stay up; after a
+    master restarts, both reconnect (through a new TLS handshake) and a later
+    wake-up still arrives."""
+    masters = mutual_urls(mutual, certs)
+    taken: list[Lease] = []
+    with anyio.fail_after(HANG_GUARD):
+        async with (
+            AsyncRedlock(masters, socket_timeout=0.3) as holder,
+            AsyncRedlock(masters, retry_delay=NEVER, node_timeout=5.0, socket_timeout=0.3) as other,
+        ):
+
+            async def wait(name: str) -> None:
+                taken.append(await other.lock(name, timeout=NEVER).acquire())
+
+            async def handoff(name: str) -> None:
+                lease = await holder.lock(name, ttl=60.0).acquire()
+                with Waits(other) as waits, whole_retry_delay(other):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(wait, name)
+                        await waits.reach(1)
+                        await lease.release()
+                assert waits.woken == 1
+                await taken[-1].release()
+
+            await handoff("mtls:one")
+            assert client_state(other).subscribed == (True, True, True)
+            # idle: command links and subscriptions PING, and stay connected
+            links = [node.link for node in other._core.nodes]
+            listeners = other._core.waker.listeners
+            assert await polled(lambda: all(link and link.pings >= 2 for link in links))
+            assert await polled(
+                lambda: all(
+                    li is not None
+                    and li.connection is not None
+                    and li.connection.heartbeat is not None
+                    and li.connection.heartbeat.pings >= 2
+                    for li in listeners
+                )
+            )
+            before = [front.handshakes for front in mutual]
+            assert before == [3, 3, 3]  # no reconnection while idle
+            # a master restarts behind its front: both kinds of connection reopen
+            await anyio.to_thread.run_sync(group[0].restart)
+            assert await polled(
+                lambda: (
+                    client_state(other).subscribed == (True, True, True)
+                    and mutual[0].handshakes >= before[0] + 1
+                )
+            )
+            await handoff("mtls:two")
+            assert await polled(lambda: mutual[0].handshakes >= before[0] + 3)
+            state = await other.inspect("mtls:two")
+            assert [node.error for node in state.nodes] == [None, None, None]
+        await no_connection_left(group, mutual)
+    assert len(taken) == 2
+
+
+async def test_aclose_with_calls_pending_over_tls(
+    group: ServerGroup, mutual: list[FaultProxy], certs: Certs
+) -> None:
+    """Calls out on TLS connections whose masters went silent: `aclose()` fails them
+    with `ClosedError`, leaves no library task and no connection, and asyncio logs
+    no unclosed-transport warning."""
+    masters = mutual_urls(mutual, certs)
+    with anyio.fail_after(HANG_GUARD):
+        redlock = AsyncRedlock(masters, timeout=NEVER, node_timeout=2.0, socket_timeout=NEVER)
+        lease = await redlock.lock("mtls:pending", ttl=60.0, auto_extend=False).acquire()
+        for front in mutual:
+            front.blackhole = True
+        errors: list[BaseException] = []
+
+        async def extend() -> None:
+            try:
+                await lease.extend()
+            except BaseException as exc:  # recorded and asserted
+                errors.append(exc)
+
+        task = asyncio.get_running_loop().create_task(extend())
+        assert await polled(lambda: all(n.in_flight for n in redlock._core.nodes))
+        await redlock.aclose()
+        await task
+        for front in mutual:
+            front.blackhole = False
+        assert len(errors) == 1
+        assert isinstance(errors[0], RedlockError | RuntimeError), repr(errors[0])
+        assert own_tasks() == []
+        await no_connection_left(group, mutual)
+
+
+async def test_aclose_during_a_tls_handshake(
+    group: ServerGroup, mutual: list[FaultProxy], certs: Certs
+) -> None:
+    """`aclose()` while the first connections are still in their TLS handshake (the
+    fronts forward nothing): the acquisition ends with `ClosedError` (or the closed
+    client's RuntimeError), and no task or connection is left."""
+    masters = mutual_urls(mutual, certs)
+    for front in mutual:
+        front.blackhole = True
+    with anyio.fail_after(HANG_GUARD):
+        redlock = AsyncRedlock(masters, timeout=NEVER, node_timeout=2.0, socket_timeout=NEVER)
+        errors: list[BaseException] = []
+
+        async def acquire() -> None:
+            try:
+                await redlock.lock("mtls:handshake").acquire()
+            except BaseException as exc:  # recorded and asserted
+                errors.append(exc)
+
+        task = asyncio.get_running_loop().create_task(acquire())
+        assert await polled(lambda: all(front.connections for front in mutual))
+        await redlock.aclose()
+        await task
+        for front in mutual:
+            front.blackhole = False
+        assert len(errors) == 1
+        assert isinstance(errors[0], RedlockError | RuntimeError), repr(errors[0])
+        assert own_tasks() == []
+        await no_connection_left(group, mutual)
+
+
+@pytest.fixture
+def encrypted_key(certs: Certs, tmp_path: Path) -> Path:
+    """The client key of `certs`, encrypted with the password ``right-pass``."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(certs.client_key.read_bytes(), None)
+    path = tmp_path / "client-encrypted.key"
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"right-pass"),
+        )
+    )
+    return path
+
+
+def _tls_settings(case: str, certs: Certs, encrypted_key: Path, tmp_path: Path) -> dict[str, str]:
+    return {
+        "missing CA file": {"ssl_ca_certs": str(tmp_path / "no-such-ca.pem")},
+        "wrong ssl_password": {
+            "ssl_ca_certs": str(certs.ca_pem),
+            "ssl_certfile": str(certs.client_pem),
+            "ssl_keyfile": str(encrypted_key),
+            "ssl_password": "wrong-pass",
+        },
+    }[case]
+
+
+@pytest.mark.parametrize("case", ["missing CA file", "wrong ssl_password"])
+def test_a_tls_setting_redis_py_refuses_is_refused_at_construction(
+    certs: Certs, encrypted_key: Path, tmp_path: Path, case: str
+) -> None:
+    """A value redis-py would refuse on every connection raises ValueError at
+    construction (configuration.md, URL parameters), naming the setting and its file:
+    a CA file that does not exist, an ``ssl_password`` that does not decrypt
+    ``ssl_keyfile``. No password shows (the user's is in the URL too)."""
+    query = _tls_settings(case, certs, encrypted_key, tmp_path)
+    named = "ssl_ca_certs" if case == "missing CA file" else "ssl_keyfile"
+    masters = [f"rediss://user:s3cret@127.0.0.1:{port}?{urlencode(query)}" for port in (7001, 7002)]
+    with pytest.raises(ValueError, match=named) as refused:
+        AsyncRedlock(masters)
+    message = str(refused.value)
+    assert "127.0.0.1:7001" in message
+    assert Path(query[named]).name in message
+    assert "wrong-pass" not in message
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize("case", ["missing CA file", "wrong ssl_password"])
+async def test_a_ready_client_with_tls_settings_redis_py_refuses_is_refused(
+    certs: Certs, encrypted_key: Path, tmp_path: Path, case: str
+) -> None:
+    """The same check for a ready ``Redis(ssl=True, ...)`` client."""
+    query = _tls_settings(case, certs, encrypted_key, tmp_path)
+    named = "ssl_ca_certs" if case == "missing CA file" else "ssl_keyfile"
+    client = Redis(host="127.0.0.1", port=7001, ssl=True, **query)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=named) as refused:
+        AsyncRedlock([client])
+    await client.aclose()
+    assert "wrong-pass" not in str(refused.value)
+
+
+def test_tls_settings_redis_py_accepts_build_a_client(certs: Certs, encrypted_key: Path) -> None:
+    """The right ``ssl_password`` for an encrypted key is accepted at construction."""
+    query = {
+        "ssl_ca_certs": certs.ca_pem,
+        "ssl_certfile": certs.client_pem,
+        "ssl_keyfile": encrypted_key,
+        "ssl_password": "right-pass",
+    }
+    AsyncRedlock([f"rediss://127.0.0.1:7001?{urlencode(query)}"])
