@@ -159,7 +159,7 @@ class Acquisition:
                 return outcome
             first = False
             if refusal(outcome.decision) is not None:
-                raise self._failure(outcome)  # an ACL or a certificate: retrying cannot help
+                raise self._failure(outcome)  # AUTH, an ACL, a certificate: retrying cannot help
             if self._was_handed():
                 continue  # handed the lock (heard, or found by the attempt): take it
             if self.deadline - core.clock() <= 0:

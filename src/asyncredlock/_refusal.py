@@ -1,7 +1,8 @@
-"""Failures that retrying cannot mend: a master's ACL refuses a command, key or
-channel, or a master's TLS certificate fails verification. When such refusals alone
-put the quorum out of reach, an acquisition stops at once instead of retrying until
-its timeout, and every error says which kind of refusal it was."""
+"""Failures that retrying cannot mend: a master refuses the user or password (AUTH),
+its ACL refuses a command, key or channel, or its TLS certificate fails
+verification. When such refusals alone put the quorum out of reach, an acquisition
+stops at once instead of retrying until its timeout, and every error says which kind
+of refusal it was."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ _ACL = (
 #: A master whose certificate failed verification (see `asyncredlock._tls`).
 _TLS = (CERTIFICATE_REFUSED,)
 
+#: A master that refused the user or password during the handshake: redis-py's
+#: ``AuthenticationError`` (``WRONGPASS``: an unknown user or a wrong password;
+#: ``NOAUTH``: a password is required and none was given), or the reply itself.
+_AUTH = ("AuthenticationError", "WRONGPASS", "NOAUTH")
+
 
 def _refused(detail: str, marks: tuple[str, ...]) -> bool:
     return any(mark in detail for mark in marks)
@@ -44,14 +50,15 @@ def _refusals(decision: Decision) -> list[str]:
     refused = [
         outcome.detail
         for outcome in decision.outcomes
-        if not outcome.ok and _refused(outcome.detail, _ACL + _TLS)
+        if not outcome.ok and _refused(outcome.detail, _AUTH + _ACL + _TLS)
     ]
     return refused if len(refused) > decision.masters - decision.quorum else []
 
 
 def refusal(decision: Decision) -> str | None:
-    """The first refusal (by an ACL, or of a certificate), when refusals on enough
-    masters put the quorum out of reach (retrying cannot help); else ``None``."""
+    """The first refusal (of the user or password, by an ACL, of a certificate),
+    when refusals on enough masters put the quorum out of reach (retrying cannot
+    help); else ``None``."""
     refused = _refusals(decision)
     return refused[0] if refused else None
 
@@ -60,9 +67,12 @@ def why_unavailable(decision: Decision) -> str:
     """Why a round could not reach a quorum, for an error: the refusals that made it
     impossible (the first of each kind), or too many failures and silences."""
     refused = _refusals(decision)
+    auth = [detail for detail in refused if _refused(detail, _AUTH)]
     acl = [detail for detail in refused if _refused(detail, _ACL)]
     tls = [detail for detail in refused if _refused(detail, _TLS)]
     reasons = []
+    if auth:
+        reasons.append(f"refused by the masters' AUTH (user or password): {auth[0]}")
     if acl:
         reasons.append(f"refused by the masters' ACL (see asyncredlock.acl_rules()): {acl[0]}")
     if tls:

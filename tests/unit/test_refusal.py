@@ -1,4 +1,4 @@
-"""Refusals that retrying cannot mend (ACL, TLS certificates), told apart from an
+"""Refusals that retrying cannot mend (AUTH, ACL, TLS certificates), told apart from an
 outage: which decisions stop an acquisition at once, and how the error says why."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ CERTIFICATE = (
     " unable to get local issuer certificate"
 )
 ACL = "NoPermissionError: this user has no permissions to run the 'select' command"
+AUTH = "AuthenticationError: invalid username-password pair or user is disabled."
+NOAUTH = "AuthenticationError: Authentication required."
 SILENT = "master silent for over 0.1 s"
 OUTAGE = "ConnectionError: Error 111 connecting to 127.0.0.1:7001. Connection refused."
 
@@ -45,8 +47,15 @@ def failed(*details: str) -> Decision:
             f"refused by the masters' ACL (see asyncredlock.acl_rules()): {ACL};"
             f" TLS certificates refused (see ssl_ca_certs, the host names): {CERTIFICATE}",
         ),
+        ((AUTH, AUTH), f"refused by the masters' AUTH (user or password): {AUTH}"),
+        ((NOAUTH, NOAUTH), f"refused by the masters' AUTH (user or password): {NOAUTH}"),
+        (
+            (AUTH, ACL),
+            f"refused by the masters' AUTH (user or password): {AUTH};"
+            f" refused by the masters' ACL (see asyncredlock.acl_rules()): {ACL}",
+        ),
     ],
-    ids=["certificates", "acl", "both"],
+    ids=["certificates", "acl", "both", "auth", "noauth", "auth and acl"],
 )
 def test_refusals_that_put_the_quorum_out_of_reach(details: tuple[str, ...], why: str) -> None:
     decision = failed(*details)
@@ -56,8 +65,8 @@ def test_refusals_that_put_the_quorum_out_of_reach(details: tuple[str, ...], why
 
 @pytest.mark.parametrize(
     "details",
-    [(CERTIFICATE,), (CERTIFICATE, SILENT), (OUTAGE, ACL), (OUTAGE, OUTAGE)],
-    ids=["a minority", "with a silence", "with an outage", "no refusal"],
+    [(CERTIFICATE,), (CERTIFICATE, SILENT), (OUTAGE, ACL), (AUTH, OUTAGE), (OUTAGE, OUTAGE)],
+    ids=["a minority", "with a silence", "with an outage", "auth with an outage", "no refusal"],
 )
 def test_an_outage_is_retried(details: tuple[str, ...]) -> None:
     """Refusals on too few masters to rule out a quorum: the others may come back."""
