@@ -12,6 +12,7 @@ from typing import cast
 import hiredis
 
 from ._liveness import Heartbeat
+from ._log import log_subscribe_refused
 from ._node import Node
 from ._wire import Stream, pack
 
@@ -54,6 +55,8 @@ class _Subscription(Stream):
         while (reply := self.reader.gets()) is not False:
             if isinstance(reply, list) and len(reply) == 3:
                 self.listener.handle(_text(reply[0]), _text(reply[1]), reply[2])
+            elif isinstance(reply, hiredis.ReplyError):
+                self.listener.refused(str(reply))
             elif not (isinstance(reply, list) and reply[:1] == [b"pong"]):  # a heartbeat's
                 logger.debug("subscription to %s: unexpected reply %r", self.listener.name, reply)
 
@@ -88,6 +91,8 @@ class Listener:
         self.connection: _Subscription | None = None
         self.task: asyncio.Task[None] | None = None
         self.closed = False
+        #: The master's refusal of a SUBSCRIBE on this connection (its ACL), if any.
+        self.refusal: str | None = None
 
     def subscribe(self, channel: str) -> asyncio.Future[None]:
         """Add ``channel``; the future completes when the master confirmed it (is
@@ -122,7 +127,7 @@ class Listener:
             opened = False
             try:
                 await self.opener(connection)
-                self.connection, opened = connection, True
+                self.connection, opened, self.refusal = connection, True, None
                 connection.watch(self.quiet)
                 self._ask(connection, *self.channels)
                 await connection.closed
@@ -162,6 +167,15 @@ class Listener:
         elif kind == "message":
             value = data if isinstance(data, bytes) else str(data).encode()
             self.on_message(self.index, channel, value)
+
+    def refused(self, error: str) -> None:
+        """An error reply: a SUBSCRIBE the master's ACL refused (``NOPERM``) is kept
+        and logged at WARNING (once per master); another, only at DEBUG."""
+        if not error.startswith("NOPERM"):
+            logger.debug("subscription to %s: error reply %r", self.name, error)
+            return
+        self.refusal = error
+        log_subscribe_refused(self.name, error)
 
     def _ask(self, connection: _Subscription, *channels: str) -> None:
         for channel in channels:

@@ -28,6 +28,7 @@ __all__ = [
     "log_master_silent",
     "log_ping_refused",
     "log_release_short",
+    "log_subscribe_refused",
     "refuses_ping",
     "turned_silent",
 ]
@@ -164,4 +165,23 @@ def log_ping_refused(master: str, ping: asyncio.Future[Any]) -> None:
             master,
             error,
             extra={"masters": {master: "refuses PING"}, "reason": str(error)},
+        )
+
+
+_SUBSCRIBE_REFUSED: set[str] = set()  # the masters whose refusal was logged
+
+
+def log_subscribe_refused(master: str, error: str) -> None:
+    """A master refused the wake-up subscription's SUBSCRIBE (``NOPERM``; WARNING,
+    once per master and process): an ACL user without ``+subscribe`` or the
+    channels of `acl_rules`. Locks still work, but waiters are woken by no release:
+    they poll at their retry delay."""
+    if master not in _SUBSCRIBE_REFUSED:
+        _SUBSCRIBE_REFUSED.add(master)
+        logger.warning(
+            "master %s refuses the wake-up subscription (%s): waiters poll at their retry"
+            " delay instead; grant +subscribe and the channels of acl_rules()",
+            master,
+            error,
+            extra={"masters": {master: "refuses SUBSCRIBE"}, "reason": error},
         )

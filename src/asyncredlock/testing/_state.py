@@ -34,7 +34,9 @@ class ClientState:
         silent: Per master, whether it is judged silent (calls out, nothing heard
             back for ``node_timeout``): acquisitions send it nothing until it
             answers.
-        subscribed: Per master, whether its subscription connection is open.
+        subscribed: Per master, whether its subscription connection is open and the
+            master refused none of its SUBSCRIBEs (an ACL without ``+subscribe`` or
+            the channels: waiters then poll at their retry delay).
     """
 
     client: str
@@ -70,6 +72,7 @@ def client_state(redlock: AsyncRedlock) -> ClientState:
         in_flight=tuple(node.in_flight for node in core.nodes),
         silent=tuple(node.silent for node in core.nodes),
         subscribed=tuple(
-            listener is not None and listener.connection is not None for listener in waker.listeners
+            listener is not None and listener.connection is not None and listener.refusal is None
+            for listener in waker.listeners
         ),
     )
