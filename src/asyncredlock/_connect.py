@@ -31,14 +31,16 @@ from ._tls import (
 from ._urls import bracketed, checked, display, redacted
 from ._wire import Stream
 
-__all__ = ["ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
+__all__ = ["NO_CLIENT_SETINFO", "ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
 
+#: redis-py settings that send no CLIENT SETINFO on a new connection (one round trip
+#: instead of three; a user made from `acl_rules()` may not run it).
 try:  # redis-py >= 7.1 names the library through driver_info
     from redis.driver_info import DriverInfo
 
-    _NO_CLIENT_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
+    NO_CLIENT_SETINFO: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
 except ImportError:  # pragma: no cover - older redis-py
-    _NO_CLIENT_SETINFO = {"lib_name": None, "lib_version": None}
+    NO_CLIENT_SETINFO = {"lib_name": None, "lib_version": None}
 
 
 class RedisPyOpener:
@@ -257,7 +259,7 @@ def _url_opener(url: str, settings: Settings) -> RedisPyOpener:
             socket_timeout=settings.socket_timeout,
             socket_connect_timeout=settings.socket_timeout,
             # One round trip per new connection instead of three (two CLIENT SETINFO).
-            **_NO_CLIENT_SETINFO,
+            **NO_CLIENT_SETINFO,
         )
         kwargs = {**pool.connection_kwargs, **_OWN_CONNECTION}
         refused = _tls_refused(pool.connection_class(**kwargs))

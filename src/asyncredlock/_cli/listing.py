@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from .._config import check_name
+from .._connect import NO_CLIENT_SETINFO
 from .._inspect import LockState
 from .._keys import glob_escape, identity_of, lock_key, split_aux
 from .._redlock import AsyncRedlock
@@ -167,7 +168,8 @@ def _scan_client(url: str, wait: float) -> Redis:
     Raises:
         ValueError: A URL redis-py does not connect to directly (redis-sentinel://).
     """
-    pool = ConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0))
+    # no CLIENT SETINFO: a user made from acl_rules() may not run it (ACL LOG noise)
+    pool = ConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **NO_CLIENT_SETINFO)
     kwargs = pool.connection_kwargs  # read by each connection the pool makes
     kwargs.update(decode_responses=False, encoding="utf-8", encoding_errors="strict")
     for timeout in ("socket_timeout", "socket_connect_timeout"):
