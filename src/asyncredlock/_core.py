@@ -376,8 +376,10 @@ class Core:
         *,
         shared: bool = False,
     ) -> None:
-        """Release a failed or cancelled attempt on every master, in the background
-        (not once this ``AsyncRedlock`` is closed: the keys expire with the TTL)."""
+        """Release an interrupted attempt (cancelled, the client closing) on every
+        master, in the background (not once this ``AsyncRedlock`` is closed: the
+        keys expire with the TTL). Announced as a release: a quorum may have
+        granted it."""
         if not self.closed:
             self.release_round(keys, value, acquired, ttl, shared=shared)
 
@@ -393,7 +395,9 @@ class Core:
         keys, ttl, shared = spec.target.keys, spec.ttl, spec.shared
         late = []
         for node, reply in zip(self.nodes, acquired, strict=True):
-            undo = functools.partial(self.releases.on, node, keys, value, reply, ttl, shared=shared)
+            undo = functools.partial(
+                self.releases.on, node, keys, value, reply, ttl, shared=shared, undo=True
+            )
             if reply.done():
                 undo()
             else:

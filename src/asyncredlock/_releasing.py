@@ -40,8 +40,8 @@ class Releases:
     def __init__(self, owner: Owner) -> None:
         self._owner = owner
         # the last release built by _delete (keys, value, marker TTL, shared, waiter,
-        # script, its keys and arguments)
-        self._last: tuple[Any, ...] = (None,) * 8
+        # undo, script, its keys and arguments)
+        self._last: tuple[Any, ...] = (None,) * 9
 
     def on(
         self,
@@ -53,6 +53,7 @@ class Releases:
         *,
         shared: bool = False,
         waiter: str = "",
+        undo: bool = False,
     ) -> asyncio.Future[Reply] | Reply:
         """Compare-and-delete on one master, ordered behind the ``SET`` it undoes.
 
@@ -65,14 +66,15 @@ class Releases:
         with the marker, on the next connection. A reader (``shared``) removes its
         entry from the readers instead. ``waiter``: the id a writer's lease was
         queued as (see `Taken`); its entry leaves the queue wherever it is still
-        listed, before the key is handed on.
+        listed, before the key is handed on. ``undo``: a failed attempt's,
+        announced on the lock's channel as such (see `Waker`).
         """
         if acquired.done():
             if not holds_ours(acquired):  # refused, or never sent there
                 return Reply(0)
             marker = 0 if acquired.result().error is None else ms(ttl)
-            return self._delete(node, keys, value, marker, shared, waiter)
-        first = self._delete(node, keys, value, 0, shared, waiter)
+            return self._delete(node, keys, value, marker, shared, waiter, undo)
+        first = self._delete(node, keys, value, 0, shared, waiter, undo)
         result: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
 
         def settle(_: object) -> None:
@@ -81,7 +83,7 @@ class Releases:
             if reply.error is None or not unknown or self._owner.closed:
                 result.set_result(reply)
                 return
-            again = self._delete(node, keys, value, ms(ttl), shared, waiter)
+            again = self._delete(node, keys, value, ms(ttl), shared, waiter, undo)
             again.add_done_callback(lambda done: result.set_result(done.result()))
 
         first.add_done_callback(settle)
@@ -95,17 +97,18 @@ class Releases:
         marker_ttl: int,
         shared: bool,
         waiter: str = "",
+        undo: bool = False,
     ) -> asyncio.Future[Reply]:
         last = self._last
-        if last[0] is keys and last[1] is value and last[2:5] == (marker_ttl, shared, waiter):
+        if last[0] is keys and last[1] is value and last[2:6] == (marker_ttl, shared, waiter, undo):
             # the same release to the next master of the round: built once
-            return node.call(last[5], last[6], last[7])
+            return node.call(last[6], last[7], last[8])
         script_keys: tuple[str, ...]
         if shared:
             (key,) = keys
             script = RELEASE_READ
             script_keys = (readers_key(key), undo_key(key, value), *queue_keys(key))
-            args: tuple[Any, ...] = (value, marker_ttl, channel(key))
+            args: tuple[Any, ...] = (value, marker_ttl, channel(key), "1" if undo else "0")
         else:
             script = RELEASE
             script_keys = tuple(
@@ -120,8 +123,9 @@ class Releases:
                     aux_key(key, "fence"),
                 )
             )
-            args = (value, marker_ttl, *(channel(key) for key in keys), waiter)
-        self._last = (keys, value, marker_ttl, shared, waiter, script, script_keys, args)
+            channels = (channel(key) for key in keys)
+            args = (value, marker_ttl, *channels, waiter, "1" if undo else "0")
+        self._last = (keys, value, marker_ttl, shared, waiter, undo, script, script_keys, args)
         return node.call(script, script_keys, args)
 
 

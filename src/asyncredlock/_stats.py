@@ -71,14 +71,16 @@ class RedlockStatistics:
         background_tasks: Background tasks running (calls still out, extenders).
         in_flight: Calls to masters waiting for a reply right now.
         notifications: Release announcements received from the masters (each
-            release is announced by every master that deleted the key).
+            release is announced by every master that deleted the key; a failed
+            attempt's undo too, counted whether it woke a waiter or not).
         wakeups: Waiting acquisitions woken by a release announcement, instead
             of waiting out their retry delay: one per release, but for a waiter
             told by fewer than a quorum of masters within a quarter of
             ``node_timeout``, woken to attempt then and counted again when the
             others tell it. A wake-up that a waiter of several resources could not
             use (another of them is held) and passed on to the next waiter is not
-            counted again.
+            counted again. An undo's announcement that wakes nobody (the waiter's
+            own, or one an undo woke already) is not counted.
         commits: Second rounds sent to commit a fencing token (skipped when a
             quorum of masters counted the same token in the first).
         wait: From each successful ``acquire()`` call to its lease.

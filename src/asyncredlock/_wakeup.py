@@ -37,6 +37,13 @@ waiting (its attempt came before the release had reached enough masters). A
 listener that loses its connection wakes every waiter, subscribes again, and wakes
 the waiters of each channel again once that subscription is confirmed: a release
 in between went unheard.
+
+The undo of a failed attempt is announced on the lock's channel too, as ``undo
+<value>``: a waiter refused only because that attempt held some masters may go now.
+It wakes no waiter whose own attempt it undoes, and a waiter at most once until its
+pause runs out or something else wakes it (`Ticket.heeds`): while a holder keeps a
+quorum, the masters that lost its key grant every waiter's attempt and undo it, and
+the waiters would otherwise wake each other (and themselves) for as long as it holds.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ class Ticket:
         "everyone",
         "handed",
         "heard",
+        "heeding",
         "nudge",
         "own",
         "spent",
@@ -99,6 +107,23 @@ class Ticket:
         # the values of its latest attempts: the undo of one that a master granted
         # announces this waiter there (it is first), which tells it nothing
         self.own: dict[bytes, None] = {}
+        # whether an undo's announcement wakes it: not again once one did, until
+        # its pause runs out or anything else wakes it
+        self.heeding = True
+
+    def heeds(self, undone: bytes) -> bool:
+        """Whether the announced undo of the attempt that held ``undone`` wakes
+        it: not when woken already, not its own attempt's, and not since the last
+        undo that woke it (its attempt then failed: a holder may still hold,
+        granted by the masters that lost its key, and the waiters woken by each
+        other's undos would go on attempting, and undoing, for as long as it holds)."""
+        return self.heeding and not self.event.is_set() and undone not in self.own
+
+    def wake(self, *, undo: bool = False) -> None:
+        """Wake it: by an attempt's ``undo``, or by anything else (a release, a
+        lost subscription), after which it heeds undos again."""
+        self.heeding = not undo
+        self.event.set()
 
     def attempting(self, value: str) -> None:
         """An attempt holding ``value`` goes out: what it finds supersedes the
@@ -202,8 +227,8 @@ class Waker:
             queue.leave(ticket)
             if woken and queue:
                 # It was woken but is not going to use the lock: pass the wake-up on.
-                heir = _wake_first(queue)
                 last = self.last.get(channel)
+                heir = _wake_first(queue, None if last is None else _undone(last[0]))
                 if last is not None and last[1] is ticket:
                     self.last[channel] = (last[0], heir)
             if not queue:
@@ -222,6 +247,7 @@ class Waker:
             async with asyncio.timeout(delay):
                 await ticket.event.wait()
         except TimeoutError:
+            ticket.heeding = True  # it attempts on its own again
             return False
         ticket.event.clear()
         return True
@@ -248,7 +274,7 @@ class Waker:
             addressed.handed[index] = (attempt.decode(), int(count))
             if len(addressed.handed) == self.quorum:
                 self.wakeups += 1
-                addressed.event.set()
+                addressed.wake()
             else:
                 self._arm_nudge(addressed)
             return
@@ -264,7 +290,7 @@ class Waker:
             _keep_latest(addressed.spent, heard.values(), _SPENT_KEPT)
             heard.clear()
             self.wakeups += 1
-            addressed.event.set()
+            addressed.wake()
         else:
             self._arm_nudge(addressed)
 
@@ -291,7 +317,7 @@ class Waker:
                 continue
             later = itertools.dropwhile(lambda waiting: waiting is not ticket, queue)
             next(later, None)  # the ticket itself
-            self.last[channel] = (last[0], _wake_first(later))
+            self.last[channel] = (last[0], _wake_first(later, _undone(last[0])))
 
     def _nudge(self, ticket: Ticket) -> None:
         """Wake ``ticket`` if some masters, but fewer than a quorum, handed it the
@@ -300,28 +326,33 @@ class Waker:
         partial = 0 < len(ticket.handed) < self.quorum or ticket.heard
         if partial and ticket.waiter in self.addressed:
             self.wakeups += 1
-            ticket.event.set()
+            ticket.wake()
 
     def _on_release(self, channel: str, value: bytes) -> None:
         """A release announced on a lock's channel: wake its first waiter (all
-        of them, when readers wait)."""
+        of them, when readers wait). An attempt's undo wakes only those that heed
+        it (`Ticket.heeds`)."""
         queue = self.queues.get(channel)
         last = self.last.get(channel)
+        undone = _undone(value)
         if last is not None and last[0] == value:
             # The same release, heard from another master: only the waiter it
-            # woke may need it, if that waiter's attempt came too early.
+            # woke may need it, if that waiter's attempt came too early. (Not
+            # for an undo: that waiter heeds none until its pause runs out.)
             woken = last[1]
-            if woken is not None and queue and woken in queue:
-                woken.event.set()
+            if undone is None and woken is not None and queue and woken in queue:
+                woken.wake()
             return
         chosen: Ticket | None = None
         if queue and any(ticket.everyone for ticket in queue):
-            for ticket in queue:
-                ticket.event.set()
-            chosen = queue.first()
+            heeding = [each for each in queue if undone is None or each.heeds(undone)]
+            for ticket in heeding:
+                ticket.wake(undo=undone is not None)
+            chosen = heeding[0] if heeding else None
         elif queue:
-            chosen = _wake_first(queue)
-        self.last[channel] = (value, chosen)
+            chosen = _wake_first(queue, undone)
+        if undone is None or chosen is not None:  # (an unheeded undo: no release)
+            self.last[channel] = (value, chosen)
         if chosen is not None:
             self.wakeups += 1
 
@@ -330,11 +361,11 @@ class Waker:
         unheard while a subscription was down."""
         if channel is None or channel == self.inbox:
             for ticket in self.addressed.values():
-                ticket.event.set()
+                ticket.wake()
         queues = self.queues.values() if channel is None else [self.queues.get(channel, ())]
         for queue in queues:
             for ticket in queue:
-                ticket.event.set()
+                ticket.wake()
 
     def wake_all(self) -> None:
         """Wake every waiter (``aclose()`` began: each finds it closing)."""
@@ -371,11 +402,23 @@ def waiter_id(client: str, *, reader: bool) -> str:
     return f"{'r' if reader else 'w'}:{client}:{secrets.token_hex(8)}"
 
 
-def _wake_first(queue: Iterable[Ticket]) -> Ticket | None:
-    """Wake the first waiter not already woken; which one, if any."""
+#: What an undo's announcement on a lock's channel starts with (``release.lua``,
+#: ``release_read.lua``); a lock value holds no space.
+_UNDO = b"undo "
+
+
+def _undone(message: bytes) -> bytes | None:
+    """The value of the attempt whose undo ``message`` announces; None for a
+    release (or a waiter leaving)."""
+    return message[len(_UNDO) :] if message.startswith(_UNDO) else None
+
+
+def _wake_first(queue: Iterable[Ticket], undone: bytes | None = None) -> Ticket | None:
+    """Wake the first waiter not already woken (for the undo of the attempt that
+    held ``undone``, the first that heeds it); which one, if any."""
     for ticket in queue:
-        if not ticket.event.is_set():
-            ticket.event.set()
+        if ticket.heeds(undone) if undone is not None else not ticket.event.is_set():
+            ticket.wake(undo=undone is not None)
             return ticket
     return None
 

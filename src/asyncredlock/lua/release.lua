@@ -7,7 +7,8 @@
 -- ARGV[1] the holder's value, ARGV[2] marker ttl in ms (0: leave no marker),
 -- ARGV[3..] per resource, the channel waiters listen on; after them, the waiter id
 -- the holder was queued as ('' if none; an attempt's undo sends none): its entry,
--- still listed (a granted or handed waiter stays listed), leaves the queue first
+-- still listed (a granted or handed waiter stays listed), leaves the queue first;
+-- then '1' for an attempt's undo (announced on the lock's channel as 'undo <value>')
 -- Deletes every resource that holds the value. When the first waiter of its queue is a
 -- writer that left hand-over terms and no reader holds the resource, the key is set at
 -- once to that waiter's value for px ms (with fencing, the fence counted up by block),
@@ -36,6 +37,9 @@ for i = 0, n - 1 do
   if redis.call('GET', key) == ARGV[1] then
     redis.call('DEL', key)
     local channel, message = ARGV[i + 3], ARGV[1]
+    if ARGV[4 + n] == '1' then
+      message = 'undo ' .. ARGV[1]
+    end
     local queue, expiries, terms = KEYS[7 * i + 3], KEYS[7 * i + 4], KEYS[7 * i + 5]
     if redis.call('EXISTS', expiries) == 1 then
       now = now or now_ms()

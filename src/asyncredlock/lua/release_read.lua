@@ -6,7 +6,8 @@
 -- KEYS[1] the readers (value -> server time in ms when the entry lapses), KEYS[2] the
 -- attempt's undo marker, KEYS[3] the queue, KEYS[4] the queue's expiries
 -- ARGV[1] the reader's value, ARGV[2] marker ttl in ms (0: leave no marker), ARGV[3]
--- the channel waiters listen on
+-- the channel waiters listen on, ARGV[4] '1' for an attempt's undo (announced on the
+-- lock's channel as 'undo <value>': see _wakeup.py)
 -- Returns 1 when the entry was there and had not lapsed, else 0. The marker is left
 -- when the outcome of the acquisition was unknown (its call failed): should it still
 -- arrive later, acquire_rw.lua sees the marker and refuses it.
@@ -21,6 +22,9 @@ if lapses then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   if redis.call('EXISTS', KEYS[1]) == 0 then
     local channel, message = ARGV[3], ARGV[1]
+    if ARGV[4] == '1' then
+      message = 'undo ' .. ARGV[1]
+    end
     purge(KEYS[3], KEYS[4], nil, now)
     local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     local writer = inbox(first)
