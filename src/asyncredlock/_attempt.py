@@ -399,12 +399,16 @@ class Acquisition:
         expires_at: float,
         tokens: tuple[int, ...] | None,
     ) -> Lease:
-        """The lease of the attempt that took the lock. A writer stays listed
-        where it was granted: its lease's release takes the entry out there."""
-        self.won, entry = replies, self.entry
-        waiter = "" if entry is None or self.spec.shared else entry.waiter
+        """The lease of the attempt that took the lock, with the keys handed to it
+        (`HandOvers.adopt`). A writer stays listed where it was granted: its
+        lease's release takes the entry out there."""
+        entry, spec = self.entry, self.spec
+        token = None if tokens is None else tokens[0]
+        lease = (value, spec.ttl, token)
+        self.won = self.hand_overs.adopt(self.key, entry, self.ticket, replies, lease)
+        waiter = "" if entry is None or spec.shared else entry.waiter
         taken = Taken("attempt", self.attempts, self.started, waiter)
-        return make_lease(self.core, self.spec, value, expires_at, replies, tokens, taken=taken)
+        return make_lease(self.core, spec, value, expires_at, self.won, tokens, taken=taken)
 
     async def _decide(
         self, rnd: Round, value: str, expires_at: float

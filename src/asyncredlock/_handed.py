@@ -9,8 +9,11 @@ import math
 from collections.abc import Iterable, Sequence
 
 from ._core import Core
+from ._keys import aux_key
 from ._node import Reply
-from ._protocol import QueueEntry, behind, handed_already
+from ._protocol import QueueEntry, behind, granted, handed_already, ms
+from ._quorum import NodeSkippedError
+from ._scripts import ADOPT
 from ._wakeup import Ticket
 
 __all__ = ["HandOvers"]
@@ -129,3 +132,56 @@ class HandOvers:
         if any((i not in held or i in found) and behind(r) for i, r in enumerate(replies)):
             self.drop(key, entry, held)
             self.forget(ticket)
+
+    def adopt(
+        self,
+        key: str,
+        entry: QueueEntry | None,
+        ticket: Ticket | None,
+        replies: Sequence[asyncio.Future[Reply]],
+        lease: tuple[str, float, int | None],
+    ) -> list[asyncio.Future[Reply]]:
+        """The masters a lease taken by an attempt holds, per master as its release
+        and extension read them (see `holds_ours`), given the attempt's ``replies``.
+
+        A master that refused the attempt because a release had handed the waiter
+        the key there (heard, or found by an attempt: the undo of its own attempt
+        granted there hands the key back to it, first in line) gets ``adopt.lua``
+        behind the attempt on its connection: the key goes from the hand-over
+        value to the lease's (``lease``: value, TTL, token), whose PX it gets, so
+        the lease holds it too instead of giving it back. The validity stays the
+        attempt's: the key is set after the attempt's start, with its TTL."""
+        acquired = list(replies)
+        held = self.held(ticket) | handed_already(replies).keys()
+        if entry is None or entry.handover is None or not held or self.core.closed:
+            return acquired
+        value, ttl, token = lease
+        args = (entry.handover, value, ms(ttl), "" if token is None else str(token))
+        self.forget(ticket)  # its keys: the lease's now (or gone)
+        for i in held:
+            reply = replies[i].result() if replies[i].done() else None
+            # granted: held already; skipped (silent): its calls are not answered
+            if reply is None or not (granted(reply) or isinstance(reply.error, NodeSkippedError)):
+                call = self.core.nodes[i].call(ADOPT, (key, aux_key(key, "fence")), args)
+                acquired[i] = _joined(replies[i], call)
+        return acquired
+
+
+def _joined(
+    attempt: asyncio.Future[Reply], adopted: asyncio.Future[Reply]
+) -> asyncio.Future[Reply]:
+    """A master's reply for a lease, once its ``attempt`` and then its ``adopted``
+    call answered: the attempt's if it granted or failed (its outcome unknown: the
+    release leaves an undo marker), else the adoption's."""
+    joined: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+
+    def done(_: object) -> None:
+        if attempt.done() and adopted.done() and not joined.done():
+            first = attempt.result()
+            joined.set_result(
+                first if first.error is not None or granted(first) else adopted.result()
+            )
+
+    attempt.add_done_callback(done)
+    adopted.add_done_callback(done)
+    return joined

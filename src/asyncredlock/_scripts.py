@@ -13,6 +13,7 @@ from redis.exceptions import NoScriptError
 __all__ = [
     "ACQUIRE",
     "ACQUIRE_RW",
+    "ADOPT",
     "COMMIT",
     "DELETE",
     "DEQUEUE",
@@ -58,6 +59,7 @@ ACQUIRE = _load("acquire", needs=("clock", "queue", "fence", "handed"))
 ACQUIRE_RW = _load("acquire_rw", needs=("clock", "queue", "fence", "handed"))
 DEQUEUE = _load("dequeue", needs=("clock", "queue"))
 COMMIT = _load("commit", needs=("decimal",))
+ADOPT = _load("adopt", needs=("decimal",))
 RELEASE = _load("release", needs=("clock", "queue", "fence"))
 RELEASE_READ = _load("release_read", needs=("clock", "queue"))
 EXTEND = _load("extend")
@@ -72,7 +74,7 @@ SEM_DEQUEUE = _load("sem_dequeue", needs=("clock", "queue"))
 
 #: The scripts run on the masters, loaded on every new connection before any call.
 SCRIPTS: tuple[Script, ...] = (ACQUIRE, ACQUIRE_RW, DEQUEUE, COMMIT, RELEASE, RELEASE_READ)
-SCRIPTS += (EXTEND, EXTEND_READ, INSPECT, DELETE, SEM_ACQUIRE, SEM_UNDO, SEM_DEQUEUE)
+SCRIPTS += (EXTEND, EXTEND_READ, INSPECT, DELETE, SEM_ACQUIRE, SEM_UNDO, SEM_DEQUEUE, ADOPT)
 
 
 async def evalsha(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
