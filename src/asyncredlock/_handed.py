@@ -152,8 +152,10 @@ class HandOvers:
         the lease holds it too instead of giving it back. The validity stays the
         attempt's: the key is set after the attempt's start, with its TTL."""
         acquired = list(replies)
+        if entry is None or entry.handover is None or self.core.closed:
+            return acquired  # (no hand-over terms: nothing was handed to it)
         held = self.held(ticket) | handed_already(replies).keys()
-        if entry is None or entry.handover is None or not held or self.core.closed:
+        if not held:
             return acquired
         value, ttl, token = lease
         args = (entry.handover, value, ms(ttl), "" if token is None else str(token))
