@@ -17,6 +17,7 @@ from .conftest import Masters, library_tasks, queues
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30
+# The loops marked ASYNC110 poll a count or a key: no event tells when it changes.
 
 
 class TestFairWaiterAcrossARestart:
@@ -127,7 +128,7 @@ class TestRWLockAcrossARestart:
                         await waits.reach(2)
                         group[0].restart(kill=True)
                         await masters.clients[0].connection_pool.disconnect()
-                        while not timed_out and not got:  # noqa: ASYNC110 - no event tells it
+                        while not timed_out and not got:  # noqa: ASYNC110
                             await anyio.sleep(0.05)
                         assert got == []  # no writer beside the readers
                         assert len(timed_out) == 1
@@ -228,7 +229,7 @@ class TestHandOverAfterARestart:
                 group[0].start()
                 await masters.clients[0].connection_pool.disconnect()
                 with anyio.fail_after(HANG_GUARD):
-                    while lease.statistics().extensions < 3:  # noqa: ASYNC110 - no event tells it
+                    while lease.statistics().extensions < 3:  # noqa: ASYNC110
                         await anyio.sleep(0.05)
                 assert lease.held
                 ttls = [await client.pttl("handed") for client in masters.clients[1:]]
@@ -263,10 +264,10 @@ class TestMasterTurnedReplica:
                     "REPLICAOF", "127.0.0.1", str(group[3].port)
                 )
                 with anyio.fail_after(HANG_GUARD):
-                    while await masters.clients[0].exists("demoted"):  # noqa: ASYNC110 - no event tells it
+                    while await masters.clients[0].exists("demoted"):  # noqa: ASYNC110
                         await anyio.sleep(0.05)  # the sync from the empty server
                     extended = lease.statistics().extensions
-                    while lease.statistics().extensions < extended + 2:  # noqa: ASYNC110 - no event tells it
+                    while lease.statistics().extensions < extended + 2:  # noqa: ASYNC110
                         await anyio.sleep(0.05)
                 assert lease.held
                 with pytest.raises(LockTimeoutError):
@@ -276,7 +277,7 @@ class TestMasterTurnedReplica:
                 await masters.clients[0].execute_command("REPLICAOF", "NO", "ONE")
                 extended = lease.statistics().extensions
                 with anyio.fail_after(HANG_GUARD):
-                    while lease.statistics().extensions < extended + 1:  # noqa: ASYNC110 - no event tells it
+                    while lease.statistics().extensions < extended + 1:  # noqa: ASYNC110
                         await anyio.sleep(0.05)
                 assert holder.statistics().lost == 0
                 await lease.release()
