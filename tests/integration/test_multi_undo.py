@@ -42,7 +42,7 @@ class TestOwnUndoWakesNobody:
         """Nothing is released while the set waits: every wake-up it gets is
         spurious, and, with a retry delay it never waits out, it attempts only
         twice (the first attempt and the one right after enrolling) and once
-        more at its deadline."""
+        more at its deadline (once more if the undo of its first attempt wakes it)."""
         async with (
             AsyncRedlock(servers.urls) as holder,
             AsyncRedlock(servers.urls, retry_delay=NEVER) as waiter,
@@ -55,7 +55,11 @@ class TestOwnUndoWakesNobody:
             attempts = lock.statistics().attempts
             woken = waits.woken
             await held.release()  # type: ignore[attr-defined]
-        assert (woken, attempts) == (0, 3)
+        # at most one spurious wake-up: the undo of its first attempt, sent before it
+        # enrolled, may be heard before that attempt counts as its own (a spin makes
+        # thousands)
+        assert woken <= 1, (woken, attempts)
+        assert attempts <= 4, (woken, attempts)
 
     async def test_two_sets_of_two_clients_do_not_wake_each_other_without_end(
         self, servers: ServerGroup, masters: Masters
@@ -108,7 +112,11 @@ class TestOwnUndoWakesNobody:
                     await lock.acquire()
                 attempts, woken = lock.statistics().attempts, waits.woken
             await held.release()
-        assert (woken, attempts) == (0, 3)
+        # at most one spurious wake-up: the undo of its first attempt, sent before it
+        # enrolled, may be heard before that attempt counts as its own (a spin makes
+        # thousands)
+        assert woken <= 1, (woken, attempts)
+        assert attempts <= 4, (woken, attempts)
 
 
 class TestAReleaseTheSetCannotUse:
