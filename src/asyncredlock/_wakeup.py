@@ -52,11 +52,12 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from ._line import Line
 from ._listener import Listener
 from ._node import Node
+from ._ticket import Ticket, keep_latest, undone_by, wake_first
 
 __all__ = ["INBOX_PREFIX", "Ticket", "Waker", "waiter_id"]
 
@@ -65,71 +66,6 @@ logger = logging.getLogger("asyncredlock")
 #: The channel of a client's inbox is this prefix and the client's id (the scripts
 #: build it from a queued waiter's id, in ``lua/queue.lua``).
 INBOX_PREFIX = "asyncredlock:inbox:"
-
-
-class Ticket:
-    """One waiting ``acquire()``: its channels (one per resource of its lock), its
-    place in each channel's queue, and its wake-up flag."""
-
-    __slots__ = (
-        "channels",
-        "event",
-        "everyone",
-        "handed",
-        "heard",
-        "heeding",
-        "nudge",
-        "own",
-        "spent",
-        "waiter",
-    )
-
-    def __init__(
-        self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
-    ) -> None:
-        self.channels = tuple(channels)
-        self.event = asyncio.Event()
-        # a reader: several may go at once, so a release wakes all of them
-        self.everyone = everyone
-        # its id in the masters' queue: a release that names it wakes it
-        self.waiter = None if waiter is None else waiter.encode()
-        # per master (by index), the latest announcement that named it first in line
-        # (a release's value, or a waiter leaving) since it was last woken
-        self.heard: dict[int, bytes] = {}
-        # the announcements that woke it last: heard again from other masters, they
-        # wake it no more
-        self.spent: dict[bytes, None] = {}
-        # the masters (by index) that handed it the key: the attempt whose hand-over
-        # terms they used, and the fence count
-        self.handed: dict[int, tuple[str, int]] = {}
-        # the wake-up due if fewer than a quorum of masters hand it the key
-        self.nudge: asyncio.TimerHandle | None = None
-        # the values of its latest attempts: the undo of one that a master granted
-        # announces this waiter there (it is first), which tells it nothing
-        self.own: dict[bytes, None] = {}
-        # whether an undo's announcement wakes it: not again once one did, until
-        # its pause runs out or anything else wakes it
-        self.heeding = True
-
-    def heeds(self, undone: bytes) -> bool:
-        """Whether the announced undo of the attempt that held ``undone`` wakes
-        it: not when woken already, not its own attempt's, and not since the last
-        undo that woke it (its attempt then failed: a holder may still hold,
-        granted by the masters that lost its key, and the waiters woken by each
-        other's undos would go on attempting, and undoing, for as long as it holds)."""
-        return self.heeding and not self.event.is_set() and undone not in self.own
-
-    def wake(self, *, undo: bool = False) -> None:
-        """Wake it: by an attempt's ``undo``, or by anything else (a release, a
-        lost subscription), after which it heeds undos again."""
-        self.heeding = not undo
-        self.event.set()
-
-    def attempting(self, value: str) -> None:
-        """An attempt holding ``value`` goes out: what it finds supersedes the
-        announcements heard so far from fewer than a quorum of masters."""
-        self.heard.clear()
-        _keep_latest(self.own, (value.encode(),), _OWN_KEPT)
 
 
 class Waker:
@@ -210,27 +146,24 @@ class Waker:
     def leave(self, ticket: Ticket, *, acquired: bool) -> None:
         """Take ``ticket`` out of its queues; unsubscribe where nobody waits.
 
-        A ticket woken but not ``acquired`` passes its wake-up on to the next
-        (one woken by its id needs not: its leaving the masters' queue announces
-        the next one there).
+        The wake-ups it did not use (`Ticket.owes`: woken, but not ``acquired``;
+        a spare one) go on to the next waiters: one in each channel whose last
+        release woke it, as many as it owes, else one in every channel. One woken
+        by its id passes none: its leaving the masters' queue announces the next
+        one there.
         """
         if ticket.waiter is not None:
             self.addressed.pop(ticket.waiter, None)
         if ticket.nudge is not None:
             ticket.nudge.cancel()
             ticket.nudge = None
-        woken = ticket.event.is_set() and not acquired and ticket.waiter is None
-        for channel in ticket.channels:
-            queue = self.queues.get(channel)
-            if queue is None:
-                continue
+        owed = 0 if ticket.waiter is not None else ticket.owes(acquired=acquired)
+        queues = {ch: self.queues[ch] for ch in ticket.channels if ch in self.queues}
+        for queue in queues.values():
             queue.leave(ticket)
-            if woken and queue:
-                # It was woken but is not going to use the lock: pass the wake-up on.
-                last = self.last.get(channel)
-                heir = _wake_first(queue, None if last is None else _undone(last[0]))
-                if last is not None and last[1] is ticket:
-                    self.last[channel] = (last[0], heir)
+        if owed:
+            self._bequeath(ticket, [channel for channel, queue in queues.items() if queue], owed)
+        for channel, queue in queues.items():
             if not queue:
                 del self.queues[channel]
                 self.last.pop(channel, None)
@@ -239,8 +172,26 @@ class Waker:
                         if listener is not None:
                             listener.unsubscribe(channel)
 
+    def _bequeath(self, ticket: Ticket, channels: list[str], owed: int) -> None:
+        """Wake ``owed`` waiters of ``channels`` in place of ``ticket``, which left:
+        in the channels whose last release woke it (a semaphore's waiters listen on
+        every slot's channel: one wake-up per release), else one in each channel
+        (it may have been woken by a lost subscription, or the release that woke
+        it is no longer the channel's last)."""
+        named = [ch for ch in channels if (last := self.last.get(ch)) and last[1] is ticket]
+        for channel in named or channels:
+            if named and not owed:
+                return
+            last = self.last.get(channel)
+            heir = wake_first(self.queues[channel], None if last is None else undone_by(last[0]))
+            if last is not None and last[1] is ticket:
+                self.last[channel] = (last[0], heir)
+            owed -= heir is not None
+
     async def wait(self, ticket: Ticket, delay: float) -> bool:
-        """Wait until ``ticket`` is woken or ``delay`` passed; whether it was woken."""
+        """Wait until ``ticket`` is woken or ``delay`` passed; whether it was woken.
+        Its attempt is out once it returns (`Ticket.out`)."""
+        ticket.out = ticket.spare = False  # (a spare one: woken at once)
         try:
             # (not wait_for: that runs the wait in a task of its own, one loop
             # iteration more between the release heard and the waiter going)
@@ -248,8 +199,10 @@ class Waker:
                 await ticket.event.wait()
         except TimeoutError:
             ticket.heeding = True  # it attempts on its own again
+            ticket.out = True
             return False
         ticket.event.clear()
+        ticket.out = True
         return True
 
     def _on_message(self, index: int, channel: str, value: bytes) -> None:
@@ -287,7 +240,7 @@ class Waker:
         heard = addressed.heard
         heard[index] = cause
         if len(heard.keys() | addressed.handed.keys()) >= self.quorum:
-            _keep_latest(addressed.spent, heard.values(), _SPENT_KEPT)
+            keep_latest(addressed.spent, heard.values(), _SPENT_KEPT)
             heard.clear()
             self.wakeups += 1
             addressed.wake()
@@ -317,7 +270,7 @@ class Waker:
                 continue
             later = itertools.dropwhile(lambda waiting: waiting is not ticket, queue)
             next(later, None)  # the ticket itself
-            self.last[channel] = (last[0], _wake_first(later, _undone(last[0])))
+            self.last[channel] = (last[0], wake_first(later, undone_by(last[0])))
 
     def _nudge(self, ticket: Ticket) -> None:
         """Wake ``ticket`` if some masters, but fewer than a quorum, handed it the
@@ -334,7 +287,7 @@ class Waker:
         it (`Ticket.heeds`)."""
         queue = self.queues.get(channel)
         last = self.last.get(channel)
-        undone = _undone(value)
+        undone = undone_by(value)
         if last is not None and last[0] == value:
             # The same release, heard from another master: only the waiter it
             # woke may need it, if that waiter's attempt came too early. (Not
@@ -350,7 +303,7 @@ class Waker:
                 ticket.wake(undo=undone is not None)
             chosen = heeding[0] if heeding else None
         elif queue:
-            chosen = _wake_first(queue, undone)
+            chosen = wake_first(queue, undone)
         if undone is None or chosen is not None:  # (an unheeded undo: no release)
             self.last[channel] = (value, chosen)
         if chosen is not None:
@@ -380,17 +333,6 @@ class Waker:
                 await listener.aclose()
 
 
-def _keep_latest(recent: dict[bytes, None], items: Iterable[bytes], kept: int) -> None:
-    """Add ``items`` to ``recent`` (an ordered set), keeping the latest ``kept``."""
-    for item in items:
-        recent[item] = None
-    while len(recent) > kept:
-        del recent[next(iter(recent))]
-
-
-#: How many of its latest attempts' values a waiter remembers (see `Ticket.own`).
-_OWN_KEPT = 4
-
 #: How many of the announcements that woke a waiter it remembers (their copies from
 #: the other masters may come after those of the next few).
 _SPENT_KEPT = 8
@@ -400,27 +342,6 @@ def waiter_id(client: str, *, reader: bool) -> str:
     """A new id for a waiter of ``client`` in the masters' queues (``r:`` for a
     reader): ``release.lua`` sends a writer's to ``client``'s inbox."""
     return f"{'r' if reader else 'w'}:{client}:{secrets.token_hex(8)}"
-
-
-#: What an undo's announcement on a lock's channel starts with (``release.lua``,
-#: ``release_read.lua``); a lock value holds no space.
-_UNDO = b"undo "
-
-
-def _undone(message: bytes) -> bytes | None:
-    """The value of the attempt whose undo ``message`` announces; None for a
-    release (or a waiter leaving)."""
-    return message[len(_UNDO) :] if message.startswith(_UNDO) else None
-
-
-def _wake_first(queue: Iterable[Ticket], undone: bytes | None = None) -> Ticket | None:
-    """Wake the first waiter not already woken (for the undo of the attempt that
-    held ``undone``, the first that heeds it); which one, if any."""
-    for ticket in queue:
-        if ticket.heeds(undone) if undone is not None else not ticket.event.is_set():
-            ticket.wake(undo=undone is not None)
-            return ticket
-    return None
 
 
 async def _wait_for_some(futures: Sequence[asyncio.Future[None]], need: int, within: float) -> None:
