@@ -237,10 +237,13 @@ class _Acquisition:
                 self.core.waker.leave(self.ticket, acquired=self.acquired)
             if self.place is not None and not self.core.closed:
                 # out of the queue where it is still listed (granted or not); where
-                # it was let in for a free slot, the next one is announced there
-                keys, args = (*self.place.keys, *self.semaphore.slot_keys), self.channels[:1]
+                # it was let in for a free slot (or took one, given back), the next
+                # one is announced there
+                keys = (*self.place.keys, *self.semaphore.slot_keys)
+                ended = int(self.attempts > 0 and not self.acquired)  # maybe given back
+                args = (self.place.waiter, self.channels[0], ended)
                 for node in self.core.nodes:
-                    node.call(SEM_DEQUEUE, keys, (self.place.waiter, *args))
+                    node.call(SEM_DEQUEUE, keys, args)
             self.core.done_acquiring()
             note_attempts(span, self.attempts, self.granted)
         if self.attempts != 1:

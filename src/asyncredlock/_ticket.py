@@ -8,7 +8,8 @@ freed (a semaphore's, or a lock's for a set of resources) and end with the lease
 and the release's wake-up would go with it, while the next waiter sleeps with a
 slot free. Woken with nobody waiting, a waiter whose attempt is out keeps the
 wake-up as a *spare*: it tries again at once if that attempt fails, and passes it
-on if it takes the lease (`Ticket.owes`).
+on if it takes the lease. A waiter that leaves without the lease (cancelled, timed
+out, refused) passes on the wake-up it was using (`Ticket.owes`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Ticket:
         "own",
         "spare",
         "spent",
+        "using",
         "waiter",
     )
 
@@ -67,6 +69,8 @@ class Ticket:
         # its attempt is out (it enrolled, or left `Waker.wait`, and attempts):
         # a release wakes a waiter that waits before it
         self.out = True
+        # the attempt out follows a wake-up: it uses it
+        self.using = False
         # woken while its attempt was out (nobody waiting to be woken instead)
         self.spare = False
 
@@ -92,8 +96,13 @@ class Ticket:
 
     def owes(self, *, acquired: bool) -> int:
         """How many wake-ups it leaves unused, to pass on: a spare one; unless
-        ``acquired``, the one it was woken with."""
-        return int(self.spare if acquired else self.event.is_set())
+        ``acquired``, also the one its attempt out used, or the one it was woken
+        with while waiting."""
+        if acquired:
+            return int(self.spare)
+        if self.out:
+            return int(self.using) + int(self.spare)
+        return int(self.event.is_set())
 
 
 def keep_latest(recent: dict[bytes, None], items: Iterable[bytes], kept: int) -> None:

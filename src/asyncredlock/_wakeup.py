@@ -191,7 +191,7 @@ class Waker:
     async def wait(self, ticket: Ticket, delay: float) -> bool:
         """Wait until ``ticket`` is woken or ``delay`` passed; whether it was woken.
         Its attempt is out once it returns (`Ticket.out`)."""
-        ticket.out = ticket.spare = False  # (a spare one: woken at once)
+        ticket.out = ticket.using = ticket.spare = False  # (a spare one: woken at once)
         try:
             # (not wait_for: that runs the wait in a task of its own, one loop
             # iteration more between the release heard and the waiter going)
@@ -202,7 +202,7 @@ class Waker:
             ticket.out = True
             return False
         ticket.event.clear()
-        ticket.out = True
+        ticket.out = ticket.using = True
         return True
 
     def _on_message(self, index: int, channel: str, value: bytes) -> None:
@@ -271,6 +271,7 @@ class Waker:
             later = itertools.dropwhile(lambda waiting: waiting is not ticket, queue)
             next(later, None)  # the ticket itself
             self.last[channel] = (last[0], wake_first(later, undone_by(last[0])))
+            ticket.using = False  # its wake-up went on: it has none to pass when leaving
 
     def _nudge(self, ticket: Ticket) -> None:
         """Wake ``ticket`` if some masters, but fewer than a quorum, handed it the

@@ -1,4 +1,4 @@
-"""Semaphores: wake-ups when several slots are given back."""
+"""Semaphores: wake-ups when several slots are given back, or a woken waiter leaves."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from asyncredlock import AsyncRedlock, Lease
+from asyncredlock._keys import channel
 from asyncredlock.testing import Waits, hold_calls, whole_retry_delay
 
 from .conftest import Masters
@@ -80,5 +81,120 @@ async def test_two_slots_given_back_wake_two_waiters_of_one_client(
         for lease in got:
             await lease.release()
         for client in (holder, waiter):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+async def test_a_woken_waiter_cancelled_during_its_attempt_passes_the_wake_on(
+    masters: Masters, fair: bool
+) -> None:
+    """Limit 2, both slots held by another client; A and B (one client, retry delay of
+    two minutes) wait. Slot 0 is released: A is woken, and cancelled as its attempt
+    goes out (the attempt is given back). Slot 0 is free and B is next: A passes its
+    wake-up on. Before, nobody woke B: A's ticket left with its flag already cleared
+    (`Waker.leave` passed a wake-up on only while the flag was set), and, fair, A took
+    the slot on the masters in that attempt (leaving their queue there), so its
+    dequeue announced nothing.
+    One master, as in the test above: with more, a copy of the release heard from
+    another master before A leaves set A's flag again, and A's leaving passed that
+    on to B by luck."""
+    name = "sem:woken-cancelled"
+    urls = masters.urls[:1]
+    async with (
+        AsyncRedlock(urls) as holder,
+        AsyncRedlock(urls, retry_delay=PATIENT) as waiter,
+    ):
+        held = [
+            await holder.semaphore(name, 2, ttl=PATIENT, fair=fair, timeout=0).acquire()
+            for _ in range(2)
+        ]
+        await holder.settle()
+        semaphore = waiter.semaphore(name, 2, fair=fair, timeout=PATIENT)
+        with whole_retry_delay(waiter), anyio.fail_after(GUARD):
+            with Waits(waiter) as waits:
+                a = asyncio.ensure_future(semaphore.acquire())
+                await waits.reach(1)
+                b = asyncio.ensure_future(semaphore.acquire())
+                await waits.reach(2)  # both parked, A enrolled first
+            await waiter.settle()
+
+            def cancel_a_when_woken(event: str) -> None:
+                if event == "woken" and not a.done():
+                    a.cancel()  # runs in A's task: lands at its attempt's first await
+
+            waiter._core.watchers.append(cancel_a_when_woken)
+            await held[0].release()
+            with pytest.raises(asyncio.CancelledError):
+                await a
+            waiter._core.watchers.remove(cancel_a_when_woken)
+            lease = await b  # before the fix, B slept with slot 0 free: fail_after ended it
+        await lease.release()
+        await held[1].release()
+        for client in (holder, waiter):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_a_fair_waiter_cancelled_after_taking_a_slot_announces_its_leaving(
+    masters: Masters,
+) -> None:
+    """Fair, limit 2, both slots held; A (one client) and then B (another client)
+    wait. Slot 0 is released: both clients hear it; A is woken and cancelled as its
+    attempt goes out, after the master granted it slot 0 (taking it out of the
+    queue there), and the attempt is given back (announcing nothing). B's attempt,
+    held back meanwhile, may have come while A was still listed or held the slot, and
+    been refused: A's leaving must be announced on the first slot's channel, as for
+    a waiter let in that leaves (``sem_dequeue.lua``). Before, the master found no
+    entry of A and announced nothing, and a B refused that way slept its retry delay
+    with slot 0 free."""
+    name = "sem:took-and-left"
+    urls = masters.urls[:1]
+    async with (
+        AsyncRedlock(urls) as holder,
+        AsyncRedlock(urls, retry_delay=PATIENT) as first,
+        AsyncRedlock(urls, retry_delay=PATIENT) as second,
+    ):
+        held = [
+            await holder.semaphore(name, 2, ttl=PATIENT, fair=True, timeout=0).acquire()
+            for _ in range(2)
+        ]
+        await holder.settle()
+        pubsub = masters.clients[0].pubsub()
+        await pubsub.subscribe(*(channel(lease.key) for lease in held))  # the first slot's
+        with whole_retry_delay(first, second), anyio.fail_after(GUARD):
+            with Waits(first, second) as waits:
+                a = asyncio.ensure_future(first.semaphore(name, 2, fair=True).acquire())
+                await waits.reach(1)
+                b = asyncio.ensure_future(second.semaphore(name, 2, fair=True).acquire())
+                await waits.reach(2)  # both queued on the master, A first
+            for client in (first, second):
+                await client.settle()
+
+            def cancel_a_when_woken(event: str) -> None:
+                if event == "woken" and not a.done():
+                    a.cancel()  # runs in A's task: lands at its attempt's first await
+
+            first._core.watchers.append(cancel_a_when_woken)
+            with hold_calls(second, "sem_acquire") as calls:
+                await held[0].release()
+                with pytest.raises(asyncio.CancelledError):
+                    await a
+                await first.settle()  # A's attempt, give-back and dequeue ran
+                await calls.reached.wait()  # B was woken by the release too
+            first._core.watchers.remove(cancel_a_when_woken)
+            lease = await b
+            messages = []
+            while (message := await pubsub.get_message(timeout=1.0)) is not None:
+                messages.append(message["data"])
+        await pubsub.aclose()
+        assert any(
+            isinstance(data, bytes)
+            and data.startswith(b"left:s:" + first._core.waker.client.encode())
+            for data in messages
+        ), messages
+        await lease.release()
+        await held[1].release()
+        for client in (holder, first, second):
             await client.settle()
     assert await masters.keys() == [[] for _ in masters.urls]
