@@ -1,4 +1,5 @@
-"""Semaphores: wake-ups when several slots are given back, or a woken waiter leaves."""
+"""Semaphores: wake-ups when several slots are given back or a woken waiter leaves,
+closing, statistics, and cancellation at every step."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import asyncio
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, Lease
+from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock._keys import channel
-from asyncredlock.testing import Waits, hold_calls, whole_retry_delay
+from asyncredlock.testing import Waits, client_state, hold_calls, whole_retry_delay
 
 from .conftest import Masters
 
@@ -81,6 +82,168 @@ async def test_two_slots_given_back_wake_two_waiters_of_one_client(
         for lease in got:
             await lease.release()
         for client in (holder, waiter):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+async def test_a_waiter_granted_a_lost_slot_on_a_minority_does_not_spin(
+    masters: Masters, fair: bool
+) -> None:
+    """Limit 1, its holder's slot key gone on two of five masters: each attempt of a
+    waiter is granted the slot there, fails, and gives it back. The give-back must
+    not wake the waiter (as a read-write lock's undo announcing it did): it stays
+    parked, woken by nothing, until the holder releases. A guard (it passed before too):
+    ``sem_undo.lua`` announcing nothing, fair or not."""
+    name = "sem:minority-lost"
+    async with (
+        AsyncRedlock(masters.urls) as holder,
+        AsyncRedlock(masters.urls, retry_delay=PATIENT) as waiter,
+    ):
+        lease = await holder.semaphore(name, 1, ttl=PATIENT, fair=fair, timeout=0).acquire()
+        await holder.settle()
+        for client in masters.clients[:2]:
+            await client.delete(lease.key)
+        with whole_retry_delay(waiter), Waits(waiter) as waits, anyio.fail_after(GUARD):
+            waiting = asyncio.ensure_future(
+                waiter.semaphore(name, 1, fair=fair, timeout=PATIENT).acquire()
+            )
+            await waits.reach(1)
+            await waiter.settle()  # its give-backs ran on the two masters
+            attempts = waiter.statistics().attempts
+            # a round trip to every master through both clients: any announcement
+            # of the give-backs has reached the waiter's listener by now
+            await lease.extend()
+            for client in masters.clients:
+                await client.ping()
+            await waiter.settle()
+            assert waiter.statistics().attempts == attempts
+            assert waits.woken == 0
+            assert not waiting.done()
+            await lease.release()
+            got = await waiting
+        assert waits.woken >= 1
+        await got.release()
+        for client in (holder, waiter):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+async def test_closing_a_client_holding_and_waiting_leaves_nothing_on_the_masters(
+    masters: Masters, fair: bool
+) -> None:
+    """A client holds two slots of three and has two tasks waiting (queued on the
+    masters when fair) behind a third holder; it is closed. Its slots are given back,
+    its waiters are out of every queue, and the other holder's slot alone remains;
+    another client then takes the two freed slots at once."""
+    name = "sem:close"
+    async with AsyncRedlock(masters.urls) as other:
+        theirs = await other.semaphore(name, 3, fair=fair, timeout=0).acquire()
+        await other.settle()
+        closing = AsyncRedlock(masters.urls, retry_delay=PATIENT)
+        mine = [await closing.semaphore(name, 3, fair=fair, timeout=0).acquire() for _ in range(2)]
+        with Waits(closing) as waits, anyio.fail_after(GUARD):
+            waiting = [
+                asyncio.ensure_future(closing.semaphore(name, 3, fair=fair).acquire())
+                for _ in range(2)
+            ]
+            await waits.reach(2 if fair else 1)  # unfair: one turn left for them
+        with anyio.fail_after(GUARD):
+            await closing.aclose()
+            results = await asyncio.gather(*waiting, return_exceptions=True)
+        assert all(isinstance(r, RuntimeError) for r in results), results
+        assert all(lease.lost or not lease.held for lease in mine)
+        keys = await masters.keys()
+        assert keys == [[theirs.key.encode()] for _ in masters.urls], keys
+        two = [await other.semaphore(name, 3, fair=fair, timeout=0).acquire() for _ in range(2)]
+        for lease in (theirs, *two):
+            await lease.release()
+        await other.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+async def test_statistics_count_each_semaphore_outcome_once(masters: Masters, fair: bool) -> None:
+    """A timeout (waiting on the masters, and, unfair, waiting for a turn in the
+    process), a cancellation and an acquisition: each counted once, in the client's,
+    the semaphore's and the resource's statistics; ``held`` counts the leases."""
+    name = "sem:stats"
+    async with (
+        AsyncRedlock(masters.urls) as holder,
+        AsyncRedlock(masters.urls, retry_delay=PATIENT) as redlock,
+    ):
+        held = await holder.semaphore(name, 1, fair=fair, timeout=0).acquire()
+        semaphore = redlock.semaphore(name, 1, fair=fair, timeout=PATIENT)
+        with Waits(redlock) as waits, anyio.fail_after(GUARD):
+            parked = asyncio.ensure_future(semaphore.acquire())
+            await waits.reach(1)
+        short = redlock.semaphore(name, 1, fair=fair, timeout=0.05)
+        with pytest.raises(LockTimeoutError):
+            await short.acquire()  # unfair: its turn never came; fair: refused
+        parked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await parked
+        await held.release()
+        with anyio.fail_after(GUARD):
+            mine = await semaphore.acquire()
+        stats = redlock.statistics()
+        assert stats.held == 1
+        assert (stats.acquisitions, stats.timeouts) == (1, 1)
+        assert (semaphore.statistics().acquisitions, semaphore.statistics().timeouts) == (1, 0)
+        assert semaphore.statistics().waiting == 0
+        assert (short.statistics().acquisitions, short.statistics().timeouts) == (0, 1)
+        resource = redlock.resource_statistics()[name]
+        assert (resource.acquisitions, resource.timeouts, resource.lost) == (1, 1, 0)
+        await mine.release()
+        assert redlock.statistics().held == 0
+        assert redlock.resource_statistics()[name].hold.count == 1
+        for client in (holder, redlock):
+            await client.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+async def test_waiters_cancelled_after_k_loop_steps_leave_no_turn_entry_or_ticket(
+    masters: Masters, fair: bool
+) -> None:
+    """Limit 1, held by another client. For k in 0..29: two acquisitions start (unfair:
+    the second waits for its turn in the process); the first is cancelled after k loop
+    steps, the second k steps later (after it may have got the turn). Afterwards no
+    ticket or subscription is left, the masters hold only the holder's slot (no queue
+    entry), and once the holder releases, this client takes the slot at once: no turn
+    was leaked. A guard (it passed before too): `_Turns` and the fair queue under cancellation
+    at every point (the storm test cancels every task at once, with no other holder)."""
+    name = "sem:cancel-k"
+    async with (
+        AsyncRedlock(masters.urls) as holder,
+        AsyncRedlock(masters.urls, retry_delay=0.05) as redlock,
+    ):
+        held = await holder.semaphore(name, 1, fair=fair, timeout=0).acquire()
+        await holder.settle()
+        semaphore = redlock.semaphore(name, 1, fair=fair, timeout=PATIENT)
+        with anyio.fail_after(60):
+            for k in range(30):
+                first = asyncio.ensure_future(semaphore.acquire())
+                second = asyncio.ensure_future(semaphore.acquire())
+                for _ in range(k):
+                    await asyncio.sleep(0)
+                first.cancel()
+                for _ in range(k):
+                    await asyncio.sleep(0)
+                second.cancel()
+                for task in (first, second):
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+            await redlock.settle()
+        state = client_state(redlock)
+        assert (state.held, dict(state.listening), state.addressed) == (0, {}, 0)
+        assert await masters.keys() == [[held.key.encode()] for _ in masters.urls]
+        await held.release()
+        with anyio.fail_after(GUARD):
+            lease = await redlock.semaphore(name, 1, fair=fair, timeout=5).acquire()
+        await lease.release()
+        for client in (holder, redlock):
             await client.settle()
     assert await masters.keys() == [[] for _ in masters.urls]
 
