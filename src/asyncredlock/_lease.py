@@ -167,10 +167,11 @@ class Lease(Keeping):
         if not (decision.reached or decision.refuted):  # failures may pass
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)
+        late = decision.reached and self.held  # (not: it ended while the round ran)
         self._lose(decision, lost_by(decision))
         why = (
             f"{self.resource!r}: extended too late, its validity ran out first"
-            if decision.reached
+            if late
             else f"{self.resource!r} is no longer held by this lease"
         )
         raise self._error(LockNotOwnedError, why, decision)

@@ -3,6 +3,7 @@ step, as text and as ``extra`` fields for structured handlers."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import anyio
@@ -106,6 +107,22 @@ class TestLeaseStory:
             "lease on 'late' lost: not extended before its validity ran out"
         )
         assert await masters.keys() == [[]] * 5  # what remained is removed
+
+    async def test_an_extension_whose_lease_was_released_meanwhile_is_not_too_late(
+        self, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Released while its extension round runs: the masters extend it (the
+        release goes behind), but the lease has ended. extend() says it is no longer
+        held, not that it came too late, and no loss is logged."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            lease = await redlock.lock("ended", ttl=30, auto_extend=False).acquire()
+            extending = asyncio.create_task(lease.extend())
+            await asyncio.sleep(0)  # its round goes out
+            await lease.release()
+            with pytest.raises(LockNotOwnedError, match="no longer held"):
+                await extending
+            assert not lease.lost
+        assert [r for r in records(caplog, "ended") if "lost" in r.getMessage()] == []
 
     async def test_an_outage_logs_each_failed_extension_then_the_loss(
         self, make_servers: MakeServers, caplog: pytest.LogCaptureFixture
