@@ -20,6 +20,8 @@ from .conftest import Masters, Waiting, polled
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
+#: the writer's TTL: its first extension comes a third of it after the lease
+WRITER_TTL = 1.5
 
 
 async def _extended(redlock: AsyncRedlock, times: int) -> bool:
@@ -55,9 +57,9 @@ class TestSelfHandOver:
             waiting = Waiting([writers])
             got: list[Lease] = []
             if exclusive:
-                lock = writers.lock("doc", ttl=HANG_GUARD, timeout=HANG_GUARD)
+                lock = writers.lock("doc", ttl=WRITER_TTL, timeout=HANG_GUARD)
             else:
-                lock = writers.rwlock("doc", **mode).write(ttl=HANG_GUARD, timeout=HANG_GUARD)
+                lock = writers.rwlock("doc", **mode).write(ttl=WRITER_TTL, timeout=HANG_GUARD)
             with anyio.fail_after(HANG_GUARD):
                 async with anyio.create_task_group() as tg:
 
