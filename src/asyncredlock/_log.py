@@ -142,9 +142,6 @@ def log_master_readmitted(master: str) -> None:
     )
 
 
-_PING_REFUSED: set[str] = set()  # the masters whose refusal was logged
-
-
 def refuses_ping(error: BaseException | None) -> bool:
     """Whether ``error`` is a master's ACL refusing a PING (``NOPERM``), not a failure
     that may pass (``BUSY``, ``LOADING``...)."""
@@ -157,18 +154,9 @@ def log_ping_refused(master: str, ping: asyncio.Future[Any]) -> None:
     master alive (the connection stays), but every idle spell is refused again.
     ``ping`` resolves with the PING's `Reply`."""
     error = ping.result().error
-    if refuses_ping(error) and master not in _PING_REFUSED:
-        _PING_REFUSED.add(master)
-        logger.warning(
-            "master %s refuses the PING of idle connections (%s): grant +ping "
-            "(acl_rules() includes it)",
-            master,
-            error,
-            extra={"masters": {master: "refuses PING"}, "reason": str(error)},
-        )
-
-
-_SUBSCRIBE_REFUSED: set[str] = set()  # the masters whose refusal was logged
+    if refuses_ping(error):
+        advice = "grant +ping (acl_rules() includes it)"
+        _log_refused(master, "PING", "the PING of idle connections", str(error), advice)
 
 
 def log_subscribe_refused(master: str, error: str) -> None:
@@ -176,12 +164,27 @@ def log_subscribe_refused(master: str, error: str) -> None:
     once per master and process): an ACL user without ``+subscribe`` or the
     channels of `acl_rules`. Locks still work, but waiters are woken by no release:
     they poll at their retry delay."""
-    if master not in _SUBSCRIBE_REFUSED:
-        _SUBSCRIBE_REFUSED.add(master)
-        logger.warning(
-            "master %s refuses the wake-up subscription (%s): waiters poll at their retry"
-            " delay instead; grant +subscribe and the channels of acl_rules()",
-            master,
-            error,
-            extra={"masters": {master: "refuses SUBSCRIBE"}, "reason": error},
-        )
+    advice = (
+        "waiters poll at their retry delay instead; grant +subscribe and the channels"
+        " of acl_rules()"
+    )
+    _log_refused(master, "SUBSCRIBE", "the wake-up subscription", error, advice)
+
+
+_REFUSALS_LOGGED: set[tuple[str, str]] = set()  # (command, master) already logged
+
+
+def _log_refused(master: str, command: str, what: str, error: str, advice: str) -> None:
+    """A master's ACL refused ``command`` (``what`` it is for): WARNING, once per
+    master and command in this process (the refusal comes back at every try)."""
+    if (command, master) in _REFUSALS_LOGGED:
+        return
+    _REFUSALS_LOGGED.add((command, master))
+    logger.warning(
+        "master %s refuses %s (%s): %s",
+        master,
+        what,
+        error,
+        advice,
+        extra={"masters": {master: f"refuses {command}"}, "reason": error},
+    )
