@@ -16,7 +16,7 @@ from asyncredlock import AsyncRedlock, LockLostError, QuorumUnavailableError
 from asyncredlock.testing import FaultProxy
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters
+from .conftest import Masters, polled
 
 pytestmark = pytest.mark.anyio
 
@@ -58,14 +58,12 @@ async def test_the_extender_rides_through_a_master_restarted_empty_and_a_blip(
                         group[0].restart(kill=True)  # comes back empty
                         refuse(proxy, True)
                         # (no event tells an extension round ended: its count is polled)
-                        while lease.statistics().failed_extensions < 1:  # noqa: ASYNC110
-                            await anyio.sleep(0.02)
+                        assert await polled(lambda: lease.statistics().failed_extensions >= 1)
                         refuse(proxy, False)
                         for client in masters.clients[1:]:  # a quorum holds it
                             assert await client.get("restarted") == lease.value.encode()
                         extended = lease.statistics().extensions
-                        while lease.statistics().extensions == extended:  # noqa: ASYNC110
-                            await anyio.sleep(0.02)
+                        assert await polled(lambda: lease.statistics().extensions > extended)
                         assert lease.held
                 assert holder.statistics().lost == 0
         finally:

@@ -12,12 +12,13 @@ from asyncredlock.testing import Waits
 from asyncredlock.testing._support import connected_clients
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters, library_tasks, queues
+from .conftest import Masters, library_tasks, polled, queues
 
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30
-# The loops marked ASYNC110 poll a count or a key: no event tells when it changes.
+POLLS = HANG_GUARD * 40  # polled() looks every 0.025 s: as long as HANG_GUARD
+# The loop marked ASYNC110 polls a key (an await each look): no event tells it changes.
 
 
 class TestFairWaiterAcrossARestart:
@@ -128,8 +129,7 @@ class TestRWLockAcrossARestart:
                         await waits.reach(2)
                         group[0].restart(kill=True)
                         await masters.clients[0].connection_pool.disconnect()
-                        while not timed_out and not got:  # noqa: ASYNC110
-                            await anyio.sleep(0.05)
+                        assert await polled(lambda: bool(timed_out or got), POLLS)
                         assert got == []  # no writer beside the readers
                         assert len(timed_out) == 1
                         assert all(lease.held for lease in readers)
@@ -229,8 +229,7 @@ class TestHandOverAfterARestart:
                 group[0].start()
                 await masters.clients[0].connection_pool.disconnect()
                 with anyio.fail_after(HANG_GUARD):
-                    while lease.statistics().extensions < 3:  # noqa: ASYNC110
-                        await anyio.sleep(0.05)
+                    assert await polled(lambda: lease.statistics().extensions >= 3, POLLS)
                 assert lease.held
                 ttls = [await client.pttl("handed") for client in masters.clients[1:]]
                 assert all(ttl > 5000 for ttl in ttls), ttls  # extended to the lease's TTL
@@ -267,8 +266,8 @@ class TestMasterTurnedReplica:
                     while await masters.clients[0].exists("demoted"):  # noqa: ASYNC110
                         await anyio.sleep(0.05)  # the sync from the empty server
                     extended = lease.statistics().extensions
-                    while lease.statistics().extensions < extended + 2:  # noqa: ASYNC110
-                        await anyio.sleep(0.05)
+                    done = extended + 2
+                    assert await polled(lambda: lease.statistics().extensions >= done, POLLS)
                 assert lease.held
                 with pytest.raises(LockTimeoutError):
                     await rival.lock("demoted", timeout=0).acquire()
@@ -277,8 +276,8 @@ class TestMasterTurnedReplica:
                 await masters.clients[0].execute_command("REPLICAOF", "NO", "ONE")
                 extended = lease.statistics().extensions
                 with anyio.fail_after(HANG_GUARD):
-                    while lease.statistics().extensions < extended + 1:  # noqa: ASYNC110
-                        await anyio.sleep(0.05)
+                    done = extended + 1
+                    assert await polled(lambda: lease.statistics().extensions >= done, POLLS)
                 assert holder.statistics().lost == 0
                 await lease.release()
                 after = await rival.lock("demoted", timeout=0).acquire()
