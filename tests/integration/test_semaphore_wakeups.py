@@ -29,6 +29,16 @@ async def _notifications_reach(redlock: AsyncRedlock, count: int) -> None:
     raise AssertionError(f"only {redlock.statistics().notifications} notifications heard")
 
 
+async def _both_slots_held(holder: AsyncRedlock, name: str, *, fair: bool) -> list[Lease]:
+    """``holder`` takes both slots of semaphore ``name`` (limit 2), on every master."""
+    held = [
+        await holder.semaphore(name, 2, ttl=PATIENT, fair=fair, timeout=0).acquire()
+        for _ in range(2)
+    ]
+    await holder.settle()
+    return held
+
+
 @pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
 async def test_two_slots_given_back_wake_two_waiters_of_one_client(
     masters: Masters, fair: bool
@@ -52,11 +62,7 @@ async def test_two_slots_given_back_wake_two_waiters_of_one_client(
         AsyncRedlock(urls) as holder,
         AsyncRedlock(urls, retry_delay=PATIENT) as waiter,
     ):
-        held = [
-            await holder.semaphore(name, 2, ttl=PATIENT, fair=fair, timeout=0).acquire()
-            for _ in range(2)
-        ]
-        await holder.settle()
+        held = await _both_slots_held(holder, name, fair=fair)
         semaphore = waiter.semaphore(name, 2, fair=fair, timeout=PATIENT)
         got: list[Lease] = []
 
@@ -268,11 +274,7 @@ async def test_a_woken_waiter_cancelled_during_its_attempt_passes_the_wake_on(
         AsyncRedlock(urls) as holder,
         AsyncRedlock(urls, retry_delay=PATIENT) as waiter,
     ):
-        held = [
-            await holder.semaphore(name, 2, ttl=PATIENT, fair=fair, timeout=0).acquire()
-            for _ in range(2)
-        ]
-        await holder.settle()
+        held = await _both_slots_held(holder, name, fair=fair)
         semaphore = waiter.semaphore(name, 2, fair=fair, timeout=PATIENT)
         with whole_retry_delay(waiter), anyio.fail_after(GUARD):
             with Waits(waiter) as waits:
@@ -318,11 +320,7 @@ async def test_a_fair_waiter_cancelled_after_taking_a_slot_announces_its_leaving
         AsyncRedlock(urls, retry_delay=PATIENT) as first,
         AsyncRedlock(urls, retry_delay=PATIENT) as second,
     ):
-        held = [
-            await holder.semaphore(name, 2, ttl=PATIENT, fair=True, timeout=0).acquire()
-            for _ in range(2)
-        ]
-        await holder.settle()
+        held = await _both_slots_held(holder, name, fair=True)
         pubsub = masters.clients[0].pubsub()
         await pubsub.subscribe(*(channel(lease.key) for lease in held))  # the first slot's
         with whole_retry_delay(first, second), anyio.fail_after(GUARD):
