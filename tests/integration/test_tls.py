@@ -543,6 +543,25 @@ async def test_mutual_tls_wakeup_restart_and_idle_pings(
     assert len(taken) == 2
 
 
+async def _closed_while_pending(
+    redlock: AsyncRedlock,
+    task: asyncio.Task[None],
+    errors: list[BaseException],
+    group: ServerGroup,
+    mutual: list[FaultProxy],
+) -> None:
+    """Close ``redlock`` while ``task``'s call hangs behind the blackholed ``mutual``
+    fronts: the call ends with one library error, and no task or connection is left."""
+    await redlock.aclose()
+    await task
+    for front in mutual:
+        front.blackhole = False
+    assert len(errors) == 1
+    assert isinstance(errors[0], RedlockError | RuntimeError), repr(errors[0])
+    assert own_tasks() == []
+    await no_connection_left(group, mutual)
+
+
 async def test_aclose_with_calls_pending_over_tls(
     group: ServerGroup, mutual: list[FaultProxy], certs: Certs
 ) -> None:
@@ -565,14 +584,7 @@ async def test_aclose_with_calls_pending_over_tls(
 
         task = asyncio.get_running_loop().create_task(extend())
         assert await polled(lambda: all(n.in_flight for n in redlock._core.nodes))
-        await redlock.aclose()
-        await task
-        for front in mutual:
-            front.blackhole = False
-        assert len(errors) == 1
-        assert isinstance(errors[0], RedlockError | RuntimeError), repr(errors[0])
-        assert own_tasks() == []
-        await no_connection_left(group, mutual)
+        await _closed_while_pending(redlock, task, errors, group, mutual)
 
 
 async def test_aclose_during_a_tls_handshake(
@@ -596,14 +608,7 @@ async def test_aclose_during_a_tls_handshake(
 
         task = asyncio.get_running_loop().create_task(acquire())
         assert await polled(lambda: all(front.connections for front in mutual))
-        await redlock.aclose()
-        await task
-        for front in mutual:
-            front.blackhole = False
-        assert len(errors) == 1
-        assert isinstance(errors[0], RedlockError | RuntimeError), repr(errors[0])
-        assert own_tasks() == []
-        await no_connection_left(group, mutual)
+        await _closed_while_pending(redlock, task, errors, group, mutual)
 
 
 @pytest.fixture
