@@ -74,7 +74,7 @@ def check_seconds(
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
     if MAX_SECONDS < seconds < math.inf:
         raise ValueError(_too_long(name, value))
-    return seconds
+    return seconds + 0.0  # -0.0 becomes 0.0
 
 
 def check_ttl(name: str, value: object, *, allow_inf: bool = False) -> float:

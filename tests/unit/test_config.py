@@ -62,6 +62,8 @@ class TestCheckSeconds:
 
     def test_zero_allowed_when_asked(self) -> None:
         assert check_seconds("timeout", 0, allow_zero=True) == 0.0
+        # -0.0 is zero, returned as 0.0: it would show as "-0s" in a repr
+        assert math.copysign(1.0, check_seconds("patience", -0.0, allow_zero=True)) == 1.0
         with pytest.raises(ValueError, match=r"^timeout must be >= 0 seconds"):
             check_seconds("timeout", -0.5, allow_zero=True)
 
