@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import cast
 
@@ -33,6 +34,9 @@ class _Subscription(Stream):
         self.reader = hiredis.Reader()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.heartbeat: Heartbeat | None = None
+        # the commands sent whose reply is still to come, in order (one channel
+        # each): an error reply names no channel, this says whose it is
+        self.expected: deque[tuple[str, ...]] = deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio's: no isinstance check
@@ -41,6 +45,7 @@ class _Subscription(Stream):
     def send(self, *command: str) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(pack(*command))
+            self.expected.append(command)
 
     def watch(self, interval: float) -> None:
         """PING the master after ``interval`` of quiet; drop the connection when
@@ -54,9 +59,14 @@ class _Subscription(Stream):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             if isinstance(reply, list) and len(reply) == 3:
-                self.listener.handle(_text(reply[0]), _text(reply[1]), reply[2])
-            elif isinstance(reply, hiredis.ReplyError):
-                self.listener.refused(str(reply))
+                kind = _text(reply[0])
+                if kind != "message" and self.expected:  # a command's reply
+                    self.expected.popleft()
+                self.listener.handle(kind, _text(reply[1]), reply[2])
+                continue
+            command = self.expected.popleft() if self.expected else ()
+            if isinstance(reply, hiredis.ReplyError):
+                self.listener.refused(str(reply), command)
             elif not (isinstance(reply, list) and reply[:1] == [b"pong"]):  # a heartbeat's
                 logger.debug("subscription to %s: unexpected reply %r", self.listener.name, reply)
 
@@ -168,19 +178,35 @@ class Listener:
             value = data if isinstance(data, bytes) else str(data).encode()
             self.on_message(self.index, channel, value)
 
-    def refused(self, error: str) -> None:
-        """An error reply: a SUBSCRIBE the master's ACL refused (``NOPERM``) is kept
-        and logged at WARNING (once per master); another, only at DEBUG."""
+    def refused(self, error: str, command: tuple[str, ...]) -> None:
+        """An error reply to ``command``: a SUBSCRIBE the master's ACL refused
+        (``NOPERM``) is kept and logged at WARNING (once per master); another, only
+        at DEBUG. The refused channel's confirmation ends (its waiters poll), and a
+        later waiter on it asks again; the other channels are unaffected."""
+        if command[:1] == ("SUBSCRIBE",):
+            self._unasked(command[1])
         if not error.startswith("NOPERM"):
             logger.debug("subscription to %s: error reply %r", self.name, error)
             return
         self.refusal = error
         log_subscribe_refused(self.name, error)
 
+    def _unasked(self, channel: str) -> None:
+        left = self.asked.pop(channel, 1) - 1
+        if left > 0:  # a later SUBSCRIBE of it is still to be answered
+            self.asked[channel] = left
+            return
+        future = self.confirmed.pop(channel, None)
+        if future is not None and not future.done():
+            future.cancel()
+        if channel in self.unconfirmed:  # as when confirmed: a release may be unheard
+            self.unconfirmed.discard(channel)
+            self.on_lost(channel)
+
     def _ask(self, connection: _Subscription, *channels: str) -> None:
-        for channel in channels:
+        for channel in channels:  # one command each: a refusal is of one channel
             self.asked[channel] = self.asked.get(channel, 0) + 1
-        connection.send("SUBSCRIBE", *channels)
+            connection.send("SUBSCRIBE", channel)
 
     async def aclose(self) -> None:
         self.closed = True

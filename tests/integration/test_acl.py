@@ -526,3 +526,59 @@ async def test_a_refused_subscription_is_not_silent(
     warned = [r.getMessage() for r in refused if r.levelno >= logging.WARNING]
     assert sorted(message.split()[1] for message in warned) == masters
     assert all("acl_rules()" in message for message in warned)
+
+
+async def subscribers(group: ServerGroup, channel: str) -> list[int]:
+    """How many connections each server has subscribed to ``channel``."""
+    counts = []
+    for url in group.urls:
+        async with Redis.from_url(url) as admin:
+            counts.append(dict(await admin.pubsub_numsub(channel))[channel.encode()])
+    return counts
+
+
+async def test_a_refused_channel_does_not_refuse_the_others_after_a_reconnection(
+    make_servers: MakeServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The user may use the keys of ``billing:*`` but not its channels: a semaphore's
+    waiter there polls, as documented. After the subscription connections are lost,
+    the waiters' channels are subscribed again; the refused one must not take the
+    allowed ones with it (one SUBSCRIBE for them all was refused as a whole: the
+    waiter on ``orders:s``, with no retry delay to fall back on, was never woken)."""
+    group = make_servers(3)
+    rules = [*acl_rules("orders:*"), "~billing:*", "~{billing:*}:*"]
+    urls = await add_user(group, "halfdeaf", rules)
+    channel = "{orders:s}:sem:0:released"
+    caplog.set_level(logging.DEBUG, logger="asyncredlock")
+    with anyio.fail_after(HANG_GUARD):
+        async with AsyncRedlock(urls) as one, AsyncRedlock(urls, retry_delay=NEVER) as two:
+            billing = await one.semaphore("billing:s", 1, ttl=60.0).acquire()
+            held = await one.semaphore("orders:s", 1, ttl=60.0).acquire()
+            waits, took = Waits(two), anyio.Event()
+            got: list[Lease] = []
+
+            async def wait(name: str) -> None:
+                got.append(await two.semaphore(name, 1, timeout=HANG_GUARD).acquire())
+                took.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait, "billing:s")
+                await waits.reach(1)
+                tg.start_soon(wait, "orders:s")
+                await waits.reach(2)
+                assert await subscribers(group, channel) == [1, 1, 1]
+                for url in group.urls:  # every subscription connection is lost
+                    async with Redis.from_url(url) as admin:
+                        await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                for _ in range(400):  # (no event tells a master subscribed it again)
+                    if await subscribers(group, channel) == [1, 1, 1]:
+                        break
+                    await anyio.sleep(0.025)
+                assert await subscribers(group, channel) == [1, 1, 1]
+                await held.release()
+                await took.wait()  # the waiter on orders:s is woken and takes the slot
+                assert [lease.resource for lease in got] == ["orders:s"]
+                tg.cancel_scope.cancel()  # the billing waiter, which polls (NEVER)
+            await got[0].release()
+            await billing.release()
+    assert any("NOPERM" in r.getMessage() for r in caplog.records)
