@@ -14,14 +14,12 @@ more than ``limit``.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import functools
 import math
 import random
 import secrets
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Self
 
@@ -41,6 +39,7 @@ from ._refusal import acquisition_error, refusal
 from ._scripts import SEM_ACQUIRE, SEM_DEQUEUE, SEM_UNDO
 from ._stats import Taken
 from ._telemetry import note_attempts
+from ._turns import TURNS, Turns
 from ._wakeup import Ticket
 from ._wire import ClosedError
 
@@ -119,7 +118,7 @@ class Semaphore(Lock):
     async def _acquire(self, started: float, span: Span | None) -> Lease:
         if self.timeout == 0 or self.fair:  # one attempt, or each task queues itself
             return await _Acquisition(self, started).run(span)
-        turns = _TURNS.setdefault(self._core, _Turns())
+        turns = TURNS.setdefault(self._core, Turns())
         if turns.busy(self.key, self.limit):
             self._core.note("queued")
         took = False
@@ -139,59 +138,6 @@ class Semaphore(Lock):
             resource=self.name,
             outcomes=(),
         )
-
-
-class _Turns:
-    """Turns to ask the masters, per semaphore key, for the tasks of one
-    ``AsyncRedlock``: at most ``limit`` of them attempt at once (more could not all
-    get a slot: they would split the masters' grants, fail and wake one another);
-    the others wait here, in arrival order. A turn ends with its ``acquire()``."""
-
-    def __init__(self) -> None:
-        self.taken: dict[str, int] = {}
-        self.waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
-
-    def busy(self, key: str, limit: int) -> bool:
-        """Whether a task that asks now waits for its turn."""
-        return self.taken.get(key, 0) >= limit or key in self.waiting
-
-    async def take(self, key: str, limit: int) -> None:
-        if not self.busy(key, limit):
-            self.taken[key] = self.taken.get(key, 0) + 1
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiting.setdefault(key, collections.deque()).append(turn)
-        try:
-            await turn  # passed on by `give`: the count stays
-        except BaseException:
-            if turn.done() and not turn.cancelled():
-                self.give(key)  # passed on just as it was cancelled: on to the next
-            else:  # `give` may have dropped it (and its queue) already
-                queue = self.waiting.get(key)
-                if queue is not None and turn in queue:
-                    queue.remove(turn)
-                    if not queue:
-                        del self.waiting[key]
-            raise
-
-    def give(self, key: str) -> None:
-        """End a turn: pass it to the first task still waiting, or count it free."""
-        queue = self.waiting.get(key, collections.deque())
-        while queue:
-            turn = queue.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                if not queue:
-                    del self.waiting[key]
-                return
-        self.waiting.pop(key, None)
-        self.taken[key] -= 1
-        if not self.taken[key]:
-            del self.taken[key]
-
-
-#: Each AsyncRedlock's turns (its engine's), dropped with it.
-_TURNS: weakref.WeakKeyDictionary[Core, _Turns] = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -304,8 +250,8 @@ class _Acquisition:
             decision = await core.decide(rnd, classify_acquire)
             slot, count = await self._slot(rnd, decision)
             refuse_if_closing(core)
-        except BaseException:
-            self._give_back(rnd, undo_keys, value, None)
+        except BaseException:  # interrupted: announced, a quorum may have granted it
+            self._give_back(rnd, undo_keys, value, None, announce=self.channels)
             raise
         self.granted = count
         expires_at = core.expiry(start, ttl)
@@ -343,15 +289,22 @@ class _Acquisition:
         return slot, count
 
     def _give_back(
-        self, rnd: Round, keys: Sequence[str], value: str, kept: int | None
+        self,
+        rnd: Round,
+        keys: Sequence[str],
+        value: str,
+        kept: int | None,
+        announce: Sequence[str] = (),
     ) -> list[asyncio.Future[Reply]]:
         """Give back, on each master, every slot of this attempt but ``kept``: at
         once behind the attempt on its connection, with a marker refusing it where
-        its outcome is unknown. Returns each master's reply as the lease of slot
-        ``kept`` sees it (granted there, or not)."""
+        its outcome is unknown; a slot given back is announced as a release on its
+        channel in ``announce`` (an interrupted attempt's), else on none. Returns
+        each master's reply as the lease of slot ``kept`` sees it (granted or not)."""
         core = self.core
         acquired: list[asyncio.Future[Reply]] = []
         keep = 0 if kept is None else kept + 1
+        marked = (value, ms(self.semaphore.ttl), keep, *announce)  # with the marker
         for node, task in zip(core.nodes, rnd.tasks, strict=True):
             view: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
             acquired.append(view)
@@ -369,17 +322,13 @@ class _Acquisition:
             if not core.closed:
                 # behind the attempt on its connection: a marker only where it failed
                 unknown = reply is not None and reply.error is not None
-                undo((value, ms(self.semaphore.ttl) if unknown else 0, keep))
+                undo(marked if unknown else (value, 0, keep, *announce))
             if reply is not None:
                 view.set_result(_NOT_HERE if reply.error is None else reply)
                 continue
             # still out: the lease counts it as granted only if it gives `kept`; if it
             # fails, the undo is sent again with the marker (it may yet arrive)
-            again = (
-                None
-                if core.closed
-                else functools.partial(undo, (value, ms(self.semaphore.ttl), keep))
-            )
+            again = None if core.closed else functools.partial(undo, marked)
             task.add_done_callback(functools.partial(_view, view=view, kept=kept, again=again))
         return acquired
 

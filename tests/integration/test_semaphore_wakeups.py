@@ -218,7 +218,7 @@ async def test_waiters_cancelled_after_k_loop_steps_leave_no_turn_entry_or_ticke
     steps, the second k steps later (after it may have got the turn). Afterwards no
     ticket or subscription is left, the masters hold only the holder's slot (no queue
     entry), and once the holder releases, this client takes the slot at once: no turn
-    was leaked. A guard (it passed before too): `_Turns` and the fair queue under cancellation
+    was leaked. A guard (it passed before too): `Turns` and the fair queue under cancellation
     at every point (the storm test cancels every task at once, with no other holder)."""
     name = "sem:cancel-k"
     async with (

@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from asyncredlock._semaphore import _Turns
+from asyncredlock._turns import Turns
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_turns_pass_on_in_arrival_order() -> None:
-    turns = _Turns()
+    turns = Turns()
     await turns.take("k", 2)
     await turns.take("k", 2)
     assert turns.busy("k", 2)
@@ -40,7 +40,7 @@ async def test_turns_pass_on_in_arrival_order() -> None:
 async def test_a_waiter_cancelled_as_its_turn_is_given_raises_cancelled() -> None:
     """Cancelled while waiting, and the turn ends before it resumes: it raises
     CancelledError (not KeyError), and the next waiter gets the turn."""
-    turns = _Turns()
+    turns = Turns()
     await turns.take("k", 1)
     first = asyncio.create_task(turns.take("k", 1))
     second = asyncio.create_task(turns.take("k", 1))
@@ -57,7 +57,7 @@ async def test_a_waiter_cancelled_as_its_turn_is_given_raises_cancelled() -> Non
 
 
 async def test_the_only_waiter_cancelled_as_its_turn_ends_leaves_nothing() -> None:
-    turns = _Turns()
+    turns = Turns()
     await turns.take("k", 1)
     waiter = asyncio.create_task(turns.take("k", 1))
     await asyncio.sleep(0)
