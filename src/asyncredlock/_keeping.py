@@ -156,6 +156,7 @@ class Keeping(ABC):
         floor = 0.0 if keeping else core.settings.node_timeout
         wait = min(max(left, floor), core.timing.max_wait)
         expires_at = core.expiry(start, ttl)
+        cut = self._cut_to(expires_at)
 
         def accepted(decision: Decision) -> bool:
             return self._state is State.HELD and decision.holds(expires_at, core.clock)
@@ -166,16 +167,27 @@ class Keeping(ABC):
             core.counters.extensions += 1
             self._record.extensions += 1
             return None
-        # The masters that took it may hold the key no longer than this round asked
-        # (a shorter TTL than the validity left): the validity never counts on more.
-        if expires_at < self._expires_at:
-            self._expires_at = expires_at
-            self._reschedule()
+        if cut:
+            self._reschedule()  # an automatic extension may keep it: due by the cut
         core.counters.failed_extensions += 1
         self._record.failed_extensions += 1
         log_extension_failed(self, decision.outcomes, _failure(decision), self._failing)
         self._failing = True  # until an extension succeeds: later failures log at DEBUG
         return decision
+
+    def _cut_to(self, expires_at: float) -> bool:
+        """A round was sent that asks for less than the validity left (a shorter TTL):
+        masters may hold the key only until ``expires_at`` from the moment it lands
+        there, so the validity counts on no more, from before any reply comes (a
+        pending automatic extension is due by then at the latest). Whether it cut."""
+        if expires_at >= self._expires_at:
+            return False
+        due = self._expires_at - 2 * self.ttl / 3
+        self._expires_at = expires_at
+        if self._timer is not None:
+            self._timer.cancel()
+            self._extend_at(due)  # (no later than the new expiry)
+        return True
 
     def _send_release(self) -> Round:
         """Compare-and-delete on every master, each behind this lease's calls there."""

@@ -1,0 +1,64 @@
+"""Extension rounds of a lease: what a round trusts while it is out, and how its end
+is told (error, log, counts) when the lease ended while it ran."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock, LockNotOwnedError
+from asyncredlock.testing import FaultProxy, ServerGroup
+from asyncredlock.testing.pytest_plugin import MakeServers
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 20  # seconds; only stops a hung test, never decides an outcome
+NAME = "rounds"
+
+
+@asynccontextmanager
+async def proxied(group: ServerGroup) -> AsyncIterator[list[FaultProxy]]:
+    """A FaultProxy in front of each master."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(FaultProxy("127.0.0.1", s.port)) for s in group]
+
+
+async def test_a_shorter_extend_is_not_trusted_past_what_the_masters_keep(
+    make_servers: MakeServers,
+) -> None:
+    """extend(ttl=0.2) of a lease with ~10 s left, masters 0.5 s away each way: the
+    PEXPIRE 200 lands at T+0.5 and the key is gone at T+0.7; the reply comes at T+1.0.
+    A rival takes the lock at T+0.7: by then the holder no longer counts on its old
+    validity (~9 s), only on what the round may have set."""
+    group = make_servers(3)
+    async with (
+        proxied(group) as proxies,
+        AsyncRedlock([p.url for p in proxies]) as redlock,
+        AsyncRedlock(group.urls, retry_delay=0.01) as other,
+    ):
+        lease = await redlock.lock(NAME, ttl=10.0, auto_extend=False).acquire()
+        for proxy in proxies:
+            proxy.delay = 0.5
+        seen: list[tuple[bool, float]] = []
+
+        async def shorten() -> None:
+            with pytest.raises(LockNotOwnedError):  # it comes back too late for 0.2 s
+                await lease.extend(ttl=0.2)
+
+        async def rival() -> None:
+            taken = await other.lock(NAME, ttl=5.0, timeout=5.0).acquire()
+            seen.append((lease.held, lease.validity))
+            await taken.release()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(shorten)
+                tg.start_soon(rival)
+        for proxy in proxies:
+            proxy.heal()
+        await redlock.settle()
+    ((held, validity),) = seen
+    assert not (held and validity > 0), f"holder still valid for {validity:.3f} s"
