@@ -139,9 +139,10 @@ class Lease(Keeping):
                 automatic extensions (the next one due a third of it later).
 
         Raises:
-            LockNotOwnedError: The lease is released, lost, or a majority of masters
-                no longer holds it, or a quorum extended it only after its validity
-                ran out (what remains is then removed), or it reached its
+            LockNotOwnedError: The lease is released or lost (before the round, or
+                while it ran), or a majority of masters no longer holds it, or a
+                quorum extended it only after its validity ran out (what remains is
+                then removed), or it reached its
                 ``max_hold`` (it ends lost then, and is released).
             QuorumUnavailableError: Too many masters failed to answer for a quorum
                 to extend it (some may have answered that they no longer hold it,
@@ -164,17 +165,15 @@ class Lease(Keeping):
             self.ttl = min(new_ttl, self._max_hold)
             self._reschedule()  # the next automatic extension: by the new TTL
             return
+        gone = f"{self.resource!r} is no longer held by this lease"
+        if not self.held:  # it ended (released, or lost) while the round ran
+            raise self._error(LockNotOwnedError, gone, decision)
         if not (decision.reached or decision.refuted):  # failures may pass
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)
-        late = decision.reached and self.held  # (not: it ended while the round ran)
         self._lose(decision, lost_by(decision))
-        why = (
-            f"{self.resource!r}: extended too late, its validity ran out first"
-            if late
-            else f"{self.resource!r} is no longer held by this lease"
-        )
-        raise self._error(LockNotOwnedError, why, decision)
+        late = f"{self.resource!r}: extended too late, its validity ran out first"
+        raise self._error(LockNotOwnedError, late if decision.reached else gone, decision)
 
     async def release(self) -> None:
         """Release the lock on every master (compare-and-delete by this lease's value).

@@ -3,13 +3,14 @@ is told (error, log, counts) when the lease ended while it ran."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, LockNotOwnedError
+from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError
 from asyncredlock.testing import FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -62,3 +63,30 @@ async def test_a_shorter_extend_is_not_trusted_past_what_the_masters_keep(
         await redlock.settle()
     ((held, validity),) = seen
     assert not (held and validity > 0), f"holder still valid for {validity:.3f} s"
+
+
+async def test_extend_of_a_lease_released_while_its_round_ran_raises_not_owned(
+    make_servers: MakeServers,
+) -> None:
+    """A round that failed (two masters of three silent) for a lease released while it
+    ran: `LockNotOwnedError`, not `QuorumUnavailableError` (which says the lease can be
+    extended again)."""
+    group = make_servers(3)
+    async with (
+        proxied(group) as proxies,
+        AsyncRedlock([p.url for p in proxies], socket_timeout=0.5) as redlock,
+    ):
+        lease = await redlock.lock(NAME, ttl=5.0, auto_extend=False).acquire()
+        for proxy in proxies[1:]:
+            proxy.blackhole = True
+        extending = asyncio.create_task(lease.extend())
+        await asyncio.sleep(0)  # its round goes out
+        with anyio.fail_after(HANG_GUARD):
+            with pytest.raises(QuorumUnavailableError):
+                await lease.release()
+            assert not lease.held
+            with pytest.raises(LockNotOwnedError, match="no longer held"):
+                await extending
+        for proxy in proxies:
+            proxy.heal()
+        await redlock.settle()
