@@ -217,7 +217,7 @@ class Decided(Protocol):
     @property
     def reached(self) -> bool: ...
     @property
-    def unavailable(self) -> bool: ...
+    def refuted(self) -> bool: ...
 
 
 D = TypeVar("D", bound=Decided)
@@ -236,10 +236,12 @@ def traced(
 ) -> Awaitable[D]:
     """``deciding`` (a lease's round) in a span ``name``, if one records, with its
     outcome: ``ok`` (``accepted`` by the lease, by default a quorum took it),
-    ``unavailable`` (failures alone prevented a quorum), ``not-held`` (a majority no
-    longer held the lease), ``expired`` (a quorum took it, but the lease did not: its
-    validity ran out, or it ended meanwhile), ``cancelled`` or ``error``; masters
-    granted and token. Otherwise ``deciding`` itself, with no coroutine around it."""
+    ``not-held`` (a majority no longer held the lease: the round was refuted),
+    ``unavailable`` (no quorum, and not refuted: failures kept one from being
+    decided), ``expired`` (a quorum took it, but the lease did not: the round came
+    after the expiry it set, or the lease ended meanwhile), ``cancelled`` or
+    ``error``; masters granted and token. Otherwise ``deciding`` itself, with no
+    coroutine around it."""
     span = _lease_span(name, lease) if ENABLED else None
     return deciding if span is None else _traced(span, lease, deciding, accepted)
 
@@ -264,9 +266,9 @@ async def _traced(
 def _outcome_of(decision: D, accepted: Callable[[D], bool] | None) -> str:
     if accepted(decision) if accepted is not None else decision.reached:
         return "ok"
-    if decision.unavailable:
-        return "unavailable"
-    return "expired" if decision.reached else "not-held"
+    if decision.reached:
+        return "expired"
+    return "not-held" if decision.refuted else "unavailable"
 
 
 class RoundFailedError(Exception):

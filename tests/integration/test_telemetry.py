@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -23,8 +24,15 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
-from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError, _telemetry
-from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock import (
+    AsyncRedlock,
+    Lease,
+    LockNotOwnedError,
+    LockTimeoutError,
+    QuorumUnavailableError,
+    _telemetry,
+)
+from asyncredlock.testing import FaultProxy, ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Heard, Masters
@@ -217,6 +225,35 @@ class TestSpans:
         assert cancelled.end_time is not None
         assert otel.points("asyncredlock.acquire.duration")[outcome("cancelled")] == 1
 
+    async def test_a_round_neither_refuted_nor_an_outage_is_unavailable(
+        self, make_servers: MakeServers, otel: Telemetry
+    ) -> None:
+        """Of three masters one answers *not held* (restarted empty), one fails: no
+        quorum, not refuted (extend() and release() raise QuorumUnavailableError, the
+        lease is not lost), and their spans say so: `unavailable`, not `not-held`."""
+        group = make_servers(3)
+        direct = Masters(group.urls)
+        async with AsyncExitStack() as stack:
+            stack.push_async_callback(direct.aclose)
+            proxies = [
+                await stack.enter_async_context(FaultProxy("127.0.0.1", s.port)) for s in group
+            ]
+            redlock = await stack.enter_async_context(AsyncRedlock([p.url for p in proxies]))
+            lease = await redlock.lock("otel:minority", ttl=30, auto_extend=False).acquire()
+            await direct.clients[0].delete("otel:minority")
+            proxies[1].refuse = True
+            proxies[1].reset_connections()
+            with anyio.fail_after(HANG_GUARD):
+                with pytest.raises(QuorumUnavailableError):
+                    await lease.extend()
+                with pytest.raises(QuorumUnavailableError):
+                    await lease.release()
+            assert not lease.lost
+            proxies[1].refuse = False
+            await redlock.settle()
+        spans = otel.spans("asyncredlock.extend") + otel.spans("asyncredlock.release")
+        assert [attrs(span)["asyncredlock.outcome"] for span in spans] == ["unavailable"] * 2
+
 
 class TestLoss:
     async def test_a_lost_lease_is_an_event_on_the_holders_span_and_counted(
@@ -340,7 +377,7 @@ def test_a_round_a_quorum_took_too_late_is_expired() -> None:
     (its validity ran out, or it ended meanwhile)."""
 
     class Decision:
-        yes, reached, unavailable = 3, True, False
+        yes, reached, refuted = 3, True, False
 
     assert _telemetry._outcome_of(Decision(), lambda d: False) == "expired"
     assert _telemetry._outcome_of(Decision(), None) == "ok"
