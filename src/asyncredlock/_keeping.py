@@ -167,6 +167,8 @@ class Keeping(ABC):
             core.counters.extensions += 1
             self._record.extensions += 1
             return None
+        if self._state is not State.HELD:  # it ended while the round ran: no failure
+            return decision  # of its own (its release or loss tells)
         if cut:
             self._reschedule()  # an automatic extension may keep it: due by the cut
         core.counters.failed_extensions += 1

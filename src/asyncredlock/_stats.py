@@ -58,7 +58,8 @@ class RedlockStatistics:
         timeouts: ``LockTimeoutError`` raised.
         unavailable: ``QuorumUnavailableError`` raised by acquisition.
         extensions: Successful extensions (automatic or explicit).
-        failed_extensions: Extension rounds that did not reach a quorum in time.
+        failed_extensions: Extension rounds that did not reach a quorum in time
+            (not one of a lease that ended, released or lost, while it ran).
         releases: Release rounds started.
         lost: Leases lost while held (not extended in time, or found taken); not
             one passed to a task that had not taken it yet (that task acquires again).
@@ -195,7 +196,8 @@ class LeaseStatistics:
             a hand-off).
         waited: Seconds from the ``acquire()`` call to the lease.
         extensions: Successful extensions (automatic or explicit).
-        failed_extensions: Extension rounds that did not reach a quorum in time.
+        failed_extensions: Extension rounds that did not reach a quorum in time
+            (not one of a lease that ended, released or lost, while it ran).
         held: Seconds from the lease to its end (release, loss or hand-off), or
             to now while it is held.
     """

@@ -90,3 +90,26 @@ async def test_extend_of_a_lease_released_while_its_round_ran_raises_not_owned(
         for proxy in proxies:
             proxy.heal()
         await redlock.settle()
+
+
+async def test_an_extension_of_a_released_lease_is_not_logged_or_counted_as_failed(
+    servers: ServerGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease released while its extend() round ran: that round did not fail on its
+    own account (the lease had 30 s of validity), so no WARNING says "extending ...
+    failed (too late ...)" and no failed extension is counted."""
+    async with AsyncRedlock(servers.urls) as redlock:
+        lease = await redlock.lock(NAME, ttl=30, auto_extend=False).acquire()
+        extending = asyncio.create_task(lease.extend())
+        await asyncio.sleep(0)  # its round goes out
+        await lease.release()
+        with anyio.fail_after(HANG_GUARD), pytest.raises(LockNotOwnedError, match="no longer held"):
+            await extending
+        assert redlock.statistics().failed_extensions == 0
+    assert lease.statistics().failed_extensions == 0
+    failed = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "asyncredlock" and r.getMessage().startswith(f"extending {NAME!r} failed")
+    ]
+    assert failed == []
