@@ -29,23 +29,25 @@ from ._telemetry import EXTEND, traced
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["BOUND", "EXPIRED", "GONE", "Keeping", "State", "lost_by"]
+__all__ = ["BOUND", "EXPIRED", "GONE", "LATE", "Keeping", "State", "lost_by"]
 
 #: Why a lease ends lost, for the log (and the telemetry's causes).
 GONE = "a majority of masters no longer hold it"
 EXPIRED = "not extended before its validity ran out"
+LATE = "extended too late: a quorum confirmed it only after the expiry it set"
 
 
 def lost_by(decision: Decision) -> str:
     """Why an extension round that did not hold ends the lease: a quorum took it too
-    late (its validity had run out by then), or a majority no longer held it."""
-    return EXPIRED if decision.reached else GONE
+    late (its answer came after the new expiry that round set, ``start + ttl -
+    drift``), or a majority no longer held it."""
+    return LATE if decision.reached else GONE
 
 
 def _failure(decision: Decision) -> str:
     """Why an extension round failed, as its log line says."""
     if decision.reached:
-        return "too late: the validity ran out first"
+        return "too late: confirmed only after the expiry it set"
     return "not held" if decision.refuted else "too many masters failed or did not answer"
 
 

@@ -141,7 +141,8 @@ class Lease(Keeping):
         Raises:
             LockNotOwnedError: The lease is released or lost (before the round, or
                 while it ran), or a majority of masters no longer holds it, or a
-                quorum extended it only after its validity ran out (what remains is
+                quorum confirmed it only after the expiry this round set (``ttl``
+                from before it was sent, less the drift allowance; what remains is
                 then removed), or it reached its
                 ``max_hold`` (it ends lost then, and is released).
             QuorumUnavailableError: Too many masters failed to answer for a quorum
@@ -172,7 +173,7 @@ class Lease(Keeping):
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)
         self._lose(decision, lost_by(decision))
-        late = f"{self.resource!r}: extended too late, its validity ran out first"
+        late = f"{self.resource!r}: extended too late, confirmed only after the expiry it set"
         raise self._error(LockNotOwnedError, late if decision.reached else gone, decision)
 
     async def release(self) -> None:

@@ -291,6 +291,7 @@ def record_hold(seconds: float, lost: bool) -> None:
 #: Each reason a lease is lost for (as the log words it), by its short cause.
 CAUSES = {
     "not extended before its validity ran out": "expired",
+    "extended too late: a quorum confirmed it only after the expiry it set": "expired",
     "a majority of masters no longer hold it": "gone",
     "gone from a majority when released": "gone",
     "forced free (force_release)": "forced",

@@ -113,3 +113,26 @@ async def test_an_extension_of_a_released_lease_is_not_logged_or_counted_as_fail
         if r.name == "asyncredlock" and r.getMessage().startswith(f"extending {NAME!r} failed")
     ]
     assert failed == []
+
+
+async def test_an_extension_confirmed_after_the_validity_ran_out_is_accepted(
+    make_servers: MakeServers,
+) -> None:
+    """ "Too late" is after the expiry the round sets, not after the old validity: an
+    extension a quorum confirms after the lease's validity ran out (by its clock), but
+    before the new expiry, succeeds."""
+    moved = [0.0]
+
+    def clock() -> float:
+        return asyncio.get_running_loop().time() + moved[0]
+
+    group = make_servers(3)
+    async with AsyncRedlock(group.urls, clock=clock) as redlock:
+        lease = await redlock.lock(NAME, ttl=30.0, auto_extend=False).acquire()
+        moved[0] += 31.0  # its validity ran out a second ago, by its clock
+        assert lease.validity == 0
+        with anyio.fail_after(HANG_GUARD):
+            await lease.extend()
+        assert lease.held
+        assert lease.validity > 0
+        await lease.release()

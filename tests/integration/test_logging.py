@@ -90,21 +90,24 @@ class TestLeaseStory:
     async def test_an_extension_confirmed_too_late_says_so_not_gone(
         self, servers: ServerGroup, masters: Masters, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """Every master extends the lease, but the client's clock says its validity ran
-        out before the quorum answered: the lease is lost as not extended in time, not
-        as gone from the masters (which still hold it, until it is released)."""
+        """Every master extends the lease, but the client's clock says the quorum
+        answered after the new expiry the round set: the lease is lost as extended too
+        late, not as gone from the masters (which still hold it, until it is released)."""
         clock = Clock()
         async with AsyncRedlock(servers.urls, clock=clock, identity="web-1") as redlock:
             lease = await redlock.lock("late", ttl=30, auto_extend=False).acquire()
             clock.step = 60.0  # each read from now on: two TTLs later
-            with pytest.raises(LockNotOwnedError, match="extended too late"):
+            with pytest.raises(LockNotOwnedError, match="confirmed only after the expiry it set"):
                 await lease.extend()
             assert lease.lost
             await redlock.settle()
         failed, lost = records(caplog, "late")
-        assert failed.getMessage().startswith("extending 'late' failed (too late")
+        assert failed.getMessage().startswith(
+            "extending 'late' failed (too late: confirmed only after the expiry it set)"
+        )
         assert lost.getMessage().startswith(
-            "lease on 'late' lost: not extended before its validity ran out"
+            "lease on 'late' lost: extended too late: a quorum confirmed it only after the"
+            " expiry it set"
         )
         assert await masters.keys() == [[]] * 5  # what remained is removed
 

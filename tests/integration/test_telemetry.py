@@ -32,6 +32,7 @@ from asyncredlock import (
     QuorumUnavailableError,
     _telemetry,
 )
+from asyncredlock._keeping import BOUND, EXPIRED, GONE, LATE
 from asyncredlock.testing import FaultProxy, ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -381,6 +382,15 @@ def test_a_round_a_quorum_took_too_late_is_expired() -> None:
 
     assert _telemetry._outcome_of(Decision(), lambda d: False) == "expired"
     assert _telemetry._outcome_of(Decision(), None) == "ok"
+
+
+REASONS = (EXPIRED, LATE, GONE, BOUND)
+
+
+def test_every_reason_an_extension_loses_a_lease_for_has_its_cause() -> None:
+    """The loss reasons of extension rounds (as logged) count under their cause."""
+    causes = {reason: _telemetry._cause(reason)["asyncredlock.cause"] for reason in REASONS}
+    assert causes == {EXPIRED: "expired", LATE: "expired", GONE: "gone", BOUND: "max_hold"}
 
 
 def test_an_api_older_than_1_30_still_imports_and_records(servers: ServerGroup) -> None:
