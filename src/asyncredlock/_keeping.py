@@ -29,7 +29,7 @@ from ._telemetry import EXTEND, traced
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["BOUND", "EXPIRED", "GONE", "LATE", "Keeping", "State", "lost_by"]
+__all__ = ["BOUND", "EXPIRED", "GONE", "LATE", "RETRY_FLOOR", "Keeping", "State", "lost_by"]
 
 #: Why a lease ends lost, for the log (and the telemetry's causes).
 GONE = "a majority of masters no longer hold it"
@@ -52,6 +52,11 @@ def _failure(decision: Decision) -> str:
 
 
 BOUND = "held for its max_hold"
+
+#: The least pause (s) between automatic extension rounds that failed, whatever
+#: ``retry_delay`` (``0`` would retry at once, hundreds of rounds a second); a TTL
+#: under 12 times it pauses a twelfth of the TTL.
+RETRY_FLOOR = 0.01
 
 
 class State(enum.Enum):
@@ -253,7 +258,8 @@ class Keeping(ABC):
             self._lose(decision, lost_by(decision))
         else:
             self._loss = decision
-            self._extend_at(core.clock() + min(self.ttl / 12, core.settings.retry_delay))
+            pause = max(core.settings.retry_delay, RETRY_FLOOR)
+            self._extend_at(core.clock() + min(self.ttl / 12, pause))
 
     def _drift(self) -> float:
         return self._core.settings.drift(self.ttl)

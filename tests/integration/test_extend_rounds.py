@@ -10,7 +10,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError
+from asyncredlock import AsyncRedlock, LockLostError, LockNotOwnedError, QuorumUnavailableError
+from asyncredlock._keeping import RETRY_FLOOR
 from asyncredlock.testing import FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -136,3 +137,29 @@ async def test_an_extension_confirmed_after_the_validity_ran_out_is_accepted(
         assert lease.held
         assert lease.validity > 0
         await lease.release()
+
+
+async def test_a_zero_retry_delay_does_not_make_the_extender_spin(
+    make_servers: MakeServers,
+) -> None:
+    """retry_delay=0 and every master refusing connections: the extender pauses at
+    least RETRY_FLOOR between failed rounds (it retried at once, over a thousand
+    rounds a second), so from its first round to the end of the validity it runs
+    no more rounds than that window holds pauses (and the lease ends lost)."""
+    group = make_servers(3)
+    ttl = 1.2
+    async with (
+        proxied(group) as proxies,
+        AsyncRedlock([p.url for p in proxies], retry_delay=0) as redlock,
+    ):
+        with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError):
+            async with redlock.lock(NAME, ttl=ttl) as lease:
+                for proxy in proxies:
+                    proxy.refuse = True
+                    proxy.reset_connections()
+                await anyio.sleep_forever()
+        for proxy in proxies:
+            proxy.refuse = False
+        await redlock.settle()
+    window = ttl - ttl / 3  # from the first automatic round to the end of the validity
+    assert 0 < lease.statistics().failed_extensions <= window / RETRY_FLOOR + 2
