@@ -6,13 +6,14 @@ or ``release()`` raises `QuorumUnavailableError`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, LockLostError, QuorumUnavailableError
+from asyncredlock import AsyncRedlock, Lease, LockLostError, QuorumUnavailableError
 from asyncredlock.testing import FaultProxy
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -33,6 +34,25 @@ async def three_masters(make_servers: MakeServers) -> AsyncIterator[tuple[FaultP
             yield proxy, masters
         finally:
             await masters.aclose()
+
+
+@asynccontextmanager
+async def five_proxied(
+    make_servers: MakeServers,
+) -> AsyncIterator[tuple[list[FaultProxy], Masters]]:
+    """Five masters, each behind a proxy, and direct clients (to delete keys)."""
+    group = make_servers(5)
+    async with AsyncExitStack() as stack:
+        proxies = [await stack.enter_async_context(FaultProxy("127.0.0.1", s.port)) for s in group]
+        masters = Masters(group.urls)
+        stack.push_async_callback(masters.aclose)
+        yield proxies, masters
+
+
+def lines(caplog: pytest.LogCaptureFixture, start: str) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if r.name == "asyncredlock" and r.getMessage().startswith(start)
+    ]
 
 
 def refuse(proxy: FaultProxy, refused: bool) -> None:
@@ -124,3 +144,79 @@ async def test_a_majority_not_held_is_still_a_loss(make_servers: MakeServers) ->
                 await lease.extend()
         assert lease.lost
         assert redlock.statistics().lost == 1
+
+
+async def test_a_minority_not_held_and_the_rest_silent_end_the_lease_at_its_validity(
+    make_servers: MakeServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Five masters: two answer *not held*, three are cut off. Not refuted, so the
+    extender retries until the validity runs out; then one loss, as expired, the block
+    cancelled, and a waiting rival gets the lock only once the holder no longer
+    believes it holds it."""
+    async with (
+        five_proxied(make_servers) as (proxies, masters),
+        AsyncRedlock([p.url for p in proxies]) as redlock,
+        AsyncRedlock(masters.given) as other,
+    ):
+        leases: list[Lease] = []
+        seen: list[tuple[bool, float]] = []
+        started = anyio.Event()
+
+        async def holder() -> None:
+            with pytest.raises(LockLostError):
+                async with redlock.lock("silent", ttl=1.5) as lease:
+                    leases.append(lease)
+                    for client in masters.clients[:2]:
+                        await client.delete("silent")
+                    for proxy in proxies[2:]:
+                        proxy.blackhole = True
+                    started.set()
+                    await anyio.sleep_forever()
+
+        async def rival() -> None:
+            await started.wait()
+            taken = await other.lock("silent", ttl=1.5, timeout=10).acquire()
+            seen.append((leases[0].held, leases[0].validity))
+            await taken.release()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(holder)
+                tg.start_soon(rival)
+        assert leases[0].lost
+        assert seen == [(False, 0.0)]
+        assert redlock.statistics().lost == 1
+        for proxy in proxies:
+            proxy.heal()
+        await redlock.settle()
+    (lost,) = lines(caplog, "lease on 'silent' lost")
+    assert lost.getMessage().startswith(
+        "lease on 'silent' lost: not extended before its validity ran out"
+    )
+    failed = lines(caplog, "extending 'silent' failed")
+    assert failed
+    assert all("(too many masters failed or did not answer)" in r.getMessage() for r in failed)
+
+
+async def test_a_quorum_refuting_with_the_rest_silent_ends_the_lease_at_once(
+    make_servers: MakeServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three of five answer *not held*, two are cut off: the first automatic round is
+    refuted, and the lease ends then (gone), not after retries until its validity."""
+    async with (
+        five_proxied(make_servers) as (proxies, masters),
+        AsyncRedlock([p.url for p in proxies]) as redlock,
+    ):
+        with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError):
+            async with redlock.lock("refuted", ttl=1.5) as lease:
+                for client in masters.clients[:3]:
+                    await client.delete("refuted")
+                for proxy in proxies[3:]:
+                    proxy.blackhole = True
+                await anyio.sleep_forever()
+        assert lease.statistics().failed_extensions == 1
+        for proxy in proxies:
+            proxy.heal()
+        await redlock.settle()
+    (lost,) = lines(caplog, "lease on 'refuted' lost")
+    assert "a majority of masters no longer hold it" in lost.getMessage()
