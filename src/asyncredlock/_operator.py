@@ -11,7 +11,7 @@ import anyio
 from ._core import Core
 from ._errors import QuorumUnavailableError
 from ._inspect import LockState, node_state, reply_error
-from ._keys import aux_key, channel, lock_key, queue_keys, readers_key
+from ._keys import aux_key, channel, lock_key, queue_keys, readers_key, terms_key
 from ._protocol import classify_deleted
 from ._quorum import Decision
 from ._refusal import why_unavailable
@@ -47,7 +47,7 @@ async def force_free(core: Core, name: str) -> Freed:
     it, and tell on which masters a key was deleted and which ones missed it."""
     key = lock_key(core.settings.prefix, name)
     args = (channel(key),)
-    keys = (key, readers_key(key), *queue_keys(key))
+    keys = (key, readers_key(key), *queue_keys(key), terms_key(key))
     rnd = core.fan_out(lambda _, node: node.call(DELETE, keys, args))
     wait = core.timing.max_wait
     loop = asyncio.get_running_loop()

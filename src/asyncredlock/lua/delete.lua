@@ -1,11 +1,14 @@
 -- Delete a lock's keys whoever holds them (operators' force-release), announcing it as
--- release.lua does: to the first waiter of the queue when that is a writer (on its
--- client's inbox channel, named in its id 'w:<client>:<random>'), else to everyone on
--- the lock's channel.
+-- release.lua does: the holder, when it was listed in the queue (granted while queued,
+-- or handed the key: noted in the terms), leaves it first; then the first waiter is
+-- told when that is a writer (on its client's inbox channel, named in its id
+-- 'w:<client>:<random>'), else everyone on the lock's channel.
 -- KEYS[1] lock key, KEYS[2] the readers of its read-write lock, KEYS[3] its queue,
--- KEYS[4] the queue's expiries; ARGV[1] the lock's channel
+-- KEYS[4] the queue's expiries, KEYS[5] the queued waiters' hand-over terms;
+-- ARGV[1] the lock's channel
 -- Returns 1 when a writer's key or reader entries were deleted, else 0.
--- Prepended by _scripts.py: now_ms() (clock.lua), purge() and inbox() (queue.lua).
+-- Prepended by _scripts.py: now_ms() (clock.lua), purge(), unlist() and inbox()
+-- (queue.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
@@ -16,7 +19,11 @@ if deleted == 0 then
 end
 local channel, message = ARGV[1], value or 'readers'
 if redis.call('EXISTS', KEYS[4]) == 1 then
-  purge(KEYS[3], KEYS[4], nil, now_ms())
+  purge(KEYS[3], KEYS[4], KEYS[5], now_ms())
+  local holder = redis.call('HGET', KEYS[5], HOLDER)
+  if holder then
+    unlist(KEYS[3], KEYS[4], KEYS[5], holder)
+  end
   local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   local writer = inbox(first)
   if writer then
