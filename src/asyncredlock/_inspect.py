@@ -27,9 +27,10 @@ class NodeLockState:
         readers: The readers of the resource's read-write lock there: each
             reader's value and the seconds until its entry lapses.
         queue: The waiters queued there for a fair or read-write lock, in
-            arrival order: ``r:...`` for a reader, ``w:...`` for a writer. A
-            writer granted the lock while queued, or handed it, stays listed
-            until its release (or the end of its ``acquire()``) takes it out.
+            arrival order: ``r:...`` for a reader, ``w:...`` for a writer. The
+            holder is not among them, although a writer granted the lock while
+            queued, or handed it, stays in the masters' queue until its release
+            (or the end of its ``acquire()``) takes it out.
     """
 
     node: str

@@ -23,7 +23,7 @@ __all__ = ["Freed", "end_leases", "force_free", "lose_leases", "read_state", "sh
 async def read_state(core: Core, name: str) -> LockState:
     """``inspect()``: every master's view, each waited for up to the longest wait."""
     key = lock_key(core.settings.prefix, name)
-    keys = (key, aux_key(key, "fence"), readers_key(key), *queue_keys(key))
+    keys = (key, aux_key(key, "fence"), readers_key(key), *queue_keys(key), terms_key(key))
     rnd = core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
     await asyncio.wait(rnd.tasks, timeout=core.timing.max_wait)
     nodes = tuple(

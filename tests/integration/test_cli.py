@@ -13,9 +13,9 @@ import pytest
 from redis.asyncio import Redis
 
 import asyncredlock
-from asyncredlock import AsyncRedlock, LockNotOwnedError, LockTimeoutError
+from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, LockTimeoutError
 from asyncredlock.__main__ import main
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 pytestmark = pytest.mark.anyio
@@ -41,6 +41,15 @@ def master_args(urls: list[str]) -> list[str]:
 @pytest.fixture(autouse=True)
 def _no_masters_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REDLOCK_MASTERS", raising=False)
+
+
+async def _queue_lengths(urls: list[str], name: str) -> list[int]:
+    """How many ids ``{name}:queue`` holds on each master."""
+    lengths = []
+    for url in urls:
+        async with Redis.from_url(url) as client:
+            lengths.append(await client.zcard("{" + name + "}:queue"))
+    return lengths
 
 
 class TestInspect:
@@ -159,6 +168,43 @@ class TestInspect:
         assert code == 3
         assert "majority holder: unknown (only 2 of 5 masters answered)" in out
         assert out.count("error: ") == 3
+
+    async def test_the_queued_column_leaves_out_a_holder_handed_the_key(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A holder handed the key by a release stays in the masters' queue until its
+        release; nobody else waits, and QUEUED (the queued waiters) says 0."""
+        urls = servers.urls
+        async with (
+            AsyncRedlock(urls, identity="a") as a,
+            AsyncRedlock(urls, identity="b", retry_delay=2.0) as b,
+        ):
+            held = await a.lock("cli:handed", ttl=30.0).acquire()
+            got: list[Lease] = []
+            with Waits(b) as waits:
+                async with anyio.create_task_group() as tg:
+
+                    async def wait_b() -> None:
+                        got.append(await b.lock("cli:handed", ttl=30.0, timeout=WAIT).acquire())
+
+                    tg.start_soon(wait_b)
+                    await waits.reach(1)
+                    with anyio.fail_after(WAIT):  # listed on every master
+                        while not all(await _queue_lengths(urls, "cli:handed")):  # noqa: ASYNC110
+                            await anyio.sleep(0.025)
+                    await held.release()
+            assert got[0].statistics().source == "hand-over"
+            await b.settle()
+            lengths = await _queue_lengths(urls, "cli:handed")
+            assert await cli("inspect", "cli:handed", *master_args(urls)) == 0
+            json_code = await cli("inspect", "cli:handed", "--json", *master_args(urls))
+        text, document = capsys.readouterr().out.split("\n{", 1)
+        assert json_code == 0
+        assert "identity b" in text
+        assert 1 in lengths  # the holder is still listed, somewhere at least
+        rows = [line.split() for line in text.splitlines() if line.startswith("redis://")]
+        assert [row[-1] for row in rows] == ["0"] * 5, text
+        assert [m["queue"] for m in json.loads("{" + document)["masters"]] == [[]] * 5
 
     @pytest.mark.parametrize(("held_on", "expected_code"), [(0, 1), (1, 3)])
     async def test_silent_masters_could_make_a_quorum(
