@@ -10,7 +10,8 @@ asyncredlock watch NAME --master URL ... [--interval SECONDS] [--count N]
 ```
 
 Masters come from ``--master`` (repeatable) and ``--masters`` (comma-separated), or
-else from the ``REDLOCK_MASTERS`` environment variable (comma- or space-separated);
+else from the ``REDLOCK_MASTERS`` environment variable (separated by commas or
+whitespace);
 ``--prefix`` and ``--node-timeout`` apply to every command that reads them.
 ``demo --masters N`` is a deprecated spelling of ``demo --servers N``.
 
@@ -117,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG,
         description="Distributed locks over N Redis/Valkey masters (Redlock).",
-        epilog=f"Masters may also be given in ${MASTERS_ENV} (comma-separated URLs).",
+        epilog=(
+            f"Masters may also be given in ${MASTERS_ENV} (URLs separated by commas or whitespace)."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)

@@ -336,6 +336,7 @@ class TestForceRelease:
         (warning,) = captured.err.splitlines()
         assert warning.startswith(f"asyncredlock: warning: {down.urls[0]}: ")
         assert warning.endswith(": the lock's keys there, if any, may stay until they expire")
+        assert ".:" not in warning  # the reason's own full stop is not doubled
 
     @pytest.mark.parametrize(("answer", "expected_code"), [("y\n", 0), ("n\n", 1), ("", 1)])
     async def test_asks_before_deleting(
@@ -479,6 +480,14 @@ class TestBadInput:
     ) -> None:
         assert main(command.split()) == 2
         assert capsys.readouterr().err.startswith("asyncredlock: error: no masters")
+
+
+def test_help_says_the_environment_takes_commas_or_whitespace(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "$REDLOCK_MASTERS (URLs separated by commas or whitespace)" in out
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -159,7 +159,8 @@ def _force_release(args: argparse.Namespace) -> int:
         print(f"nothing to release: no key of {args.name!r} was deleted on any of {masters(total)}")
     for node, why in freed.missed:  # free on a quorum, but maybe not there
         stays = "the lock's keys there, if any, may stay until they expire"
-        print(f"{PROG}: warning: {node}: {why}: {stays}", file=sys.stderr)
+        # a reason may end with a full stop (an OSError's message): no '.:' then
+        print(f"{PROG}: warning: {node}: {why.rstrip('.')}: {stays}", file=sys.stderr)
     return EXIT_OK if freed.deleted else EXIT_FAILURE
 
 
