@@ -434,6 +434,18 @@ class TestBadInput:
             ["list", "--max-keys", "0", "--master", "redis://127.0.0.1:1"],
             ["watch", "x", "--interval", "0", "--master", "redis://127.0.0.1:1"],
             ["watch", "x", "--count", "0", "--master", "redis://127.0.0.1:1"],
+            ["watch", "x", "--interval", "inf", "--master", "redis://127.0.0.1:1"],
+            ["inspect", "x", "--master", "redis://127.0.0.1:1?foo=1"],  # an unknown option
+            ["inspect", "x", "--master", "redis://127.0.0.1:1", "--node-timeout", "nan"],
+            [
+                "force-release",
+                "x",
+                "--yes",
+                "--master",
+                "redis://127.0.0.1:1",
+                "--node-timeout",
+                "-1",
+            ],
             ["no-such-command"],
         ],
     )
@@ -480,6 +492,67 @@ class TestBadInput:
     ) -> None:
         assert main(command.split()) == 2
         assert capsys.readouterr().err.startswith("asyncredlock: error: no masters")
+
+
+async def test_semaphores_are_not_locks_to_the_commands(
+    servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both slots of a semaphore held: inspect finds no lock of its name (exit 1),
+    list lists none, force-release deletes nothing, and a slot's key is refused as
+    a name (exit 2), as documented."""
+    urls = servers.urls
+    async with AsyncRedlock(urls) as redlock:
+        semaphore = redlock.semaphore("sem:x", 2, fair=True)
+        held = [await semaphore.acquire(), await semaphore.acquire()]
+        await redlock.settle()
+        assert await cli("inspect", "sem:x", *master_args(urls)) == 1
+        assert await cli("list", *master_args(urls)) == 0
+        assert "0 locks matching" in capsys.readouterr().out
+        assert await cli("inspect", "{sem:x}:sem:0", *master_args(urls)) == 2
+        assert await cli("force-release", "sem:x", "--yes", *master_args(urls)) == 1
+        for lease in held:
+            await lease.release()  # still held: force-release left the slots alone
+    capsys.readouterr()
+
+
+async def test_reads_write_nothing_and_leave_no_connection(
+    servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """inspect, list and watch change no key (the masters' count of changes stays)
+    and close every connection they opened."""
+    urls = servers.urls
+    async with AsyncRedlock(urls, identity="h") as redlock:
+        await redlock.lock("rd:x", ttl=30.0, auto_extend=False).acquire()
+        await redlock.rwlock("rd:rw").read(auto_extend=False).acquire()
+        await redlock.settle()
+        before = await _changes(urls)
+        for argv in (
+            ["inspect", "rd:x"],
+            ["inspect", "rd:rw", "--json"],
+            ["list"],
+            ["watch", "rd:x", "--count", "1"],
+        ):
+            assert await cli(*argv, *master_args(urls)) == 0
+        assert await _changes(urls) == before
+        async with Redis.from_url(urls[0]) as client:
+            mine = await client.client_id()
+            with anyio.fail_after(WAIT):  # a closed connection may take a moment to go
+                while len(others := await _other_clients(client, mine)) > 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.025)
+        assert len(others) == 1, others  # the AsyncRedlock's own command connection
+    capsys.readouterr()
+
+
+async def _other_clients(client: Redis, mine: int) -> list[dict[str, str]]:
+    return [c for c in await client.client_list() if int(c["id"]) != mine]
+
+
+async def _changes(urls: list[str]) -> list[int]:
+    counts = []
+    for url in urls:
+        async with Redis.from_url(url) as client:
+            counts.append((await client.info("persistence"))["rdb_changes_since_last_save"])
+    return counts
 
 
 def test_help_says_the_environment_takes_commas_or_whitespace(

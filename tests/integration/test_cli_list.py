@@ -236,6 +236,26 @@ class TestList:
         assert (locks["jobs:1"]["holder"], locks["jobs:1"]["identity"]) == (holder, "web-1\n")
         assert locks["report"]["readers"][0]["identity"] == "r\tx"
 
+    async def test_a_set_of_resources_is_listed_per_name(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A lock on a set of names shows as one lock per name; forcing one free
+        leaves the other held."""
+        urls = servers.urls
+        async with AsyncRedlock(urls, identity="setter") as redlock:
+            await redlock.lock(["set:7", "set:9"], ttl=30.0, auto_extend=False).acquire()
+            await redlock.settle()
+            assert await cli("list", "set:*", *master_args(urls)) == 0
+            listed = table(capsys.readouterr().out)
+            assert await cli("force-release", "set:9", "--yes", *master_args(urls)) == 0
+            assert await cli("inspect", "set:7", *master_args(urls)) == 0
+            assert await cli("inspect", "set:9", *master_args(urls)) == 1
+        capsys.readouterr()
+        assert listed == {
+            "set:7": ["5 of 5", "setter", "-"],
+            "set:9": ["5 of 5", "setter", "-"],
+        }
+
     async def test_nothing_held_exits_0(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -1,5 +1,5 @@
-"""force-release and the masters' queue: a holder listed in the queue (a fair lock's,
-or one handed the key by a release) leaves it, and the next waiter is told."""
+"""force-release and the masters' queue: the first waiter is told; a holder listed in
+the queue (a fair lock's, or one handed the key by a release) leaves it first."""
 
 from __future__ import annotations
 
@@ -164,3 +164,55 @@ async def test_a_handed_holder_leaves_the_queue_and_the_next_waiter_is_told(
     capsys.readouterr()
     assert set(got) == {inbox_of(waiter)}, got
     assert [handed not in ids for ids in after] == [True] * 5, after
+
+
+async def test_the_first_waiter_of_a_holder_that_never_queued_is_told(
+    servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain holder (never queued): the forced release is announced on the first
+    waiter's inbox, and once the waiter is done only the fence counter is left."""
+    urls = servers.urls
+    async with (
+        AsyncRedlock(urls, identity="dead") as dead,
+        AsyncRedlock(urls, identity="b") as b,
+    ):
+        await dead.lock("fq:plain", ttl=60.0, auto_extend=False).acquire()
+        with Waits(b) as waits:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take_and_release, b, "fq:plain", False)
+                await waits.reach(1)
+                await until(lambda: all_listed(urls, "fq:plain", 1))
+                (waiter,) = (await listed(urls, "fq:plain"))[0]
+                got = await force_and_listen(urls, "fq:plain")
+        await b.settle()
+    capsys.readouterr()
+    assert set(got) == {inbox_of(waiter)}, got
+    for url in urls:
+        async with Redis.from_url(url) as client:
+            assert await client.keys("*") == [b"{fq:plain}:fence"]
+
+
+async def test_readers_forced_out_let_the_queued_writer_in(
+    servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Readers that keep their entries, a writer queued behind them: force-release
+    deletes the readers and the writer takes the lock."""
+    urls = servers.urls
+    async with (
+        AsyncRedlock(urls, identity="r") as r,
+        AsyncRedlock(urls, identity="w") as w,
+    ):
+        await r.rwlock("fq:rw", patience=0.0).read().acquire()
+        await r.settle()
+        got: list[Lease] = []
+        async with anyio.create_task_group() as tg:
+
+            async def writer() -> None:
+                got.append(await w.rwlock("fq:rw", patience=0.0).write(timeout=WAIT).acquire())
+
+            tg.start_soon(writer)
+            await until(lambda: all_listed(urls, "fq:rw", 1))
+            assert await cli("force-release", "fq:rw", "--yes", *master_args(urls)) == 0
+        (lease,) = got  # the writer is in
+        await lease.release()
+    capsys.readouterr()
