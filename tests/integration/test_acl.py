@@ -455,6 +455,40 @@ async def test_the_cli_within_the_rules(
     assert await denials(group) == [[], [], []]
 
 
+async def test_a_read_only_user_inspects_lists_and_watches_without_a_denial(
+    make_servers: MakeServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user allowed only what inspect.lua reads (and SCAN for list): inspect, list
+    and watch load no script ahead, so nothing lands in ACL LOG; force-release is
+    refused (exit 3), its DEL the one denial logged."""
+    group = make_servers(3)
+    reader = ["+evalsha", "+eval", "+time", "+get", "+pttl", "+hget", "+zrange"]
+    urls = await add_user(group, "ro", [*reader, "+zrangebyscore", "+zscore", "+scan", "~*"])
+    async with AsyncRedlock(group.urls, identity="h") as admin:
+        await admin.lock("ro:x", ttl=60.0).acquire()
+        with anyio.fail_after(HANG_GUARD):
+            args = master_args(urls)
+            codes = [
+                await cli("inspect", "ro:x", *args),
+                await cli("list", *args),
+                await cli("watch", "ro:x", "--count", "1", *args),
+            ]
+            read = await denials(group)
+            codes.append(await cli("force-release", "ro:x", "--yes", *args))
+    err = capsys.readouterr().err
+    assert codes == [0, 0, 0, 3], err
+    assert "refused by the masters' ACL" in err
+    assert read == [[], [], []]
+    refused = {
+        (entry[b"reason"], entry[b"object"])
+        for log in await denials(group)
+        for entry in (
+            e if isinstance(e, dict) else dict(zip(e[::2], e[1::2], strict=True)) for e in log
+        )
+    }
+    assert refused == {(b"command", b"del")}
+
+
 @pytest.mark.parametrize("user", ["locker", "nobody"])
 async def test_a_wrong_password_or_unknown_user_fails_at_once_without_the_secret(
     make_servers: MakeServers, caplog: pytest.LogCaptureFixture, user: str

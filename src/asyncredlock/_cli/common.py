@@ -215,11 +215,22 @@ def connect(args: argparse.Namespace) -> AsyncRedlock:
             lock_key(args.prefix, name)  # refuses a reserved key, before any call
         # The option bounds the whole wait: silence and a slow reply alike.
         wait = args.node_timeout
-        return AsyncRedlock(
+        redlock = AsyncRedlock(
             master_urls(args), prefix=args.prefix, node_timeout=wait, socket_timeout=wait
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
+    _load_no_script_ahead(redlock)
+    return redlock
+
+
+def _load_no_script_ahead(redlock: AsyncRedlock) -> None:
+    """A command runs one or two scripts once: none is loaded ahead on its connections
+    (``SCRIPT LOAD`` of every script, refused and logged in ACL LOG for an operator's
+    read-only user). Each goes by ``EVALSHA``, sent whole (``EVAL``) where unknown."""
+    for node in redlock._core.nodes:
+        if node.link is not None:  # a cluster master's client loads nothing ahead
+            node.link.preload = ()
 
 
 def fail(message: str, status: int) -> int:
