@@ -52,7 +52,11 @@ async def force_free(core: Core, name: str) -> Freed:
     wait = core.timing.max_wait
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    decision = await core.decide(rnd, classify_deleted, wait=wait)
+    try:
+        decision = await core.decide(rnd, classify_deleted, wait=wait)
+    except asyncio.CancelledError:  # the DELETEs are out all the same
+        lose_leases(core, key, None)
+        raise
     if decision.unavailable:
         raise QuorumUnavailableError(
             f"could not force {name!r} free: {why_unavailable(decision)}",
@@ -71,8 +75,10 @@ async def force_free(core: Core, name: str) -> Freed:
     return Freed(len(deleted), tuple(missed))
 
 
-def lose_leases(core: Core, key: str, decision: Decision) -> None:
-    """End lost this client's leases on ``key`` (forced free): their blocks are cancelled."""
+def lose_leases(core: Core, key: str, decision: Decision | None) -> None:
+    """End lost this client's leases on ``key`` (forced free): their blocks are
+    cancelled (``decision`` is ``None`` when the force was cancelled before it was
+    decided: its deletes were sent, so the leases are as good as gone)."""
     for lease in [each for each in core.held if key in each.keys]:
         lease._lose(decision, "forced free (force_release)")
 

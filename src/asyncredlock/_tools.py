@@ -46,7 +46,8 @@ class OperatorTools:
         whose holder is known dead.
         Waits for every master up to ``max(node_timeout, socket_timeout)`` in all;
         a master that did not answer by then is not counted (its delete may still
-        land).
+        land). Cancelled, the deletes go on all the same, and this client's leases
+        on the lock are lost at once.
 
         Returns:
             On how many masters a key was deleted.

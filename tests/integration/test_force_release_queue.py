@@ -3,7 +3,9 @@ the queue (a fair lock's, or one handed the key by a release) leaves it first.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 
 import anyio
 import anyio.to_thread
@@ -12,7 +14,8 @@ from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
 from asyncredlock.__main__ import main
-from asyncredlock.testing import ServerGroup, Waits
+from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state
+from asyncredlock.testing.pytest_plugin import MakeServers
 
 pytestmark = pytest.mark.anyio
 
@@ -216,3 +219,35 @@ async def test_readers_forced_out_let_the_queued_writer_in(
         (lease,) = got  # the writer is in
         await lease.release()
     capsys.readouterr()
+
+
+async def test_a_cancelled_force_release_still_ends_this_client_s_leases(
+    make_servers: MakeServers,
+) -> None:
+    """force_release() cancelled while its DELETEs are on their way (masters 0.3 s away
+    each way): they arrive all the same, so this client's own lease on the name is
+    ended lost at once, its block cancelled, rather than held on (its keys deleted
+    under it) until an extension finds them gone a third of its TTL later."""
+    group = make_servers(3)
+    async with AsyncExitStack() as stack:
+        proxies = [
+            await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
+            for server in group
+        ]
+        redlock = await stack.enter_async_context(AsyncRedlock([p.url for p in proxies]))
+        with anyio.fail_after(WAIT):
+            lease = await redlock.lock("forced", ttl=30.0).acquire()
+            await redlock.settle()
+            for proxy in proxies:
+                proxy.delay = 0.3
+            forcing = asyncio.ensure_future(redlock.force_release("forced"))
+            await asyncio.sleep(0)  # one turn: it sends its DELETEs before its first await
+            assert all(client_state(redlock).in_flight)
+            forcing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await forcing
+            assert lease.lost
+            await redlock.settle()  # the DELETEs landed
+    for server in group:
+        async with Redis(port=server.port) as client:
+            assert await client.exists("forced") == 0
