@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, QuorumUnavailableError
+from asyncredlock import AsyncRedlock, LockNotOwnedError, QuorumUnavailableError
 from asyncredlock.testing import ServerGroup, Waits, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -172,8 +172,11 @@ async def test_aclose_ends_every_call_pending_on_a_paused_majority(
     assert sorted(outcomes) == sorted(calls)
     # the acquisition learns of the close between its rounds, or from its round
     assert isinstance(outcomes.pop("acquire"), RuntimeError | QuorumUnavailableError)
+    # the close ended the lease while its extension ran: it is no longer held
+    assert isinstance(outcomes["extend"], LockNotOwnedError), outcomes["extend"]
     for name, error in outcomes.items():
-        assert isinstance(error, QuorumUnavailableError), (name, error)
+        expected = LockNotOwnedError if name == "extend" else QuorumUnavailableError
+        assert isinstance(error, expected), (name, error)
         # the master that answers, then the two paused ones ended by aclose()
         assert [o.detail.split(":")[0] for o in error.outcomes][1:] == ["ClosedError"] * 2, name
     stats = redlock.statistics()
