@@ -204,13 +204,16 @@ class TestHandOverAfterARestart:
         """Master 0 restarted empty mid-queue: the release hands the key to the fair
         waiter on masters 1 and 2 only (exactly a quorum), with the short PX of a
         handed key. The lease must extend those keys before they lapse and stay held
-        past that PX (its extensions keep the full TTL there)."""
+        past that PX (its extensions keep the full TTL there). The TTL is four
+        times that PX (an entry's TTL, a second): far apart, and its three
+        extensions, a third of a TTL apart, take a few seconds, not seven."""
+        ttl = 4.0
         group = make_servers(3)
         masters = Masters(group.urls)
         try:
             async with (
-                AsyncRedlock(group.urls, ttl=10.0) as holder,
-                AsyncRedlock(group.urls, ttl=10.0) as waiter,
+                AsyncRedlock(group.urls, ttl=ttl) as holder,
+                AsyncRedlock(group.urls, ttl=ttl) as waiter,
             ):
                 held = await holder.lock("handed", fair=True).acquire()
                 got: list[Lease] = []
@@ -232,7 +235,8 @@ class TestHandOverAfterARestart:
                     assert await polled(lambda: lease.statistics().extensions >= 3, POLLS)
                 assert lease.held
                 ttls = [await client.pttl("handed") for client in masters.clients[1:]]
-                assert all(ttl > 5000 for ttl in ttls), ttls  # extended to the lease's TTL
+                # extended to the lease's TTL, not the handed PX
+                assert all(left > ttl * 1000 / 2 for left in ttls), ttls
                 assert waiter.statistics().lost == 0
                 state = await waiter.inspect("handed")
                 assert state.holder == lease.value
