@@ -61,7 +61,8 @@ class TestServerProcess:
             server.start()
             assert server.url.startswith("redis://:s3cr%3At%2F@127.0.0.1:")
             with pytest.raises(redis.AuthenticationError):
-                redis.Redis(port=server.port).ping()  # no password: refused
+                # no password: refused (once: redis-py's default retries back off for seconds)
+                redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0)).ping()
             with redis.Redis.from_url(server.url) as authed:
                 authed.set("k", "v")
             server.flushall()  # its own checks authenticate too
