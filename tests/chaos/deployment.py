@@ -6,7 +6,7 @@ scenario (`expect`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -83,15 +83,36 @@ async def run(
     resource = Redis.from_url(resource_url)
     started: list[Worker] = []
     try:
-        for i in range(workers):
-            env = clocks[i].environ(os.environ) if i < len(clocks) else None
-            started.append(await Worker.start(i, masters.urls, resource_url, NAME, env))
+        envs = [clocks[i].environ(os.environ) if i < len(clocks) else None for i in range(workers)]
+        await _start([(masters.urls, env) for env in envs], resource_url, started)
         yield Run(masters, resource, resource_url, started)
     finally:
         for worker in started:
             await worker.close()
         await resource.aclose()
     await _no_connection_left(masters)
+
+
+async def _start(
+    specs: Sequence[tuple[list[str], Mapping[str, str] | None]],
+    resource_url: str,
+    into: list[Worker],
+) -> None:
+    """Start worker ``i`` on ``specs[i]`` (its masters' URLs, its environment), all at
+    once: their interpreters boot side by side. ``into`` gets them in order, each
+    one that started even if another failed (for the caller to close)."""
+    slots: list[Worker | None] = [None] * len(specs)
+
+    async def one(i: int) -> None:
+        urls, env = specs[i]
+        slots[i] = await Worker.start(i, urls, resource_url, NAME, env)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(len(specs)):
+                tg.start_soon(one, i)
+    finally:
+        into.extend(worker for worker in slots if worker is not None)
 
 
 #: How many times (every 50 ms) the servers are asked whether the connections of
@@ -130,9 +151,8 @@ async def start_workers(r: Run, routes: Sequence[Sequence[FaultProxy]]) -> None:
     for worker in r.workers:
         await worker.close()
     r.workers.clear()
-    for i, proxies in enumerate(routes):
-        urls = [proxy.url for proxy in proxies]
-        r.workers.append(await Worker.start(i, urls, r.resource_url, NAME))
+    specs = [([proxy.url for proxy in proxies], None) for proxies in routes]
+    await _start(specs, r.resource_url, r.workers)
 
 
 async def take_turns(workers: Sequence[Worker], rounds: int, **cycle: Any) -> None:
