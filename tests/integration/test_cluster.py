@@ -431,7 +431,7 @@ class TestLock:
             await got[0].release()
 
     async def test_a_lost_subscription_moves_to_another_node_and_hears_the_release(
-        self, mixed: Masters, replicated: ServerCluster
+        self, masters: Masters, clusters: list[ServerCluster]
     ) -> None:
         """The waiter's subscription to the first cluster is dropped (CLIENT KILL
         on its node): the listener subscribes again on another node of that
@@ -439,10 +439,10 @@ class TestLock:
         had another holder's key), so the waiter is handed the lock only if it hears
         the first cluster's announcement there: the third's alone is no quorum."""
         async with (
-            AsyncRedlock(mixed.given) as holder,
-            AsyncRedlock(mixed.given, retry_delay=PATIENT, node_timeout=CONFIRM) as waiter,
+            AsyncRedlock(masters.given) as holder,
+            AsyncRedlock(masters.given, retry_delay=PATIENT, node_timeout=CONFIRM) as waiter,
         ):
-            await mixed.clients[1].set("moved", "another holder", px=HANG_GUARD * 1000)
+            await masters.clients[1].set("moved", "another holder", px=HANG_GUARD * 1000)
             lease = await holder.lock("moved").acquire()
             await holder.settle()
             got: list[Lease] = []
@@ -455,11 +455,11 @@ class TestLock:
                     tg.start_soon(take)
                     await waits.reach(1)
                     await waiter.settle()
-                    first = await _subscribed_node(replicated, but=None)
+                    first = await _subscribed_node(clusters[0], but=None)
                     resp_call(first.port, "CLIENT", "KILL", "TYPE", "pubsub", timeout=2.0)
-                    await _subscribed_node(replicated, but=first)
+                    await _subscribed_node(clusters[0], but=first)
                     await waiter.settle()  # the retries the loss and the new subscription woke
-                    await mixed.clients[1].delete("moved")
+                    await masters.clients[1].delete("moved")
                     await lease.release()
             assert got[0].statistics().source == "hand-over"
             await got[0].release()
