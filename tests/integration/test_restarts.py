@@ -261,7 +261,8 @@ class TestMasterTurnedReplica:
         urls = group.urls[:3]
         masters = Masters(urls)
         try:
-            async with AsyncRedlock(urls, ttl=3.0) as holder, AsyncRedlock(urls) as rival:
+            # extensions half a second apart: the test waits for three of them
+            async with AsyncRedlock(urls, ttl=1.5) as holder, AsyncRedlock(urls) as rival:
                 lease = await holder.lock("demoted").acquire()
                 await masters.clients[0].execute_command(
                     "REPLICAOF", "127.0.0.1", str(group[3].port)
