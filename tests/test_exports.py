@@ -8,6 +8,7 @@ import importlib.resources
 import inspect
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -186,5 +187,8 @@ def test_the_pytest_plugin_is_opt_in(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stdout + run.stderr
         return run.stdout
 
-    assert "make_servers" not in fixtures()
-    assert "make_servers" in fixtures("-p", "asyncredlock.testing.pytest_plugin")
+    with ThreadPoolExecutor(2) as pool:  # the two interpreters boot side by side
+        without = pool.submit(fixtures)
+        opted_in = pool.submit(fixtures, "-p", "asyncredlock.testing.pytest_plugin")
+        assert "make_servers" not in without.result()
+        assert "make_servers" in opted_in.result()
