@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, cast
 
+import hiredis
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.retry import Retry
@@ -79,10 +80,13 @@ class RedisPyOpener:
         leftover = bytes(getattr(reader, "_buffer", b""))
         _forget(connection, close=False)
         transport = cast(asyncio.Transport, writer.transport)
-        if transport.is_closing() or reader.exception() is not None or reader.at_eof():
-            # ended before it was ours (the master, or the loop busy since the handshake)
+        said = _refusal(leftover) if leftover else None
+        if said or transport.is_closing() or reader.exception() is not None or reader.at_eof():
+            # ended before it was ours (the master, or the loop busy since the handshake),
+            # or refused: an error nothing asked for (maxclients, protected mode's -DENIED)
             transport.abort()
-            why = lost_reason(_address(connection), reader.exception(), transport)
+            unanswered = None if said else transport
+            why = lost_reason(_address(connection), reader.exception(), unanswered, said)
             raise RedisConnectionError(why)
         protocol.opened_by = writer
         transport.set_protocol(protocol)
@@ -130,6 +134,17 @@ def _address(connection: Any) -> str:
     """``host:port`` of a redis-py TCP or TLS connection (its master, once a
     Sentinel-managed one has connected), for errors."""
     return f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
+
+
+def _refusal(leftover: bytes) -> str | None:
+    """The error reply ``leftover`` (read with the handshake's replies, before any request
+    of ours) begins with, if any: a master refusing the connection says why, then closes."""
+    reader = hiredis.Reader()
+    reader.feed(leftover)
+    with contextlib.suppress(hiredis.ProtocolError):
+        reply = reader.gets()
+        return str(reply) if isinstance(reply, hiredis.ReplyError) else None
+    return None
 
 
 def _forget(connection: Any, *, close: bool) -> None:

@@ -85,12 +85,19 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def lost_reason(
-    address: str, exc: BaseException | None, unanswered: asyncio.BaseTransport | None
+    address: str,
+    exc: BaseException | None,
+    unanswered: asyncio.BaseTransport | None,
+    said: str | None = None,
 ) -> str:
     """The account of a connection to ``address`` that was lost (``exc``: how), with
     `CLIENT_CERTIFICATE_HINT` if the master ended it before its first reply over TLS
-    (``unanswered``: the connection's transport when no reply came on it, else None)."""
+    (``unanswered``: the connection's transport when no reply came on it, else None),
+    and the error reply the master sent last that no caller took (``said``: a master
+    refusing the connection, at ``maxclients`` or in protected mode, says why)."""
     reason = f"connection to {address} lost" + (f": {exc}" if exc else "")
+    if said is not None:
+        reason += f" (the master said: {said})"
     if unanswered is not None and unanswered.get_extra_info("ssl_object") is not None:
         return reason + CLIENT_CERTIFICATE_HINT
     return reason

@@ -23,120 +23,20 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
-import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._liveness import Heartbeat, readable
+from ._connection import Connection, Request
+from ._liveness import Heartbeat
 from ._log import log_master_readmitted, log_ping_refused, refuses_ping, turned_silent
 from ._spin import Spin, spin_of
 from ._telemetry import master_error
 from ._tls import lost_reason
-from ._wire import ClosedError, Hook, Opener, Reply, Stream, pack, pack_args
+from ._wire import ClosedError, Hook, Opener, Reply, pack_args
 
 __all__ = ["Link"]
-
-
-#: A request on the wire: its reply's future (None: the link's own), an EVALSHA's args, source.
-_Request = tuple["asyncio.Future[Reply] | None", "tuple[Any, ...]", "str | None"]
-
-
-class _Connection(Stream):
-    """One socket to the master: the requests in flight, and the writes to join."""
-
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self.transport: asyncio.Transport | None = None
-        self.fd = -1  # the socket's, for the busy poll (-1: none)
-        self.reader = hiredis.Reader()
-        self.pending: collections.deque[_Request] = collections.deque()
-        self.out: list[bytes] = []
-        self.lost = False
-        self.replied = False  # any byte from the master yet
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.heartbeat: Heartbeat | None = None  # PINGs the master when idle
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not subclasses of asyncio's: no isinstance check
-        self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        self.fd = -1 if sock is None else sock.fileno()
-
-    def send(self, packed: bytes, request: _Request, *, ahead: int | None = None) -> None:
-        """Send ``packed`` now or with this iteration's write; its reply resolves ``request``.
-
-        ``ahead``: the link's requests out before it (``None``: not a caller's call). With
-        at most one (no burst on), unless a write waits, it is written now, not after the
-        loop iteration's remaining callbacks; with none, a busy poll may follow (`Spin`).
-        """
-        self.pending.append(request)
-        at_once = ahead is not None and ahead <= 1 and not self.out  # never past a waiting write
-        if at_once and self.transport is not None and not self.lost:
-            self.transport.write(packed)
-            if ahead == 0 and self.link.spin is not None:
-                self.link.spin.wrote(self.fd, self.link.busy_poll)
-            return
-        if not self.out:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self.out.append(packed)
-
-    def flush(self) -> None:
-        out, self.out = self.out, []
-        if out and self.transport is not None and not self.lost:
-            if len(self.pending) == len(out):  # nothing older on the wire: silence is
-                self.link._quiet_since = asyncio.get_running_loop().time()  # from this write
-            self.transport.write(b"".join(out))
-
-    def data_received(self, data: bytes) -> None:
-        link, self.replied = self.link, True
-        link.heard(self)
-        reader = self.reader
-        reader.feed(data)
-        pending = self.pending
-        demoted = False
-        while (reply := reader.gets()) is not False:
-            future, args, source = pending.popleft()
-            if isinstance(reply, hiredis.ReplyError):
-                text = str(reply)
-                if source is not None and text.startswith("NOSCRIPT"):
-                    # As EVAL (which caches it) only with nothing sent behind it: no reordering
-                    if not pending:
-                        self.send(pack("EVAL", source, *args[2:]), (future, args, None))
-                        continue
-                    self.send(pack("SCRIPT", "LOAD", source), (None, (), None))
-                # a master turned replica (a Sentinel failover): reconnect to the new one
-                demoted = demoted or text.startswith("READONLY")
-                if future is not None:
-                    link.resolve(future, Reply(error=ResponseError(text)))
-            elif future is not None:
-                link.resolve(future, Reply(reply))
-        if demoted and self.transport is not None:
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
-        if not self.closed.done():
-            self.closed.set_result(None)
-        self.link.dropped(self, exc)
-
-    def unread(self) -> bool:
-        """Whether bytes from the master wait unread: our loop is behind, not the master."""
-        return not self.lost and readable(self.transport)
-
-    def fail(self, error: Exception) -> None:
-        """Fail every request still in flight and drop the socket."""
-        self.lost = True
-        pending, self.pending = self.pending, collections.deque()
-        for future, _, _ in pending:
-            if future is not None:
-                self.link.resolve(future, Reply(error=error))
-        if self.transport is not None:
-            self.transport.abort()
 
 
 class Link:
@@ -168,7 +68,7 @@ class Link:
         self.opener = opener
         self.node_timeout = node_timeout
         self.socket_timeout = socket_timeout
-        self.preload = tuple(pack_args(command) for command in preload)
+        self.preload = tuple((pack_args(command), command) for command in preload)
         self.busy_poll = busy_poll
         #: The event loop's busy poller, once connected (None: not polling).
         self.spin: Spin | None = None
@@ -183,10 +83,10 @@ class Link:
         self.pings = 0  # PINGs sent on an idle connection
         self._ping_out: asyncio.Future[Reply] | None = None  # one out, not a caller's
         self.closed = False
-        self._conn: _Connection | None = None
-        self._queued: list[tuple[bytes, _Request]] = []
+        self._conn: Connection | None = None
+        self._queued: list[tuple[bytes, Request]] = []
         self._connecting: asyncio.Task[None] | None = None
-        self._quiet_since = math.inf  # since when nothing was heard with calls out
+        self.quiet_since = math.inf  # since when nothing was heard with calls out
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_due = 0.0
         self._idle: asyncio.Future[None] | None = None
@@ -225,7 +125,7 @@ class Link:
             return future
         self._hooks[future] = None
         if self.outstanding == 0:
-            self._quiet_since = loop.time()
+            self.quiet_since = loop.time()
             self._arm(self.node_timeout)
         self.outstanding += 1
         conn = self._conn
@@ -271,7 +171,7 @@ class Link:
         if future is self._ping_out:
             self._ping_out = None
         if self.outstanding == 0:
-            self._quiet_since = math.inf
+            self.quiet_since = math.inf
         if not self.calls:
             idle, self._idle = self._idle, None
             if idle is not None and not idle.done():
@@ -291,13 +191,13 @@ class Link:
 
     # -- liveness ----------------------------------------------------------------
 
-    def heard(self, conn: _Connection) -> None:
+    def heard(self, conn: Connection) -> None:
         """Bytes arrived on ``conn``: the master is alive."""
         now = asyncio.get_running_loop().time()
         if conn.heartbeat is not None:
             conn.heartbeat.heard(now)
         if self.outstanding:
-            self._quiet_since = now
+            self.quiet_since = now
         if self.silent or self._unheard:
             self.silent = self._unheard = False
             log_master_readmitted(self.name)
@@ -327,7 +227,7 @@ class Link:
             return
         if conn.out and len(conn.pending) == len(conn.out):
             conn.flush()  # the loop ran this before their write: nothing is out yet
-        quiet = now - self._quiet_since
+        quiet = now - self.quiet_since
         if quiet >= self.node_timeout and conn.unread():
             self.heard(conn)  # replies are there; our loop has not read them yet
             quiet = 0.0
@@ -338,14 +238,14 @@ class Link:
             if not self.silent:
                 self.silent = True
                 turned_silent(self.name, quiet, self.watchers)
-            self._arm(min(self.node_timeout, self._quiet_since + self.socket_timeout - now))
+            self._arm(min(self.node_timeout, self.quiet_since + self.socket_timeout - now))
         else:
-            self._arm(self._quiet_since + self.node_timeout - now)
+            self._arm(self.quiet_since + self.node_timeout - now)
 
     # -- connections -------------------------------------------------------------
 
     async def _connect(self) -> None:
-        conn = _Connection(self)
+        conn = Connection(self)
         try:
             await self.opener(conn)
         except Exception as exc:
@@ -365,8 +265,8 @@ class Link:
         if conn.transport is not None:  # idle, it PINGs: a silent cut shows as silence
             dead = functools.partial(self._dead, conn)
             conn.heartbeat = Heartbeat(conn.transport, self.socket_timeout, self._ping, dead)
-        for packed in self.preload:
-            conn.send(packed, (None, (), None))
+        for packed, command in self.preload:  # one request each (`Connection.last_word`)
+            conn.send(packed, (None, command, None))
         queued, self._queued = self._queued, []
         for packed, request in queued:
             conn.send(packed, request)
@@ -378,19 +278,20 @@ class Link:
         self._ping_out = self.call(("PING",))
         self._ping_out.add_done_callback(functools.partial(log_ping_refused, self.name))
 
-    def _dead(self, conn: _Connection) -> None:
+    def _dead(self, conn: Connection) -> None:
         # the PING unanswered (the watchdog may drop it first): later calls go to a new
         # connection at once, not to this one until its connection_lost
         if self._conn is conn:
             self._drop(RedisTimeoutError(f"no reply to PING within {self.socket_timeout:g} s"))
 
-    def dropped(self, conn: _Connection, exc: Exception | None) -> None:
+    def dropped(self, conn: Connection, exc: Exception | None) -> None:
         """The connection was closed (by the master, the network, or us)."""
         if self._conn is conn:
             self._conn = None
             self._unsilence()
         unanswered = None if conn.replied else conn.transport
-        conn.fail(RedisConnectionError(lost_reason(self.name, exc, unanswered)))
+        why = lost_reason(self.name, exc, unanswered, conn.last_word())
+        conn.fail(RedisConnectionError(why))
 
     def _drop(self, error: Exception) -> None:
         conn, self._conn = self._conn, None
