@@ -37,6 +37,8 @@ class _Subscription(Stream):
         # the commands sent whose reply is still to come, in order (one channel
         # each): an error reply names no channel, this says whose it is
         self.expected: deque[tuple[str, ...]] = deque()
+        #: Whether the master confirmed a SUBSCRIBE on it: its loss may lose a release
+        self.subscribed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio's: no isinstance check
@@ -62,6 +64,7 @@ class _Subscription(Stream):
                 kind = _text(reply[0])
                 if kind != "message" and self.expected:  # a command's reply
                     self.expected.popleft()
+                self.subscribed = self.subscribed or kind == "subscribe"
                 self.listener.handle(kind, _text(reply[1]), reply[2])
                 continue
             command = self.expected.popleft() if self.expected else ()
@@ -134,10 +137,9 @@ class Listener:
     async def _run(self) -> None:
         while self.channels:
             connection = _Subscription(self)
-            opened = False
             try:
                 await self.opener(connection)
-                self.connection, opened, self.refusal = connection, True, None
+                self.connection, self.refusal = connection, None
                 connection.watch(self.quiet)
                 self._ask(connection, *self.channels)
                 await connection.closed
@@ -151,7 +153,10 @@ class Listener:
                 self.confirmed = {}
                 if connection.transport is not None:
                     connection.transport.abort()
-            if opened:  # a failed reconnection lost nothing more: it wakes nobody
+            # A connection with no subscription confirmed on it lost nothing (one that
+            # failed to open, or one accepted then reset at once: a proxy whose backend is
+            # down, maxclients): it wakes nobody; waiters are woken at the next confirmation
+            if connection.subscribed:
                 self.on_lost(None)
             await asyncio.sleep(RECONNECT_DELAY)
             loop = asyncio.get_running_loop()
