@@ -15,7 +15,7 @@ from ._keeping import Keeping, State, lost_by
 from ._log import log_release_short
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag
-from ._quorum import Decision
+from ._quorum import Decision, Round
 from ._refusal import why_unavailable
 from ._stats import LeaseRecord, LeaseStatistics, Taken
 from ._telemetry import RELEASE, traced
@@ -209,9 +209,11 @@ class Lease(Keeping):
     async def _release_round(self) -> Decision:
         """Release everywhere; a lease found gone on a majority ends lost, not released.
 
-        ``wait_lost()`` wakes only once that is known (or the release is cancelled).
+        ``wait_lost()`` wakes only once that is known: cancelled, the release goes on
+        and its outcome is still taken, in the background.
         """
         core = self._core
+        later = False
         try:
             try:
                 rnd = self._send_release()
@@ -219,14 +221,31 @@ class Lease(Keeping):
                 self._finish(State.RELEASED, announce=False)
             deciding = core.decide(rnd, classify_flag, wait=core.timing.max_wait)
             core.counters.releases += 1
-            decision = await traced(RELEASE, self, deciding)
-            if decision.refuted:
-                self._state, self._loss = State.LOST, decision
-                self._count_loss(decision, "gone from a majority when released")
+            try:
+                decision = await traced(RELEASE, self, deciding)
+            except asyncio.CancelledError:
+                later = True
+                core.tracker.job(self._released_later(rnd))
+                raise
+            self._judge_release(decision)
             return decision
         finally:
-            self._announce_end()
+            if not later:
+                self._announce_end()
             self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
+
+    async def _released_later(self, rnd: Round) -> None:
+        """The outcome of a release whose caller was cancelled (the release goes on)."""
+        try:
+            core = self._core
+            self._judge_release(await core.decide(rnd, classify_flag, wait=core.timing.max_wait))
+        finally:
+            self._announce_end()
+
+    def _judge_release(self, decision: Decision) -> None:
+        if decision.refuted:
+            self._state, self._loss = State.LOST, decision
+            self._count_loss(decision, "gone from a majority when released")
 
     # -- passing the lease on within the process -------------------------------
 
