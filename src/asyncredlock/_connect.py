@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from ._config import Settings
+from ._identity import Identity, client_identity, url_identity
 from ._node import Node
 from ._sentinel import SCHEME as SENTINEL
 from ._sentinel import OwnedClient, display_name, parse_sentinel_url
@@ -164,17 +165,19 @@ def make_nodes(masters: object, settings: Settings) -> list[Node]:
     if not masters:
         raise ValueError("masters must name at least one Redis/Valkey master")
     nodes: list[Node] = []
-    seen: set[object] = set()
+    seen: dict[object, str] = {}  # each key of an identity: the name it came with
     for master in masters:
         node, identity = make_node(master, settings)
-        if identity in seen:
-            raise ValueError(f"master {node.name!r} is given twice")
-        seen.add(identity)
+        other = next((seen[key] for key in identity if key in seen), None)
+        if other is not None:
+            spelled = "" if other == node.name else f" (first as {other!r}: one server)"
+            raise ValueError(f"master {node.name!r} is given twice{spelled}")
+        seen.update(dict.fromkeys(identity, node.name))
         nodes.append(node)
     return nodes
 
 
-def make_node(master: object, settings: Settings) -> tuple[Node, object]:
+def make_node(master: object, settings: Settings) -> tuple[Node, Identity]:
     if isinstance(master, str):
         return _node_from_url(master, settings)
     kind = _valkey_kind(master)
@@ -189,7 +192,7 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
             node_timeout=settings.node_timeout,
             socket_timeout=settings.socket_timeout,
         )
-        return node, id(master)
+        return node, client_identity(master)
     if isinstance(master, Redis) or kind == "client":
         pool = client.connection_pool
         kwargs = dict(pool.connection_kwargs)
@@ -200,7 +203,7 @@ def make_node(master: object, settings: Settings) -> tuple[Node, object]:
         opener = RedisPyOpener(pool.connection_class, {**kwargs, **_OWN_CONNECTION})
         node = _linked(_client_name(client), opener, settings)
         node.client = client  # kept alive: a Sentinel pool is referenced weakly
-        return node, id(master)
+        return node, client_identity(master)
     raise TypeError(
         "each master must be a URL string or a redis.asyncio Redis/RedisCluster or"
         f" valkey.asyncio Valkey/ValkeyCluster client, not {type(master).__name__}"
@@ -251,16 +254,13 @@ def _linked(name: str, opener: RedisPyOpener, settings: Settings) -> Node:
     )
 
 
-def _node_from_url(url: str, settings: Settings) -> tuple[Node, object]:
+def _node_from_url(url: str, settings: Settings) -> tuple[Node, Identity]:
     if url.startswith(f"{SENTINEL}://"):
         return _node_from_sentinel(url, settings)
     parts, port = checked(url)
     opener = _url_opener(url, settings)
-    name = display(parts)
     # Two databases of one server are one failure domain: one master, not two.
-    host = (parts.hostname or "").lower()
-    identity = (host, port or 6379) if parts.scheme != "unix" else ("unix", parts.path)
-    return _linked(name, opener, settings), identity
+    return _linked(display(parts), opener, settings), url_identity(parts, port)
 
 
 def _url_opener(url: str, settings: Settings) -> RedisPyOpener:
@@ -292,7 +292,7 @@ def _tls_refused(connection: Any) -> str | None:
     return None if context is None else settings_error(context)
 
 
-def _node_from_sentinel(url: str, settings: Settings) -> tuple[Node, object]:
+def _node_from_sentinel(url: str, settings: Settings) -> tuple[Node, Identity]:
     """A master found through its sentinels, again on every new connection."""
     master = parse_sentinel_url(url)
     client = master.client(settings.socket_timeout)

@@ -16,6 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from ._identity import Identity, sentinel_identity
 from ._urls import SENTINEL, bracketed, check_sendable, is_number, options, redacted
 
 __all__ = ["SCHEME", "OwnedClient", "SentinelMaster", "display_name", "parse_sentinel_url"]
@@ -63,9 +64,10 @@ class SentinelMaster:
         return display_name(host, port, self.service)
 
     @property
-    def identity(self) -> object:
-        """Equal for two URLs naming the same master (same service, same sentinels)."""
-        return (SCHEME, self.service, frozenset(self.sentinels))
+    def identity(self) -> Identity:
+        """Shares a key with that of another URL naming the same master: the same
+        service through a sentinel in common (see `sentinel_identity`)."""
+        return sentinel_identity(self.service, self.sentinels)
 
     def client(self, timeout: float) -> Redis:
         """A client of the master through the sentinels (opening nothing yet);
