@@ -98,7 +98,7 @@ def checked(url: str) -> tuple[SplitResult, int | None]:
         port = parts.port
     except ValueError as exc:
         raise ValueError(f"master URL {shown!r} has an invalid port") from exc
-    options(parts.query, QUERY[parts.scheme], shown)
+    given = options(parts.query, QUERY[parts.scheme], shown)
     if parts.scheme == "unix":
         _check_unix(parts, port, shown)
         return parts, port
@@ -108,7 +108,19 @@ def checked(url: str) -> tuple[SplitResult, int | None]:
         raise ValueError(f"master URL {shown!r} has port 0")
     if parts.path not in ("", "/") and not _db_number(parts.path[1:]):
         raise ValueError(f"master URL {shown!r}: the path must be a database number")
+    _check_one_db(parts.path, given.get("db"), shown)
     return parts, port
+
+
+def _check_one_db(path: str, db: str | None, shown: str) -> None:
+    """Refuse a path's database and a different ``db`` parameter: redis-py would use
+    the parameter's, where errors, ``inspect()`` and the CLI show the path's. The
+    parameter's value is not quoted (it may be a password's tail)."""
+    if path not in ("", "/") and db is not None and int(db) != int(path[1:]):
+        raise ValueError(
+            f"master URL {shown!r} names two databases: {path} in its path and another in"
+            " its db parameter, which redis-py would use (give one)"
+        )
 
 
 def _check_unix(parts: SplitResult, port: int | None, shown: str) -> None:

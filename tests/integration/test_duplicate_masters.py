@@ -174,3 +174,38 @@ class TestOneServerTwoSpellings:
                     pytest.fail(
                         f"a quorum of 2 of 3 masters was granted by one server ({redlock.masters})"
                     )
+
+
+class TestOneDatabasePerUrl:
+    @pytest.mark.parametrize("query", ["db=5", "client_name=x&db=5", "db=00"])
+    def test_a_url_naming_two_databases_is_refused(self, query: str) -> None:
+        # redis-py takes the query's db over the path's: the keys would go to that
+        # one while errors, inspect() and the CLI show the path's.
+        with pytest.raises(ValueError, match=r"names two databases: /1 in its path") as refused:
+            AsyncRedlock([f"redis://h:7000/1?{query}", "redis://h:7001", "redis://h:7002"])
+        assert "5" not in str(refused.value).partition("names")[2]  # the value not quoted
+
+    @pytest.mark.parametrize("url", ["redis://h:7000/5?db=5", "redis://h:7000/05?db=5"])
+    def test_one_database_given_twice_is_taken(self, url: str) -> None:
+        redlock = AsyncRedlock([url, "redis://h:7001", "redis://h:7002"])
+        assert redlock.masters[0] == url.partition("?")[0]
+
+    async def test_a_url_naming_two_databases_is_refused_or_shown_with_the_one_used(
+        self, servers: ServerGroup
+    ) -> None:
+        url = f"{servers.urls[0]}/0?db=5"
+        try:
+            redlock = AsyncRedlock([url, *servers.urls[1:3]], timeout=0)
+        except ValueError:
+            return
+        async with redlock:
+            with anyio.fail_after(HANG_GUARD):
+                async with redlock.lock("which-db", fencing=False):
+                    probe = Redis.from_url(f"{servers.urls[0]}/5")
+                    try:
+                        in_db5 = await probe.exists("which-db")
+                    finally:
+                        await probe.aclose()
+        assert not in_db5 or redlock.masters[0].endswith("/5"), (
+            f"the key went to db 5, but the master shows as {redlock.masters[0]!r}"
+        )
