@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ._config import check_no_nul, check_text
+from ._config import check_no_nul, check_text, plain_str
 from ._keys import aux_key, glob_escape
 from ._wakeup import INBOX_PREFIX
 
@@ -81,7 +81,7 @@ def acl_rules(keys: str = "*", *, prefix: str = "") -> list[str]:
         if not isinstance(text, str):
             raise TypeError(f"{what} must be a str, not {type(text).__name__}")
         check_text(what, text)
-    check_no_nul("prefix", prefix)
+    keys, prefix = plain_str(keys), check_no_nul("prefix", plain_str(prefix))
     if not keys:
         raise ValueError("keys must be a non-empty glob pattern")
     if any(char.isspace() for char in prefix + keys):

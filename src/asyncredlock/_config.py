@@ -32,6 +32,7 @@ __all__ = [
     "check_text",
     "check_ttl",
     "default_identity",
+    "plain_str",
     "warn_max_connections",
 ]
 
@@ -123,8 +124,16 @@ def check_text(what: str, text: str) -> str:
     return text
 
 
+def plain_str(text: str) -> str:
+    """``text`` as a plain ``str``: a subclass's own equality, hash, ``__str__`` or
+    ``+`` would make a name stand for another resource's key (or two names for one)
+    where specs are kept by name. ``str.__str__`` copies the characters whatever the
+    subclass overrides."""
+    return str.__str__(text)
+
+
 def check_name(name: object) -> str:
-    """Validate a resource name.
+    """Validate a resource name, and return it as a plain ``str`` (`plain_str`).
 
     Raises:
         TypeError: ``name`` is not a ``str``.
@@ -132,9 +141,10 @@ def check_name(name: object) -> str:
     """
     if not isinstance(name, str):
         raise TypeError(f"a lock name must be a str, not {type(name).__name__}")
-    if not name:
+    text = plain_str(name)
+    if not text:
         raise ValueError("a lock name must not be empty")
-    return check_text("a lock name", check_no_nul("a lock name", name))
+    return check_text("a lock name", check_no_nul("a lock name", text))
 
 
 def check_no_nul(what: str, text: str) -> str:
@@ -162,7 +172,8 @@ def default_identity() -> str:
 
 
 def check_identity(identity: object) -> str:
-    """Validate a holder identity (written before the random part of each lock value).
+    """Validate a holder identity (written before the random part of each lock value),
+    and return it as a plain ``str``.
 
     Raises:
         TypeError: ``identity`` is not a ``str``.
@@ -171,6 +182,7 @@ def check_identity(identity: object) -> str:
     """
     if not isinstance(identity, str):
         raise TypeError(f"identity must be a str, not {type(identity).__name__}")
+    identity = plain_str(identity)
     if not 0 < len(identity) <= IDENTITY_MAX:
         raise ValueError(f"identity must have 1 to {IDENTITY_MAX} characters, got {len(identity)}")
     check_text("identity", identity)
@@ -180,7 +192,8 @@ def check_identity(identity: object) -> str:
 
 
 def check_names(name: object) -> tuple[str, ...]:
-    """One resource name, or a non-empty list or tuple of distinct ones."""
+    """One resource name, or a non-empty list or tuple of distinct ones (each a
+    plain ``str``, compared as such: the same name gives the same key)."""
     if isinstance(name, list | tuple):
         if not name:
             raise ValueError("a lock on several resources needs at least one name")
@@ -249,14 +262,15 @@ class Settings:
             raise ValueError(f"drift_factor must be in [0, 0.5), got {self.drift_factor!r}")
         if not isinstance(self.prefix, str):
             raise TypeError(f"prefix must be a str, not {type(self.prefix).__name__}")
-        check_text("prefix", check_no_nul("prefix", self.prefix))
+        prefix = check_text("prefix", check_no_nul("prefix", plain_str(self.prefix)))
+        object.__setattr__(self, "prefix", prefix)
         if not isinstance(self.auto_extend, bool):
             raise TypeError("auto_extend must be a bool")
         if not isinstance(self.fencing, bool):
             raise TypeError("fencing must be a bool")
         if not callable(self.clock):
             raise TypeError("clock must be a callable returning seconds")
-        check_identity(self.identity)
+        object.__setattr__(self, "identity", check_identity(self.identity))
 
     def drift(self, ttl: float) -> float:
         """Clock drift allowance for a lock of ``ttl`` seconds (Redlock's rule)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis, RedisCluster
 
-from ._config import check_text
+from ._config import check_text, plain_str
 from ._errors import StaleTokenError
 from ._scripts import FENCED_READ, FENCED_WRITE, evalsha
 from ._sqlwords import RESERVED_WORDS
@@ -180,9 +180,8 @@ class FencedStore:
             raise TypeError(
                 f"client must be a redis.asyncio Redis or RedisCluster, not {type(client).__name__}"
             )
-        check_text("prefix", check_str(prefix, "prefix"))
         self._client = client
-        self._prefix = prefix
+        self._prefix = check_text("prefix", check_str(prefix, "prefix"))
 
     async def write(self, key: str, value: bytes | str | int | float, token: int) -> None:
         """Store ``value`` at ``key`` unless a newer token has written or deleted it.
@@ -289,7 +288,7 @@ def _found(value: bytes | str, writer: bytes | str | int) -> FencedValue:
 def check_str(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    return value
+    return plain_str(value)
 
 
 def check_identifier(name: object, what: str, *, dotted: bool = False) -> None:

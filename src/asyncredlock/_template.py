@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ParamSpec, TypeVar
 
-from ._config import check_name
+from ._config import check_name, plain_str
 
 __all__ = ["NameTemplate", "serialize"]
 
@@ -38,6 +38,7 @@ class NameTemplate:
         """
         if not isinstance(text, str):
             raise TypeError(f"a lock name template must be a str, not {type(text).__name__}")
+        text = plain_str(text)  # filled by str's own format_map, whatever the subclass
         if not text:
             raise ValueError("a lock name template must not be empty")
         try:
