@@ -119,6 +119,9 @@ def settings_error(context: Any) -> str | None:
     the setting and its file; else ``None``. No password shows, and none is asked
     for on the terminal: an encrypted ``ssl_keyfile`` without ``ssl_password`` is
     refused. ``context`` is a throwaway: its settings are changed."""
+    ca_path = getattr(context, "ca_path", None)
+    if ca_path and not os.path.isdir(ca_path):  # OpenSSL takes any path, unchecked
+        return f"ssl_ca_path {str(ca_path)!r}: no such directory (or not a directory)"
     if context.password is None:
         context.password = _no_password
     try:

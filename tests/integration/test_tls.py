@@ -631,6 +631,8 @@ def encrypted_key(certs: Certs, tmp_path: Path) -> Path:
 def _tls_settings(case: str, certs: Certs, encrypted_key: Path, tmp_path: Path) -> dict[str, str]:
     return {
         "missing CA file": {"ssl_ca_certs": str(tmp_path / "no-such-ca.pem")},
+        "missing CA directory": {"ssl_ca_path": str(tmp_path / "no-such-ca-dir")},
+        "CA directory a file": {"ssl_ca_path": str(certs.ca_pem)},
         "wrong ssl_password": {
             "ssl_ca_certs": str(certs.ca_pem),
             "ssl_certfile": str(certs.client_pem),
@@ -640,7 +642,16 @@ def _tls_settings(case: str, certs: Certs, encrypted_key: Path, tmp_path: Path) 
     }[case]
 
 
-@pytest.mark.parametrize("case", ["missing CA file", "wrong ssl_password"])
+#: The cases of `_tls_settings`, each with the setting its error names.
+REFUSED_SETTINGS = {
+    "missing CA file": "ssl_ca_certs",
+    "missing CA directory": "ssl_ca_path",
+    "CA directory a file": "ssl_ca_path",
+    "wrong ssl_password": "ssl_keyfile",
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_SETTINGS))
 def test_a_tls_setting_redis_py_refuses_is_refused_at_construction(
     certs: Certs, encrypted_key: Path, tmp_path: Path, case: str
 ) -> None:
@@ -649,7 +660,7 @@ def test_a_tls_setting_redis_py_refuses_is_refused_at_construction(
     a CA file that does not exist, an ``ssl_password`` that does not decrypt
     ``ssl_keyfile``. No password shows (the user's is in the URL too)."""
     query = _tls_settings(case, certs, encrypted_key, tmp_path)
-    named = "ssl_ca_certs" if case == "missing CA file" else "ssl_keyfile"
+    named = REFUSED_SETTINGS[case]
     masters = [f"rediss://user:s3cret@127.0.0.1:{port}?{urlencode(query)}" for port in (7001, 7002)]
     with pytest.raises(ValueError, match=named) as refused:
         AsyncRedlock(masters)
@@ -660,17 +671,18 @@ def test_a_tls_setting_redis_py_refuses_is_refused_at_construction(
     assert "s3cret" not in message
 
 
-@pytest.mark.parametrize("case", ["missing CA file", "wrong ssl_password"])
+@pytest.mark.parametrize("case", list(REFUSED_SETTINGS))
 async def test_a_ready_client_with_tls_settings_redis_py_refuses_is_refused(
     certs: Certs, encrypted_key: Path, tmp_path: Path, case: str
 ) -> None:
     """The same check for a ready ``Redis(ssl=True, ...)`` client."""
     query = _tls_settings(case, certs, encrypted_key, tmp_path)
-    named = "ssl_ca_certs" if case == "missing CA file" else "ssl_keyfile"
+    named = REFUSED_SETTINGS[case]
     client = Redis(host="127.0.0.1", port=7001, ssl=True, **query)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=named) as refused:
         AsyncRedlock([client])
     await client.aclose()
+    assert Path(query[named]).name in str(refused.value)
     assert "wrong-pass" not in str(refused.value)
 
 
