@@ -212,12 +212,16 @@ def make_node(master: object, settings: Settings) -> tuple[Node, Identity]:
 
 def _check_client_tls(client: Any, connection_class: Any, kwargs: dict[str, Any]) -> None:
     """Refuse a redis-py client whose TLS settings would fail each connect (a file
-    missing, a wrong ``ssl_password``...), with `ValueError`."""
+    missing, a wrong ``ssl_password``, a value redis-py refuses such as
+    ``ssl_cert_reqs="maybe"``...), with `ValueError`, as a URL's are."""
     if not (isinstance(connection_class, type) and issubclass(connection_class, SSLConnection)):
         return
     # its TLS settings only: a Sentinel-managed connection class needs its pool
     tls = {key: value for key, value in kwargs.items() if key.startswith("ssl_")}
-    refused = _tls_refused(SSLConnection(**tls))
+    try:
+        refused = _tls_refused(SSLConnection(**tls))
+    except (TypeError, ValueError, RedisError) as exc:
+        raise ValueError(f"master {_client_name(client)!r}: {exc}") from None
     if refused is not None:
         raise ValueError(f"master {_client_name(client)!r}: {refused}")
 

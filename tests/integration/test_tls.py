@@ -686,6 +686,19 @@ async def test_a_ready_client_with_tls_settings_redis_py_refuses_is_refused(
     assert "wrong-pass" not in str(refused.value)
 
 
+async def test_a_ready_client_with_a_tls_value_redis_py_refuses_is_a_value_error() -> None:
+    """A ready client's TLS value that redis-py refuses when it makes a connection is
+    refused at construction with ValueError naming the master, as in a URL
+    (``master URL ...: Invalid SSL Certificate Requirements Flag: maybe``), not
+    with redis-py's ``RedisError`` (or ``TypeError``)."""
+    client = Redis(host="127.0.0.1", port=7001, ssl=True, ssl_cert_reqs="maybe")
+    refusal = r"master '.*127\.0\.0\.1:7001.*': .*Flag: maybe"
+    with pytest.raises(ValueError, match=refusal) as refused:
+        AsyncRedlock([client])
+    await client.aclose()
+    assert type(refused.value) is ValueError
+
+
 def test_tls_settings_redis_py_accepts_build_a_client(certs: Certs, encrypted_key: Path) -> None:
     """The right ``ssl_password`` for an encrypted key is accepted at construction."""
     query = {
