@@ -335,6 +335,13 @@ class Lease(Keeping):
         if self.lost:  # the release found it gone on a majority
             raise self._lost_error() from exc
 
+    async def _release_elsewhere(self) -> None:
+        """End the block from another task than its own: its scope, entered in that
+        task, is left alone (it cannot be exited here), and the lease is released."""
+        self._ending.scope = None
+        with anyio.CancelScope(shield=True):
+            await self._release_quietly()
+
     async def _release_quietly(self) -> None:
         if self._state is not State.HELD or self._hand_off():
             return

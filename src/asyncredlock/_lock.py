@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 from ._attempt import Acquisition, refuse_if_closing
 from ._config import LockOptions, LockSpec, Role
@@ -35,6 +35,12 @@ class Lock:
     extended while the block runs, and releases it at the end. The same ``Lock``
     may be used by many tasks at once; each gets its own lease. A lock on several
     resources takes all of them or none on each master, in one script.
+
+    A block is exited by the task that entered it (its lease is found by task, and
+    its cancellation on a lost lease works within that task only). Exited by another
+    task, it raises `RuntimeError`, having released the lease if it was this
+    ``Lock``'s only block (else it stays held: which one is unknown); to hold a lock
+    across tasks, use `acquire` and ``lease.release()``.
 
     Attributes:
         name: The resource name (for several resources, their names joined by
@@ -280,11 +286,37 @@ class Lock:
     ) -> None:
         task = asyncio.current_task()
         entered = {} if self._entered is None else self._entered
-        stack = entered[task]
+        stack = entered.get(task)
+        if stack is None:
+            await self._exit_elsewhere(entered)
         lease = stack.pop()
         if not stack:
             del entered[task]
         await lease._exit_block(exc_type, exc, tb)
+
+    async def _exit_elsewhere(
+        self, entered: dict[asyncio.Task[Any] | None, list[Lease]]
+    ) -> NoReturn:
+        """The block is exited by another task than the one that entered it (an
+        async fixture's teardown, an ``AsyncExitStack`` closed by a shutdown task):
+        release the lease if it is the only one of this ``Lock``'s blocks (which
+        else is unknown, and stays held), then raise `RuntimeError` all the same."""
+        leases = [lease for stack in entered.values() for lease in stack]
+        if not leases:
+            raise RuntimeError(f"the async with block of {self!r} was exited but never entered")
+        if len(leases) == 1:
+            entered.clear()
+            lease = leases[0]
+            await lease._release_elsewhere()
+            done = "its lease was released"
+        else:
+            done = f"its lease (one of {len(leases)} in blocks of this Lock) is still held"
+        raise RuntimeError(
+            f"the async with block of {self!r} was exited from another task than the one"
+            f" that entered it; {done}. The block's cancellation on a lost lease works"
+            " within one task only: to hold a lock across tasks, use acquire() and"
+            " lease.release()"
+        )
 
 
 def _spec(
