@@ -253,4 +253,24 @@ def redacted(url: str) -> str:
         for end in "/?#":  # an "@" in the path or query: nothing before it is shown
             user = user.partition(end)[0]
         url = f"{prefix}{user}@{tail}" if user else f"{prefix}{tail}"
-    return url.partition("?")[0].partition("#")[0]
+    return _ports_hidden(url.partition("?")[0].partition("#")[0])
+
+
+def _ports_hidden(url: str) -> str:
+    """``url`` with each port that is not a number shown as ``...``: it may be a
+    password (``redis://user:secret``, its ``@`` and host forgotten or cut off)."""
+    start = url.find("//")
+    if start < 0:
+        return url
+    end = url.find("/", start + 2)
+    end = len(url) if end < 0 else end
+    user, at, hosts = url[start + 2 : end].rpartition("@")
+    shown = ",".join(map(_port_hidden, hosts.split(",")))  # a Sentinel URL's list too
+    return f"{url[: start + 2]}{user}{at}{shown}{url[end:]}"
+
+
+def _port_hidden(host: str) -> str:
+    name, colon, port = host.rpartition(":")
+    if not colon or not port or host.endswith("]") or (port.isascii() and port.isdigit()):
+        return host
+    return f"{name}:..."

@@ -22,6 +22,10 @@ pytestmark = pytest.mark.anyio
 
 WAIT = 30.0  # a bound on each wait, far above what it takes
 
+#: A master URL whose password holds a space (AsyncRedlock takes it as it is).
+SECRET_HEAD = "Hunter2xyz"
+SPACED_URL = f"redis://locker:{SECRET_HEAD} tail@127.0.0.1:1"
+
 
 async def cli(*argv: str) -> int:
     """``main(argv)`` in a worker thread: it runs its own event loop, as from a shell."""
@@ -415,6 +419,52 @@ class TestBadInput:
         monkeypatch.setenv("REDLOCK_MASTERS", "redis://127.0.0.1:1,127.0.0.1:2")
         assert main(["inspect", "some:lock"]) == 2
         assert "'redis://127.0.0.1:1,127.0.0.1:2' has a comma" in capsys.readouterr().err
+
+    def test_the_library_takes_a_password_with_a_space_and_shows_none_of_it(self) -> None:
+        # what the command line must match
+        redlock = AsyncRedlock([SPACED_URL])
+        assert SECRET_HEAD not in repr(redlock.masters)
+
+    @pytest.mark.parametrize("via", ["env", "option"])
+    def test_a_password_with_a_space_is_one_url_and_never_printed(
+        self, via: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        # $REDLOCK_MASTERS and --masters split on whitespace: the URL was cut inside
+        # its password, and the error quoted the password's first half as a port
+        if via == "env":
+            monkeypatch.setenv("REDLOCK_MASTERS", SPACED_URL)
+            argv = ["inspect", "x"]
+        else:
+            monkeypatch.delenv("REDLOCK_MASTERS", raising=False)
+            argv = ["inspect", "--masters", SPACED_URL, "x"]
+        assert main([*argv, "--node-timeout", "0.2"]) == 3  # one master, not answering
+        captured = capsys.readouterr()
+        assert "on 1 master," in captured.out
+        assert SECRET_HEAD not in captured.err + captured.out
+
+    @pytest.mark.parametrize(
+        "url",
+        ["redis://u:Hunter2xyz", "redis://u:Hunter2xyz/0", "redis-sentinel://h:1,u:Hunter2xyz/s"],
+    )
+    def test_a_port_that_is_no_number_is_not_shown(
+        self, url: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        # without its "@" and host, a URL's password reads as the port
+        assert main(["inspect", "x", "--master", url]) == 2
+        err = capsys.readouterr().err
+        assert "u:..." in err
+        assert "Hunter2" not in err
+
+    def test_urls_are_split_before_each_scheme_only(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        urls = (
+            "redis://127.0.0.1:1 ,REDISS://127.0.0.1:2\nredis-sentinel://127.0.0.1:3,127.0.0.1:4/s"
+        )
+        monkeypatch.setenv("REDLOCK_MASTERS", urls)
+        assert main(["inspect", "x", "--node-timeout", "0.2"]) == 3
+        captured = capsys.readouterr()
+        assert "on 3 masters," in captured.out, captured
 
     @pytest.mark.parametrize(
         "argv",

@@ -16,6 +16,7 @@ from .._config import check_name
 from .._inspect import LockState
 from .._keys import lock_key
 from .._redlock import AsyncRedlock
+from .._urls import SCHEMES, SENTINEL
 
 __all__ = [
     "CLI_NODE_TIMEOUT",
@@ -184,11 +185,19 @@ def seconds(text: str) -> float:
     return value
 
 
+#: Whitespace and commas before a master URL's scheme: what separates two URLs. Nowhere
+#: else: a password may hold a space (AsyncRedlock takes it), and a Sentinel URL lists
+#: its sentinels with commas (``redis-sentinel://h1:26379,h2:26379/svc``).
+_BETWEEN_URLS = re.compile(
+    rf"[\s,]+(?=(?:{'|'.join(map(re.escape, (*SCHEMES, SENTINEL)))})://)", re.IGNORECASE
+)
+
+
 def _split_urls(text: str) -> list[str]:
-    """URLs separated by whitespace, or by commas before a scheme (a Sentinel URL
-    lists its sentinels with commas: ``redis-sentinel://h1:26379,h2:26379/svc``)."""
-    parts = re.split(r"\s+|,+(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)", text)
-    return [url.strip(",") for url in parts if url.strip(",")]
+    """URLs separated by whitespace or commas, each before a scheme the library takes
+    (a space elsewhere, as in a password, is part of the URL)."""
+    parts = _BETWEEN_URLS.split(text)
+    return [url.strip().strip(",") for url in parts if url.strip().strip(",")]
 
 
 def master_urls(args: argparse.Namespace) -> list[str]:
