@@ -278,9 +278,9 @@ class AsyncRedlock(OperatorTools):
                 (here), or the decorated object is not a coroutine function.
             ValueError: The template is empty or malformed, has a positional
                 field (``{}``), names a parameter the function lacks (when
-                decorating), has no field and is a name `lock` refuses, or a
-                setting is out of range (here). At each call, the errors of `lock`
-                for the filled name, and ``TypeError`` for arguments not fitting.
+                decorating), has no field and is empty, has a NUL or is not UTF-8, or a
+                setting is out of range (here). At each call, `lock`'s errors for the
+                filled name (a reserved key too), and ``TypeError`` for bad arguments.
         """
         template = NameTemplate(name)
         options = LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)  # checked now
