@@ -134,8 +134,13 @@ async def _collect(args: argparse.Namespace) -> Listing:
 
 
 async def _read_states(redlock: AsyncRedlock, names: Sequence[str]) -> list[LockState]:
-    states: list[LockState] = []
-    for start in range(0, len(names), INSPECT_BATCH):
+    """Each lock's state, ``INSPECT_BATCH`` at a time after the first alone: a master
+    that lacks inspect.lua (restarted, failed over, ``SCRIPT FLUSH``; this command
+    loads no script ahead) refuses the first EVALSHA, which is sent whole (EVAL,
+    caching the script) only with nothing behind it on the connection; calls behind
+    it would all fail there."""
+    states: list[LockState] = [await redlock.inspect(names[0])] if names else []
+    for start in range(1, len(names), INSPECT_BATCH):
         batch = names[start : start + INSPECT_BATCH]
         states += await asyncio.gather(*(redlock.inspect(name) for name in batch))
     return states
