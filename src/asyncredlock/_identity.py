@@ -28,15 +28,18 @@ Identity = frozenset[tuple[object, ...]]
 def normal_host(host: str) -> str:
     """``host`` as one server has it whatever its spelling: an IP address in any
     form the system's resolver reads without DNS (``0:0::1``, ``::ffff:127.0.0.1``,
-    ``127.1``) in its short form, an IPv4-mapped IPv6 address as the IPv4 one;
-    a name lower-cased, without a final dot."""
+    ``127.1``) in its short form, an IPv4-mapped IPv6 address as the IPv4 one, a
+    scoped IPv6 address with its zone (``fe80::1%lo`` and ``fe80::1%eth0`` are on
+    different links: different machines); a name lower-cased, without a final dot."""
     try:
         info = socket.getaddrinfo(host, None, flags=socket.AI_NUMERICHOST)
-        address = ipaddress.ip_address(str(info[0][4][0]))
+        sockaddr = info[0][4]
+        address = ipaddress.ip_address(str(sockaddr[0]).partition("%")[0])
     except (OSError, UnicodeError, ValueError, IndexError):  # a name, not an address
         return host.lower().removesuffix(".")
     mapped = getattr(address, "ipv4_mapped", None)
-    return str(mapped or address)
+    scope = sockaddr[3] if len(sockaddr) > 3 else 0  # an IPv6 zone: the link it is on
+    return str(mapped or address) + (f"%{scope}" if scope and mapped is None else "")
 
 
 def _tcp(host: str, port: object) -> tuple[object, ...]:

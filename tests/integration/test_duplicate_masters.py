@@ -50,6 +50,7 @@ class TestOneServerTwoSpellings:
         [
             # IPv6 literals: one address, written two ways (no DNS involved)
             ("redis://[::1]:7000", "redis://[0:0::1]:7000"),
+            ("redis://[fe80::1%251]:7000", "redis://[fe80:0::1%251]:7000"),  # one zone
             ("redis://[::1]:7000", "redis://[0000:0000:0000:0000:0000:0000:0000:0001]:7000"),
             # an IPv4 literal and its IPv4-mapped IPv6 form
             ("redis://127.0.0.1:7000", "redis://[::ffff:127.0.0.1]:7000"),
@@ -92,6 +93,9 @@ class TestOneServerTwoSpellings:
             ["redis://[::1]:7000", "redis://[::2]:7000", "redis://127.0.0.1:7000"],
             ["unix:///tmp/a.sock", "unix:///tmp/b.sock", "unix:///tmp/a/a.sock"],
             ["redis-sentinel://s1/orders", "redis-sentinel://s1/payments", "redis://s1"],
+            # one link-local address on two links (zones): two machines
+            ["redis://[fe80::1%25lo]:7000", "redis://[fe80::1%25eth0]:7000", "redis://h"],
+            ["redis://[fe80::1%251]:7000", "redis://[fe80::1%252]:7000", "redis://h"],
         ],
     )
     def test_distinct_servers_are_taken(self, masters: list[str]) -> None:
