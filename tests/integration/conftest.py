@@ -48,10 +48,14 @@ class Masters:
         keep increasing after its lock is released. Every other key (a lock key,
         an undo marker) left behind is a leak.
         """
-        return [
-            sorted(key for key in await client.keys("*") if not key.endswith(b":fence"))
-            for client in self.clients
-        ]
+        found = []
+        for client in self.clients:
+            if isinstance(client, RedisCluster):  # every shard (KEYS goes to one node)
+                keys = await client.keys("*", target_nodes=RedisCluster.PRIMARIES)
+            else:
+                keys = await client.keys("*")
+            found.append(sorted(key for key in keys if not key.endswith(b":fence")))
+        return found
 
     async def fences(self, name: str) -> list[int | None]:
         """The fence counter of the resource ``name`` on each master."""
