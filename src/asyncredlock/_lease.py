@@ -235,10 +235,14 @@ class Lease(Keeping):
             self._core.gates.exit(self._target.slot, self)  # the slot, if it holds it
 
     async def _released_later(self, rnd: Round) -> None:
-        """The outcome of a release whose caller was cancelled (the release goes on)."""
+        """The outcome of a release whose caller was cancelled (the release goes on):
+        a loss, or a release short of a quorum (logged: no caller hears of it)."""
         try:
             core = self._core
-            self._judge_release(await core.decide(rnd, classify_flag, wait=core.timing.max_wait))
+            decision = await core.decide(rnd, classify_flag, wait=core.timing.max_wait)
+            self._judge_release(decision)
+            if not (decision.reached or decision.refuted):
+                log_release_short(self, decision.outcomes)
         finally:
             self._announce_end()
 

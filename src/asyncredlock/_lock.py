@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Self
 from ._attempt import Acquisition, refuse_if_closing
 from ._config import LockOptions, LockSpec, Role
 from ._core import Core
-from ._errors import LockTimeoutError, QuorumUnavailableError
+from ._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
 from ._gate import LocalTimeoutError, Waiter
 from ._keys import Resources, key_slot, lock_key
 from ._lease import Lease
@@ -39,8 +39,9 @@ class Lock:
     A block is exited by the task that entered it (its lease is found by task, and
     its cancellation on a lost lease works within that task only). Exited by another
     task, it raises `RuntimeError`, having released the lease if it was this
-    ``Lock``'s only block (else it stays held: which one is unknown); to hold a lock
-    across tasks, use `acquire` and ``lease.release()``.
+    ``Lock``'s only block (else it stays held: which one is unknown; a lease found
+    lost is said so, its `LockLostError` the cause); to hold a lock across tasks, use
+    `acquire` and ``lease.release()``.
 
     Attributes:
         name: The resource name (for several resources, their names joined by
@@ -304,11 +305,13 @@ class Lock:
         leases = [lease for stack in entered.values() for lease in stack]
         if not leases:
             raise RuntimeError(f"the async with block of {self!r} was exited but never entered")
+        lost: LockLostError | None = None
         if len(leases) == 1:
             entered.clear()
             lease = leases[0]
             await lease._release_elsewhere()
-            done = "its lease was released"
+            lost = lease._lost_error() if lease.lost else None
+            done = "its lease was lost" if lost is not None else "its lease was released"
         else:
             done = f"its lease (one of {len(leases)} in blocks of this Lock) is still held"
         raise RuntimeError(
@@ -316,7 +319,7 @@ class Lock:
             f" that entered it; {done}. The block's cancellation on a lost lease works"
             " within one task only: to hold a lock across tasks, use acquire() and"
             " lease.release()"
-        )
+        ) from lost
 
 
 def _spec(

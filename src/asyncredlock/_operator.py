@@ -57,7 +57,8 @@ async def force_free(core: Core, name: str) -> Freed:
     except asyncio.CancelledError:  # the DELETEs are out all the same
         lose_leases(core, key, None)
         raise
-    if decision.unavailable:
+    if decision.unavailable:  # its deletes went out all the same: this client's leases end
+        lose_leases(core, key, decision)
         raise QuorumUnavailableError(
             f"could not force {name!r} free: {why_unavailable(decision)}",
             resource=name,

@@ -57,7 +57,8 @@ class OperatorTools:
             ValueError: ``name`` is empty, holds a NUL, does not encode as UTF-8,
                 or makes a key that is one of the library's auxiliary keys.
             QuorumUnavailableError: So many masters failed or did not answer that
-                the lock may still be held.
+                the lock may still be held (this client's leases on it are lost
+                all the same: the deletes were sent).
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         return (await self._force_free(name)).deleted
