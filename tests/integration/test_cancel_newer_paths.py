@@ -38,6 +38,18 @@ CONFIRM = 2.0
 FENCES = ["skewed", "unfenced"]
 
 
+async def _held(holders: AsyncRedlock, masters: Masters, name: str, fences: str) -> Lease:
+    """``name`` held by ``holders`` (every master's reply in), its fence counters
+    then lined up, skewed, or left as they are (unfenced)."""
+    held = await holders.lock(name, ttl=PATIENT, fencing=fences != "unfenced").acquire()
+    await holders.settle()
+    if fences == "lined up":
+        await masters.line_up_fences(name)
+    elif fences == "skewed":
+        await masters.skew_fences(name)
+    return held
+
+
 class TestHandedWaiterCancelledAtEveryStep:
     """H holds "k"; W (in line, its hand-over terms on every master) and then N (of
     other clients, patient) wait. H releases (the masters hand W the key), and W is
@@ -62,12 +74,7 @@ class TestHandedWaiterCancelledAtEveryStep:
             AsyncRedlock(servers.urls, retry_delay=PATIENT, node_timeout=CONFIRM) as nexts,
         ):
             for steps in self.STEPS:
-                held = await holders.lock("k", ttl=PATIENT, fencing=fencing).acquire()
-                await holders.settle()
-                if fences == "lined up":
-                    await masters.line_up_fences("k")
-                elif fences == "skewed":
-                    await masters.skew_fences("k")
+                held = await _held(holders, masters, "k", fences)
                 got: list[Lease] = []
                 order: list[str] = []
                 with whole_retry_delay(waiters, nexts), anyio.fail_after(GUARD):
@@ -154,13 +161,8 @@ class TestHandedWaiterClosedAtEveryStep:
                 await nexts.lock("warm", timeout=0.5).acquire()
             await warm.release()
             for steps in self.STEPS:
-                held = await holders.lock("k", ttl=PATIENT, fencing=fencing).acquire()
-                await holders.settle()
+                held = await _held(holders, masters, "k", fences)
                 await nexts.settle()
-                if fences == "lined up":
-                    await masters.line_up_fences("k")
-                elif fences == "skewed":
-                    await masters.skew_fences("k")
                 before = await _connections(masters)
                 waiters = AsyncRedlock(servers.urls, retry_delay=PATIENT, node_timeout=CONFIRM)
                 got: list[object] = []
@@ -517,12 +519,7 @@ class TestHandedSlotHolderCancelledWithATaskBehind:
             AsyncRedlock(servers.urls, retry_delay=PATIENT, node_timeout=CONFIRM) as nexts,
         ):
             for steps in self.STEPS:
-                held = await holders.lock("g", ttl=PATIENT, fencing=fencing).acquire()
-                await holders.settle()
-                if fences == "lined up":
-                    await masters.line_up_fences("g")
-                elif fences == "skewed":
-                    await masters.skew_fences("g")
+                held = await _held(holders, masters, "g", fences)
                 order: list[str] = []
                 with whole_retry_delay(waiters, nexts):
                     w_waits, n_waits = Waiting([waiters]), Waiting([nexts])
