@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from .._node import Node
@@ -42,15 +42,24 @@ def whole_retry_delay(*redlocks: AsyncRedlock) -> Iterator[None]:
     Raises:
         TypeError: An argument is not an ``AsyncRedlock``.
     """
-    cores = [_check(redlock)._core for redlock in redlocks]
+    cores = list({id(core): core for core in (_check(each)._core for each in redlocks)}.values())
+    before = [vars(core).get("retry_pause") for core in cores]  # an enclosing block's
     for core in cores:
         # shadows the method in the instance's dict for this block
         vars(core)["retry_pause"] = functools.partial(float, core.settings.retry_delay)
     try:
         yield
     finally:
-        for core in cores:
-            del vars(core)["retry_pause"]  # the method again
+        for core, pause in zip(cores, before, strict=True):
+            _restore(core, "retry_pause", pause)
+
+
+def _restore(owner: object, name: str, value: Any) -> None:
+    """Put back what the instance's dict held under ``name`` (nothing: the method)."""
+    if value is None:
+        vars(owner).pop(name, None)
+    else:
+        vars(owner)[name] = value
 
 
 @contextlib.contextmanager
@@ -94,11 +103,15 @@ class HeldCalls:
         """Send the calls held so far, and every later one at once."""
         self._gate.set()
 
-    async def _later(self, node: Node, call: tuple[Script, Sequence[str], Sequence[Any]]) -> Reply:
+    async def _later(
+        self,
+        send: Callable[..., Awaitable[Reply]],
+        call: tuple[Script, Sequence[str], Sequence[Any]],
+    ) -> Reply:
         self.held += 1
         self.reached.set()
         await self._gate.wait()
-        return await Node.call(node, *call)
+        return await send(*call)
 
 
 @contextlib.contextmanager
@@ -107,7 +120,8 @@ def hold_calls(redlock: AsyncRedlock, script: str) -> Iterator[HeldCalls]:
     a fenced acquisition, for instance) before they are sent, until
     `HeldCalls.let_go`: a test can act between two steps of the protocol. The
     calls still run on the servers once let go; those held when the block ends
-    are let go then.
+    are let go then. Blocks for different scripts may be nested: each holds its
+    own script's calls.
 
     Raises:
         TypeError: ``redlock`` is not an ``AsyncRedlock``.
@@ -119,19 +133,23 @@ def hold_calls(redlock: AsyncRedlock, script: str) -> Iterator[HeldCalls]:
         raise ValueError(f"no script {script!r}; the scripts are {', '.join(sorted(_SCRIPTS))}")
     held = HeldCalls()
 
-    def holding(node: Node) -> Any:
+    def holding(node: Node, outer: Any) -> Any:
+        # an enclosing block's hold, else the method itself
+        send = outer if outer is not None else functools.partial(Node.call, node)
+
         def call(script: Script, keys: Sequence[str], args: Sequence[Any]) -> asyncio.Future[Reply]:
             if script is not held_script:
-                return Node.call(node, script, keys, args)
-            return asyncio.ensure_future(held._later(node, (script, keys, args)))
+                return asyncio.ensure_future(send(script, keys, args))
+            return asyncio.ensure_future(held._later(send, (script, keys, args)))
 
         return call
 
-    for node in nodes:
-        vars(node)["call"] = holding(node)  # shadows the method for this block
+    before = [vars(node).get("call") for node in nodes]
+    for node, outer in zip(nodes, before, strict=True):
+        vars(node)["call"] = holding(node, outer)  # shadows the method for this block
     try:
         yield held
     finally:
         held.let_go()
-        for node in nodes:
-            del vars(node)["call"]
+        for node, outer in zip(nodes, before, strict=True):
+            _restore(node, "call", outer)

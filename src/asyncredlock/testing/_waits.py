@@ -42,7 +42,8 @@ class Waits:
                 raise TypeError(f"Waits() takes AsyncRedlock clients, not {type(redlock).__name__}")
         self.queued = self.waiting = self.woken = self.ahead = 0
         self._changed = asyncio.Event()
-        self._cores = [redlock._core for redlock in redlocks]
+        # a client listed twice is counted once
+        self._cores = list({id(each._core): each._core for each in redlocks}.values())
         for core in self._cores:
             core.watchers.append(self._note)
 

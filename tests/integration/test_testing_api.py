@@ -1,0 +1,72 @@
+"""The public testing helpers (asyncredlock.testing) used as a user's test suite uses
+them: client-side faults nested or given a client twice, ``Waits``, constructor
+arguments, working directories, and a sentinel over password-protected servers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+from asyncredlock import AsyncRedlock
+from asyncredlock.testing import ServerGroup, Waits, hold_calls, whole_retry_delay
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_waits_given_one_client_twice_counts_each_wait_once(servers: ServerGroup) -> None:
+    """`Waits(*clients)` with a client listed twice (a list built by a helper) counts
+    each wait once: one queued task reads ``queued == 1``."""
+    async with AsyncRedlock(servers.urls) as redlock:
+        lease = await redlock.lock("testing-api:waits").acquire()
+        with Waits(redlock, redlock) as waits, anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+
+                async def take() -> None:
+                    async with redlock.lock("testing-api:waits", timeout=10):
+                        pass
+
+                tg.start_soon(take)
+                await waits.reach(queued=1)
+                queued = waits.queued
+                await lease.release()
+        assert queued == 1, f"one task queued, Waits counted {queued}"
+
+
+async def test_whole_retry_delay_nested_or_given_a_client_twice(servers: ServerGroup) -> None:
+    """`whole_retry_delay(redlock, redlock)`, or one block nested in another for the
+    same client, ends cleanly and leaves the client's own retry pause behind."""
+    async with AsyncRedlock(servers.urls) as redlock:
+        core = redlock._core
+        with whole_retry_delay(redlock, redlock):
+            pass
+        assert "retry_pause" not in vars(core)
+        with whole_retry_delay(redlock):
+            outer = vars(core)["retry_pause"]
+            with whole_retry_delay(redlock):
+                pass
+            assert vars(core)["retry_pause"] is outer, "the inner block undid the outer one"
+        assert "retry_pause" not in vars(core)
+
+
+async def test_hold_calls_of_two_scripts_at_once(servers: ServerGroup) -> None:
+    """Holding two scripts at once (``hold_calls(r, "acquire")`` with
+    ``hold_calls(r, "release")`` inside) holds both: the acquire is held by the
+    outer block, and both blocks end cleanly."""
+    async with AsyncRedlock(servers.urls) as redlock:
+        with (
+            anyio.fail_after(10),
+            hold_calls(redlock, "acquire") as acquires,
+            hold_calls(redlock, "release"),
+        ):
+            task = asyncio.ensure_future(redlock.lock("testing-api:held").acquire())
+            reached = asyncio.ensure_future(acquires.reached.wait())
+            await asyncio.wait({task, reached}, return_when=asyncio.FIRST_COMPLETED)
+            held, done = acquires.held, task.done()
+            acquires.let_go()
+            lease = await task
+            reached.cancel()
+        await lease.release()
+        assert (held >= 1, done) == (True, False), "the outer hold let the acquire through"
+        assert all("call" not in vars(node) for node in redlock._core.nodes)
