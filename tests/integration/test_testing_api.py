@@ -5,12 +5,20 @@ arguments, working directories, and a sentinel over password-protected servers."
 from __future__ import annotations
 
 import asyncio
+import pathlib
 
 import anyio
 import pytest
 
 from asyncredlock import AsyncRedlock
-from asyncredlock.testing import ServerGroup, Waits, hold_calls, whole_retry_delay
+from asyncredlock.testing import (
+    SentinelProcess,
+    ServerGroup,
+    ServerProcess,
+    Waits,
+    hold_calls,
+    whole_retry_delay,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -70,3 +78,21 @@ async def test_hold_calls_of_two_scripts_at_once(servers: ServerGroup) -> None:
         await lease.release()
         assert (held >= 1, done) == (True, False), "the outer hold let the acquire through"
         assert all("call" not in vars(node) for node in redlock._core.nodes)
+
+
+def test_a_relative_workdir_is_usable(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``workdir="data"`` (relative to the current directory, as a user may write it
+    in a test, or give `make_servers`) starts, for a server, a group and a sentinel,
+    each with its files in that directory."""
+    monkeypatch.chdir(tmp_path)
+    with ServerProcess(workdir="data") as server:
+        assert server.ping()
+        assert server.log_path == tmp_path / "data" / "server.log"
+        with SentinelProcess({"svc": server}, workdir="sentinel") as sentinel:
+            assert sentinel.master_address("svc") == (server.host, server.port)
+        assert (tmp_path / "sentinel" / "sentinel.conf").exists()
+    with ServerGroup(2, workdir="group") as group:
+        assert all(server.ping() for server in group)
+        assert group[1].workdir == tmp_path / "group" / "node-1"

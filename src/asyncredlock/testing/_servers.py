@@ -61,8 +61,9 @@ class ServerProcess:
         port: TCP port; 0 picks a free one (and retries another if it is taken by the
             time the server binds it).
         appendonly: Persist writes to an AOF, fsynced on every write.
-        workdir: Directory for data and log; a private temporary directory, removed by
-            `close()`, when None.
+        workdir: Directory for data and log (a relative one is taken from the current
+            directory when made); a private temporary directory, removed by `close()`,
+            when None.
         extra_args: More command-line arguments, e.g. ``("--enable-debug-command",
             "local")``.
         password: Require it (``--requirepass``): `url` carries it, and the
@@ -100,7 +101,8 @@ class ServerProcess:
         self._password = password
         self._extra_args = tuple(extra_args) + (("--requirepass", password) if password else ())
         self._own_workdir = workdir is None
-        self._workdir = Path(workdir or tempfile.mkdtemp(prefix="asyncredlock-server-"))
+        # absolute: the server runs in it, with --dir and --logfile naming it
+        self._workdir = Path(workdir or tempfile.mkdtemp(prefix="asyncredlock-server-")).resolve()
         self._workdir.mkdir(parents=True, exist_ok=True)
         if self._own_workdir:
             registry.tempdirs.add(self._workdir)
