@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import time
 
 import anyio
 import pytest
@@ -19,6 +20,7 @@ from asyncredlock.testing import (
     hold_calls,
     whole_retry_delay,
 )
+from asyncredlock.testing._support import resp_call
 
 pytestmark = pytest.mark.anyio
 
@@ -96,3 +98,29 @@ def test_a_relative_workdir_is_usable(
     with ServerGroup(2, workdir="group") as group:
         assert all(server.ping() for server in group)
         assert group[1].workdir == tmp_path / "group" / "node-1"
+
+
+def test_a_sentinel_watches_a_password_protected_master() -> None:
+    """A `SentinelProcess` over a `ServerProcess(password=...)` authenticates to it:
+    it does not flag it down, and learns its replica (a failover can happen)."""
+    password = 's3 "cr\\et'  # quoted in the sentinel's configuration
+    master = ServerProcess(password=password)
+    with master:
+        replica_args = ("--replicaof", master.host, str(master.port), "--masterauth", password)
+        with (
+            ServerProcess(extra_args=replica_args, password=password),
+            SentinelProcess({"svc": master}, down_after=0.5) as sentinel,
+        ):
+            deadline = time.monotonic() + 8
+            replicas: object = []
+            flags = b""
+            while time.monotonic() < deadline:
+                replicas = resp_call(sentinel.port, "SENTINEL", "replicas", "svc", timeout=1)
+                reply = resp_call(sentinel.port, "SENTINEL", "master", "svc", timeout=1)
+                assert isinstance(reply, list)
+                flags = reply[reply.index(b"flags") + 1]
+                if replicas:
+                    break
+                time.sleep(0.1)  # polling the sentinel's view; no event to await
+            assert b"s_down" not in flags, f"the sentinel flags its master {flags!r}"
+            assert replicas, "the sentinel never learned the master's replica"

@@ -16,7 +16,9 @@ class SentinelProcess(ServerProcess):
     each of ``monitor``'s servers under its service name.
 
     Its configuration file (which Sentinel rewrites as it learns) is in `workdir`,
-    so a restart remembers the masters and any failover.
+    so a restart remembers the masters and any failover. A server made with a
+    ``password`` is monitored with it (``sentinel auth-pass``), and so are its
+    replicas, which must share it.
 
     Args:
         monitor: Service name to the server it starts monitoring as master.
@@ -83,8 +85,17 @@ class SentinelProcess(ServerProcess):
 
 
 def _monitor_lines(service: str, server: ServerProcess, quorum: int, down_ms: int) -> Sequence[str]:
-    return (
+    lines = [
         f"sentinel monitor {service} {HOST} {server.port} {quorum}",
         f"sentinel down-after-milliseconds {service} {down_ms}",
         f"sentinel failover-timeout {service} {max(1000, 3 * down_ms)}",
-    )
+    ]
+    if server._password is not None:  # its replicas are taken to share it
+        lines.append(f"sentinel auth-pass {service} {_quoted(server._password)}")
+    return lines
+
+
+def _quoted(value: str) -> str:
+    """``value`` as one double-quoted argument of a configuration line."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
