@@ -14,13 +14,14 @@ import pytest
 from asyncredlock import AsyncRedlock
 from asyncredlock.testing import (
     SentinelProcess,
+    ServerCluster,
     ServerGroup,
     ServerProcess,
     Waits,
     hold_calls,
     whole_retry_delay,
 )
-from asyncredlock.testing._support import resp_call
+from asyncredlock.testing._support import registry, resp_call
 
 pytestmark = pytest.mark.anyio
 
@@ -124,3 +125,46 @@ def test_a_sentinel_watches_a_password_protected_master() -> None:
                 time.sleep(0.1)  # polling the sentinel's view; no event to await
             assert b"s_down" not in flags, f"the sentinel flags its master {flags!r}"
             assert replicas, "the sentinel never learned the master's replica"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"extra_args": "--maxmemory 1mb"}, id="extra_args-a-string"),
+        pytest.param({"port": 6379.5}, id="port-a-float"),
+        pytest.param({"appendonly": "no"}, id="appendonly-a-string"),
+    ],
+)
+def test_a_bad_argument_is_a_typed_error_before_any_process(bad: dict[str, object]) -> None:
+    """A wrong type is refused by the constructor with `TypeError`, before any
+    process is spawned (a string ``extra_args`` was split into one argument per
+    character, a float port passed to the server, and ``appendonly="no"`` started a
+    server *with* an AOF)."""
+    before = set(registry.processes)
+    server = None
+    try:
+        with pytest.raises(TypeError):
+            server = ServerProcess(**bad)  # type: ignore[arg-type]
+        assert set(registry.processes) == before
+    finally:
+        if server is not None:
+            server.close()
+
+
+def test_a_bad_argument_is_refused_through_groups_clusters_and_restarts() -> None:
+    """`ServerGroup`, `ServerCluster` and `SentinelProcess` pass the same checks on,
+    and `restart(appendonly="no")` is refused before the server is stopped."""
+    before = set(registry.processes)
+    with pytest.raises(TypeError):
+        ServerGroup(2, appendonly="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        ServerCluster(1, extra_args="--maxmemory 1mb")
+    with ServerProcess() as server:
+        with pytest.raises(TypeError):
+            SentinelProcess({"svc": server}, port=26379.5)  # type: ignore[arg-type]
+        pid = server.pid
+        with pytest.raises(TypeError):
+            server.restart(appendonly="no")  # type: ignore[arg-type]
+        assert server.pid == pid, "the refused restart stopped the server"
+        assert not server.appendonly
+    assert set(registry.processes) == before

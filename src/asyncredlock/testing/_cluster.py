@@ -29,7 +29,14 @@ from ._slots import (
     view,
     wait_until,
 )
-from ._support import HOST, STOP_GRACE, RespError, ServerStartError, find_server_binary
+from ._support import (
+    HOST,
+    STOP_GRACE,
+    RespError,
+    ServerStartError,
+    check_server_args,
+    find_server_binary,
+)
 
 __all__ = ["ServerCluster"]
 
@@ -69,6 +76,7 @@ class ServerCluster:
     Raises:
         ValueError: ``shards`` is below 1, ``replicas`` below 0, or
             ``node_timeout`` not above 0.
+        TypeError: ``extra_args`` is a str (each argument must be an item of its own).
         ServerBinaryNotFoundError: ``binary`` is None and no server binary is found.
     """
 
@@ -88,6 +96,7 @@ class ServerCluster:
             raise ValueError(f"replicas must be 0 or more, got {replicas}")
         if not node_timeout > 0:
             raise ValueError(f"node_timeout must be above 0 s, got {node_timeout}")
+        check_server_args(extra_args=extra_args)  # not spread per character below
         binary = binary or find_server_binary()
         timeout_ms = str(max(1, round(node_timeout * 1000)))
         args = (*NODE_ARGS, "--cluster-node-timeout", timeout_ms, *extra_args)

@@ -32,6 +32,8 @@ class ServerGroup:
 
     Raises:
         ValueError: `n` is less than 1.
+        TypeError: `appendonly` is not a bool, or `extra_args` is a str (as for
+            `ServerProcess`; no server is made).
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
         FakeClockUnavailableError: `fake_clock` is set and libfaketime is unavailable.
     """

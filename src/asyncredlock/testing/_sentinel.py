@@ -30,6 +30,7 @@ class SentinelProcess(ServerProcess):
 
     Raises:
         ValueError: ``monitor`` is empty, or ``down_after`` is not above 0.
+        TypeError: ``port`` is not an int.
     """
 
     def __init__(

@@ -35,6 +35,7 @@ from ._support import (
     RespError,
     ServerStartError,
     answering_pid,
+    check_server_args,
     dataset_loaded,
     find_server_binary,
     in_group,
@@ -75,6 +76,7 @@ class ServerProcess:
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
         FakeClockUnavailableError: `fake_clock` is set and the platform is not Linux
             or no ``libfaketime.so.1`` is found.
+        TypeError: `port` is not an int, `appendonly` not a bool, or `extra_args` a str.
         ValueError: `port` is out of range.
     """
 
@@ -89,8 +91,7 @@ class ServerProcess:
         password: str | None = None,
         fake_clock: bool = False,
     ) -> None:
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {port}")
+        check_server_args(port, appendonly, extra_args)  # before anything is made
         if password == "":
             raise ValueError("password must not be empty (None: no password)")
         self._binary = binary or find_server_binary()
@@ -101,7 +102,6 @@ class ServerProcess:
         self._password = password
         self._extra_args = tuple(extra_args) + (("--requirepass", password) if password else ())
         self._own_workdir = workdir is None
-        # absolute: the server runs in it, with --dir and --logfile naming it
         self._workdir = Path(workdir or tempfile.mkdtemp(prefix="asyncredlock-server-")).resolve()
         self._workdir.mkdir(parents=True, exist_ok=True)
         if self._own_workdir:
@@ -262,8 +262,10 @@ class ServerProcess:
             timeout: Seconds to wait for the restarted server to answer.
 
         Raises:
+            TypeError: `appendonly` is neither None nor a bool (nothing is stopped).
             ServerStartError: The restarted server did not come up.
         """
+        check_server_args(appendonly=False if appendonly is None else appendonly)
         if kill:
             self.kill()
         else:
@@ -361,7 +363,9 @@ class ServerProcess:
         foreign server that holds the port while ours fails to bind. A server still
         loading its AOF answers ``INFO`` but refuses data commands (``LOADING``).
         """
-        proc = self._require_running_or_exited()
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError(f"{self!r} was not spawned")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -429,11 +433,6 @@ class ServerProcess:
             signal_group(proc, signal.SIGKILL)
             proc.wait()
         self._forget()
-
-    def _require_running_or_exited(self) -> subprocess.Popen[bytes]:
-        if self._proc is None:
-            raise RuntimeError(f"{self!r} was not spawned")
-        return self._proc
 
     def _require_running(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:

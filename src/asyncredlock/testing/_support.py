@@ -234,6 +234,30 @@ def pick_port() -> int:
             return port
 
 
+def check_server_args(
+    port: object = 0, appendonly: object = False, extra_args: object = ()
+) -> None:
+    """Refuse what a server would misread, before anything starts or is made.
+
+    Raises:
+        TypeError: ``port`` is not an int, ``appendonly`` not a bool, or
+            ``extra_args`` a str or bytes (not a sequence of str).
+        ValueError: ``port`` is out of range.
+    """
+    if not isinstance(port, int) or isinstance(port, bool):
+        raise TypeError(f"port must be an int, not {type(port).__name__}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be in 0..65535, got {port}")
+    if not isinstance(appendonly, bool):
+        raise TypeError(f"appendonly must be a bool, not {type(appendonly).__name__}")
+    if isinstance(extra_args, str | bytes) or not isinstance(extra_args, Sequence):
+        raise TypeError(
+            f"extra_args must be a sequence of str (one per argument), got {extra_args!r}"
+        )
+    if not all(isinstance(each, str) for each in extra_args):
+        raise TypeError(f"extra_args must hold str only, got {extra_args!r}")
+
+
 # --- a minimal RESP client, enough for PING, INFO, FLUSHALL and CLUSTER ---------------
 
 
