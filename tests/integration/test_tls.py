@@ -611,6 +611,32 @@ async def test_aclose_during_a_tls_handshake(
         await _closed_while_pending(redlock, task, errors, group, mutual)
 
 
+@both_loops
+async def test_a_front_drops_a_connection_stuck_in_its_tls_handshake(
+    group: ServerGroup, certs: Certs
+) -> None:
+    """A client that opened TCP to a TLS front and never handshakes (the handshake is
+    the loop's, before the front sees a connection): after `aclose()` its connection
+    ends (at the front's 5 s handshake timeout), where it lasted the loop's 60 s (on
+    Python >= 3.12, ``aclose()`` would wait for it)."""
+    front = FaultProxy(group[0].host, group[0].port, ssl_context=certs.server())
+    await front.start()
+    reader, writer = await asyncio.open_connection(front.host, front.port)
+    try:
+        with anyio.fail_after(HANG_GUARD):
+            await front.aclose()
+        assert front.connections == 0
+        assert front.handshakes == 0
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                data = await reader.read(1)
+        except ConnectionResetError:
+            data = b""
+        assert data == b"", "the proxy sent something to a client that said nothing"
+    finally:
+        writer.close()
+
+
 @pytest.fixture
 def encrypted_key(certs: Certs, tmp_path: Path) -> Path:
     """The client key of `certs`, encrypted with the password ``right-pass``."""

@@ -18,8 +18,7 @@ no TLS of its own; its `url` is then ``rediss://HOST:PORT``.
 Each accepted connection is a *pair* (client side, upstream side). Bytes read from one
 side are stamped with a due time (arrival + `delay`) and queued; one pump task per
 direction writes them to the other side when due, in order. A delay therefore adds
-latency without serializing throughput, and changing it affects only bytes read
-afterwards.
+latency without serializing throughput; a change applies to bytes read afterwards.
 """
 
 from __future__ import annotations
@@ -249,7 +248,8 @@ class FaultProxy:
     With ``ssl_context`` the proxy is a TLS front for a server without TLS: clients
     connect with TLS (``rediss://``), the proxy completes the handshake with that
     context's certificate and forwards the decrypted bytes. A connection counts as
-    accepted (and the faults apply to it) once its handshake has completed.
+    accepted (and the faults apply to it) once its handshake has completed; one still
+    in it 5 s after it was opened is dropped, by `aclose()` or not.
 
     Args:
         target_host: Host of the server to forward to.
@@ -400,14 +400,14 @@ class FaultProxy:
             raise RuntimeError(f"{self!r} was already started or closed")
         loop = asyncio.get_running_loop()
         host, port = self._listen
-        self._server = await loop.create_server(lambda: _Side(self), host, port, ssl=self._ssl)
+        timeout = 5.0 if self._ssl else None  # the loop's, out of aclose()'s reach: 60 s
+        self._server = await loop.create_server(
+            lambda: _Side(self), host, port, ssl=self._ssl, ssl_handshake_timeout=timeout
+        )
         self._port = self._server.sockets[0].getsockname()[1]
 
     async def aclose(self) -> None:
-        """Stop listening, reset every connection and wait for all proxy tasks to end.
-
-        Idempotent.
-        """
+        """Stop listening, reset every connection, wait for the proxy's tasks (idempotent)."""
         self._closing = True
         server, self._server = self._server, None
         if server is not None:
