@@ -126,7 +126,6 @@ class TestHandedWaiterCancelledAtEveryStep:
                 assert dict(state.slots) == {}, steps
             stats = waiters.statistics()
             assert (stats.held, stats.in_flight, stats.background_tasks) == (0, 0, 0)
-        print(fences, "taken", taken, "of", len(self.STEPS), set(sources))
         assert set(sources) == {"hand-over"}  # the masters handed W the key each time
         assert 0 < taken < len(self.STEPS)  # both sides covered
         assert library_tasks() == []
@@ -213,7 +212,6 @@ class TestHandedWaiterClosedAtEveryStep:
                 assert [len(q) for q in await queues(masters, "k")] == [0] * len(masters)
                 assert await _connections(masters) == before, steps
                 assert [t for t in library_tasks() if _of(t, waiters)] == [], steps
-        print(fences, outcomes)
         assert library_tasks() == []
 
 
@@ -376,7 +374,6 @@ class TestAdoptingWriterCancelledAtEveryStep:
                 async with readers.rwlock("doc", **mode).write(timeout=0):
                     pass  # free at once
                 await readers.settle()
-        print(mode, exclusive, how, outcomes)
         assert library_tasks() == []
 
 
@@ -493,7 +490,6 @@ class TestClosedAtEveryStepWithAnotherWaiter:
                 assert keys == [[]] * len(masters), (steps, keys)
                 assert await _connections(masters) == before, steps
                 assert [t for t in library_tasks() if _of(t, waiters)] == [], steps
-        print(kind, outcomes, "stranded at", stranded)
         assert stranded == []
         assert library_tasks() == []
 
@@ -560,5 +556,4 @@ class TestHandedSlotHolderCancelledWithATaskBehind:
                 assert keys == [[]] * len(masters), (steps, keys)
                 state = client_state(waiters)
                 assert (state.held, state.addressed, dict(state.slots)) == (0, 0, {}), steps
-        print(fences, "stranded", stranded)
         assert stranded == []

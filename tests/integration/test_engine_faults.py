@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -25,7 +24,8 @@ from asyncredlock.testing import FaultProxy, ServerGroup, Waits, client_state
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .. import loops
-from .conftest import library_tasks
+from .conftest import library_tasks, polled
+from .test_link import _link
 
 pytestmark = pytest.mark.anyio
 
@@ -36,16 +36,6 @@ HANG_GUARD = 20  # seconds; only stops a hung test, never decides an outcome
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """Both loops, asyncio and uvloop, whatever ``ASYNCREDLOCK_TEST_LOOP`` says."""
     return loops.BACKENDS[request.param]
-
-
-@contextlib.asynccontextmanager
-async def _link(url: str) -> AsyncIterator[Link]:
-    node, _ = make_node(url, DEFAULTS)
-    assert node.link is not None
-    try:
-        yield node.link
-    finally:
-        await node.aclose()
 
 
 class Splitter:
@@ -206,7 +196,8 @@ class TestHungHandshake:
                 [f"{proxy.url}/1" for proxy in proxies], node_timeout=0.1, socket_timeout=15.0
             )
             attempt = asyncio.create_task(redlock.lock("hung:close", timeout=10).acquire())
-            await asyncio.sleep(0.05)  # let the connection attempts start
+            # every connection attempt under way (accepted, then nothing answers)
+            assert await polled(lambda: all(proxy.connections for proxy in proxies))
             assert not attempt.done()
             with anyio.fail_after(5):  # well short of socket_timeout
                 await redlock.aclose()

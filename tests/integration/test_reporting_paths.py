@@ -22,13 +22,12 @@ from asyncredlock import (
     LockLostError,
     LockNotOwnedError,
     QuorumUnavailableError,
-    _telemetry,
 )
 from asyncredlock.testing import FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters
-from .test_telemetry import _INSTRUMENTS, Telemetry
+from .test_telemetry import Telemetry, installed
 
 pytestmark = pytest.mark.anyio
 
@@ -37,14 +36,8 @@ HANG_GUARD = 20  # seconds; only stops a hung test, never decides an outcome
 
 @pytest.fixture
 def otel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Telemetry]:
-    """SDK providers of the test's own, in asyncredlock's telemetry (as test_telemetry's)."""
-    sdk = Telemetry()
-    made = _telemetry._instruments(sdk.tracer_provider, sdk.meter_provider)
-    for name, instrument in zip(_INSTRUMENTS, made, strict=True):
-        monkeypatch.setattr(_telemetry, name, instrument)
-    yield sdk
-    sdk.tracer_provider.shutdown()
-    sdk.meter_provider.shutdown()
+    """SDK providers of the test's own, as in test_telemetry."""
+    yield from installed(monkeypatch)
 
 
 def _cause(cause: str) -> frozenset[tuple[str, str]]:

@@ -401,7 +401,6 @@ class TestCancelledAtEveryStep:
             assert wrw.statistics().read.waiting == 0
             assert wrw.statistics().write.waiting == 0
             assert client_state(waiters).listening == {}
-        print(waiter, mode, "taken", taken, "of", len(self.STEPS))
         # the steps cover both sides: cancelled before its lease, and after
         assert 0 < taken < len(self.STEPS)
         assert library_tasks() == []

@@ -111,6 +111,12 @@ _INSTRUMENTS = ("_TRACER", "_ACQUIRE", "_HOLD", "_LOST", "_ERRORS", "_SILENT")
 @pytest.fixture
 def otel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Telemetry]:
     """SDK providers of the test's own, in asyncredlock's telemetry for the test."""
+    yield from installed(monkeypatch)
+
+
+def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Telemetry]:
+    """A `Telemetry` installed in asyncredlock's telemetry module until it is resumed
+    (the body of an ``otel`` fixture)."""
     sdk = Telemetry()
     made = _telemetry._instruments(sdk.tracer_provider, sdk.meter_provider)
     for name, instrument in zip(_INSTRUMENTS, made, strict=True):
