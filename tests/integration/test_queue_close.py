@@ -11,6 +11,7 @@ import textwrap
 
 import anyio
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from asyncredlock import AsyncRedlock, Lease
 
@@ -124,8 +125,10 @@ async def test_a_stopped_head_delays_the_waiter_in_line_by_its_entry_then_resume
             [sys.executable, "-c", CHILD, name, *servers.urls], stdout=subprocess.PIPE
         ) as child:
             assert child.stdout is not None
+            # the child's lines, whole: a pipe may deliver one in two chunks
+            said = BufferedByteReceiveStream(child.stdout)
             with anyio.fail_after(HANG_GUARD):
-                assert (await child.stdout.receive()).startswith(b"queued")
+                assert await said.receive_until(b"\n", 100) == b"queued"
             os.kill(child.pid, signal.SIGSTOP)
             try:
                 waiting = Waiting([c])
@@ -147,15 +150,13 @@ async def test_a_stopped_head_delays_the_waiter_in_line_by_its_entry_then_resume
                 os.kill(child.pid, signal.SIGCONT)
                 # the resumed child must not hold while c does: give it time to run
                 with anyio.move_on_after(1.5):
-                    line = await child.stdout.receive()
+                    line = await said.receive_until(b"\n", 100)
                     pytest.fail(f"the resumed waiter said {line!r} while another held")
                 assert await masters.holding(name) == 5
                 await lease.release()
                 with anyio.fail_after(HANG_GUARD):
-                    out = b""
-                    while b"done" not in out:
-                        out += await child.stdout.receive()
-                assert b"acquired True" in out
+                    lines = [await said.receive_until(b"\n", 100) for _ in range(2)]
+                assert lines == [b"acquired True", b"done"]
                 assert await child.wait() == 0
             finally:
                 if child.returncode is None:
