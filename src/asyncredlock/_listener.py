@@ -13,7 +13,7 @@ from typing import cast
 import hiredis
 
 from ._liveness import Heartbeat
-from ._log import log_subscribe_refused
+from ._log import log_ping_refusal, log_subscribe_refused
 from ._node import Node
 from ._wire import Stream, pack
 
@@ -185,13 +185,16 @@ class Listener:
 
     def refused(self, error: str, command: tuple[str, ...]) -> None:
         """An error reply to ``command``: a SUBSCRIBE the master's ACL refused
-        (``NOPERM``) is kept and logged at WARNING (once per master); another, only
-        at DEBUG. The refused channel's confirmation ends (its waiters poll), and a
+        (``NOPERM``) is kept and logged at WARNING (once per master), a refused PING
+        (its heartbeat's) as the PING's refusal; another error, only at DEBUG. The refused channel's confirmation ends (its waiters poll), and a
         later waiter on it asks again; the other channels are unaffected."""
         if command[:1] == ("SUBSCRIBE",):
             self._unasked(command[1])
         if not error.startswith("NOPERM"):
             logger.debug("subscription to %s: error reply %r", self.name, error)
+            return
+        if command[:1] == ("PING",):  # its heartbeat's: refused, but answered
+            log_ping_refusal(self.name, error)
             return
         self.refusal = error
         log_subscribe_refused(self.name, error)

@@ -26,6 +26,7 @@ __all__ = [
     "log_lost",
     "log_master_readmitted",
     "log_master_silent",
+    "log_ping_refusal",
     "log_ping_refused",
     "log_release_short",
     "log_subscribe_refused",
@@ -155,8 +156,14 @@ def log_ping_refused(master: str, ping: asyncio.Future[Any]) -> None:
     ``ping`` resolves with the PING's `Reply`."""
     error = ping.result().error
     if refuses_ping(error):
-        advice = "grant +ping (acl_rules() includes it)"
-        _log_refused(master, "PING", "the PING of idle connections", str(error), advice)
+        log_ping_refusal(master, str(error))
+
+
+def log_ping_refusal(master: str, error: str) -> None:
+    """A master's ACL refused the PING of an idle connection, a command connection's
+    or the wake-up subscription's (``error``; WARNING, once per master and process)."""
+    advice = "grant +ping (acl_rules() includes it)"
+    _log_refused(master, "PING", "the PING of idle connections", error, advice)
 
 
 def log_subscribe_refused(master: str, error: str) -> None:

@@ -347,6 +347,50 @@ async def test_idle_connections_ping_within_the_rules(
     assert counted == []
 
 
+async def test_a_refused_ping_on_the_subscription_is_logged_as_a_ping_refusal(
+    make_servers: MakeServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rules without +ping: the wake-up subscription's heartbeat PING is refused too.
+    That is the PING's refusal (logged once per master, as the command connections'
+    are), not a refused SUBSCRIBE: the subscription works, and wakes the waiter."""
+    group = make_servers(3)
+    urls = await add_user(group, "hushed", [r for r in acl_rules("orders:*") if r != "+ping"])
+    caplog.set_level(logging.WARNING, logger="asyncredlock")
+    with anyio.fail_after(HANG_GUARD):
+        async with (
+            AsyncRedlock(urls, socket_timeout=0.2) as holder,
+            AsyncRedlock(urls, socket_timeout=0.2, retry_delay=NEVER) as waiter,
+        ):
+            held = await holder.lock("orders:hushed", ttl=60.0).acquire()
+            async with anyio.create_task_group() as tg:
+                leases: list[Lease] = []
+
+                async def wait() -> None:
+                    leases.append(await waiter.lock("orders:hushed", timeout=NEVER).acquire())
+
+                tg.start_soon(wait)
+                await Waits(waiter).reach(1)
+                listeners = waiter._core.waker.listeners
+                # two PINGs each: the first one's refusal was read (it ended the quiet)
+                assert await polled(
+                    lambda: all(
+                        each is not None
+                        and each.connection is not None
+                        and each.connection.heartbeat is not None
+                        and each.connection.heartbeat.pings >= 2
+                        for each in listeners
+                    )
+                )
+                await held.release()
+            (lease,) = leases
+            await lease.release()
+            names = [node.name for node in waiter._core.nodes]
+    messages = [record.getMessage() for record in caplog.records]
+    assert [m for m in messages if "wake-up subscription" in m] == []
+    for name in names:
+        assert f"master {name} refuses the PING of idle connections (NOPERM" in "\n".join(messages)
+
+
 async def _fair_queue(one: AsyncRedlock, two: AsyncRedlock, three: AsyncRedlock) -> None:
     """Two queued fair waiters of two other clients: each is handed the lock in turn."""
     name = "orders:fair"
