@@ -186,8 +186,9 @@ class Listener:
     def refused(self, error: str, command: tuple[str, ...]) -> None:
         """An error reply to ``command``: a SUBSCRIBE the master's ACL refused
         (``NOPERM``) is kept and logged at WARNING (once per master), a refused PING
-        (its heartbeat's) as the PING's refusal; another error, only at DEBUG. The refused channel's confirmation ends (its waiters poll), and a
-        later waiter on it asks again; the other channels are unaffected."""
+        (its heartbeat's) as the PING's refusal; another error, only at DEBUG. The
+        refused channel's confirmation ends (its waiters poll), and a later waiter
+        on it asks again; the other channels are unaffected."""
         if command[:1] == ("SUBSCRIBE",):
             self._unasked(command[1])
         if not error.startswith("NOPERM"):
