@@ -145,6 +145,28 @@ class TestList:
         )
         assert (partial["held_on"], partial["holder"], partial["identity"]) == (2, None, None)
 
+    async def test_a_lock_on_fewer_than_a_quorum_is_not_counted_held(
+        self, servers: ServerGroup, masters: Masters, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A key on a minority of masters is listed, "(no majority)", and the summary
+        counts it apart from the locks held (it said "3 locks [...] held")."""
+        for i, client in enumerate(masters.clients):
+            await client.set("held", "v", px=60_000)
+            if i < 2:
+                await client.set("partial", "v", px=60_000)  # a writer on 2 of 5
+                await client.zadd("{read}:readers", {"r:" + "0" * 32: 9e15})  # readers on 2
+        code = await cli("list", *master_args(servers.urls))
+        out = capsys.readouterr().out
+        assert code == 0
+        assert table(out) == {
+            "held": ["5 of 5", "v", "-"],
+            "partial": ["2 of 5", "(no majority)", "-"],
+            "read": ["2 of 5", "-", "-"],
+        }
+        assert out.splitlines()[-1] == (
+            "1 lock matching '*' held on 5 masters, 2 without a majority (5 answered, quorum 3)"
+        )
+
     async def test_pattern_and_prefix(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
     ) -> None:

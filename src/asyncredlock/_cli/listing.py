@@ -35,6 +35,7 @@ from .common import (
     EXIT_UNAVAILABLE,
     PROG,
     Parser,
+    Status,
     Subcommands,
     connect,
     count,
@@ -43,6 +44,7 @@ from .common import (
     masters,
     quorum_readers,
     shown,
+    status_of,
 )
 
 __all__ = ["add_list", "listed_key", "split_aux"]
@@ -270,10 +272,18 @@ def _listing_text(listing: Listing, args: argparse.Namespace) -> str:
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     table = ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
-    held = len(listing.locks)
+    return "\n".join([*(table if listing.locks else []), _summary(listing, args)])
+
+
+def _summary(listing: Listing, args: argparse.Namespace) -> str:
+    """The last line: the locks held on a quorum, then those found on fewer masters
+    (a row of theirs says "(no majority)"), counted apart: none of them is held."""
+    held = sum(1 for state in listing.locks if status_of(state, listing.quorum) is Status.HELD)
     summary = f"{held} lock{'' if held == 1 else 's'} matching {args.pattern!r} held"
-    summary += f" on {masters(total)} ({listing.answered} answered, quorum {listing.quorum})"
-    return "\n".join([*(table if held else []), summary])
+    summary += f" on {masters(len(listing.scans))}"
+    if minority := len(listing.locks) - held:
+        summary += f", {minority} without a majority"
+    return summary + f" ({listing.answered} answered, quorum {listing.quorum})"
 
 
 def _listing_json(listing: Listing, args: argparse.Namespace) -> str:
