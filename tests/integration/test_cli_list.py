@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -69,6 +71,26 @@ def _no_masters_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REDLOCK_MASTERS", raising=False)
 
 
+@asynccontextmanager
+async def reader_urls(urls: list[str], *, refused: int) -> AsyncIterator[list[str]]:
+    """URLs of a read-only user of ``urls`` (its rules: usage.md's) whom the first
+    ``refused`` masters do not allow ``EVALSHA`` or ``EVAL``: the lock's state
+    cannot be read there, its keys can be scanned."""
+    user, password = "listreader", "list-pw"
+    rules = ["on", f">{password}", "~*", "+scan", "+ping", "+time", "+get", "+pttl"]
+    rules += ["+hget", "+zrange", "+zrangebyscore", "+zscore"]
+    try:
+        for i, url in enumerate(urls):
+            async with Redis.from_url(url) as client:
+                scripts = [] if i < refused else ["+evalsha", "+eval"]
+                await client.execute_command("ACL", "SETUSER", user, "reset", *rules, *scripts)
+        yield [url.replace("redis://", f"redis://{user}:{password}@") for url in urls]
+    finally:
+        for url in urls:
+            async with Redis.from_url(url) as client:
+                await client.execute_command("ACL", "DELUSER", user)
+
+
 async def hold(redlock: AsyncRedlock, *names: str) -> list[Lease]:
     """Take each lock for a minute, and wait until every master has it."""
     leases = [await redlock.lock(name, ttl=60.0, auto_extend=False).acquire() for name in names]
@@ -109,7 +131,9 @@ class TestList:
         assert locks["jobs:1"] | {"holder": None} == {
             "name": "jobs:1",
             "key": "jobs:1",
+            "status": "held",
             "held_on": 5,
+            "unread": [],
             "holder": None,
             "identity": "lister",
             "readers": [],
@@ -166,6 +190,56 @@ class TestList:
         assert out.splitlines()[-1] == (
             "1 lock matching '*' held on 5 masters, 2 without a majority (5 answered, quorum 3)"
         )
+
+    @pytest.mark.parametrize(
+        ("on", "row", "code", "summary"),
+        [
+            (3, ["0 of 5 (3 unread)", "(unknown)", "-"], 3, "0 locks [...] 5 masters, 1 unknown"),
+            (
+                1,
+                ["0 of 5 (1 unread)", "-", "-"],
+                0,
+                "0 locks [...] 5 masters, 1 without a majority",
+            ),
+        ],
+    )
+    async def test_a_lock_not_read_on_a_master_is_listed_and_named(
+        self,
+        servers: ServerGroup,
+        masters: Masters,
+        capsys: pytest.CaptureFixture[str],
+        on: int,
+        row: list[str],
+        code: int,
+        summary: str,
+    ) -> None:
+        """A lock key on the first ``on`` masters, which refuse the lister's EVALSHA
+        (inspect.lua): its row says how many masters were not read, a warning names
+        the lock, each master and why; exit 3 when the masters not read could hold it
+        on a quorum. It was left out of the listing, nothing on stderr, exit 0."""
+        for client in masters.clients[:on]:
+            await client.set("jobs:1", "v", px=60_000)
+        async with reader_urls(servers.urls, refused=on) as urls:
+            with anyio.fail_after(WAIT):
+                status = await cli("list", *master_args(urls))
+                captured = capsys.readouterr()
+                json_status = await cli("list", "--json", *master_args(urls))
+        assert (status, json_status) == (code, code)
+        assert table(captured.out) == {"jobs:1": row}
+        head, tail = summary.split(" [...] ")
+        assert captured.out.splitlines()[-1] == (
+            f"{head} matching '*' held on {tail} (5 answered, quorum 3)"
+        )
+        nodes = [url.replace(":list-pw@", "@") for url in urls[:on]]  # shown without it
+        warnings = [line for line in captured.err.splitlines() if ": warning: " in line]
+        assert [line.split(": ResponseError: NOPERM ")[0] for line in warnings] == [
+            f"asyncredlock: warning: lock jobs:1 not read on {node}" for node in nodes
+        ]
+        assert all("'evalsha'" in line for line in warnings)
+        assert ("error: could not tell whether 1 lock is held" in captured.err) == bool(code)
+        (lock,) = json.loads(capsys.readouterr().out)["locks"]
+        assert lock["status"] == ("unknown" if code else "free")
+        assert [node["node"] for node in lock["unread"]] == nodes
 
     async def test_pattern_and_prefix(
         self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]

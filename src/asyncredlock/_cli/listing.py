@@ -5,7 +5,9 @@ Each master's keys are walked with ``SCAN`` (never ``KEYS``), at most about
 ``{K}:undo:...``, the queue's keys, a semaphore's slots...; see ``split_aux``) are
 left out, and a read-write lock held only by readers is found by its ``{K}:readers``
 set. Each lock found is then read with
-``inspect()``, as ``asyncredlock inspect`` does.
+``inspect()``, as ``asyncredlock inspect`` does; a lock whose state a master that
+answered the scan did not give (an error, no reply) is listed all the same, named in a
+warning, and the exit status is 3 when that leaves unknown whether a lock is held.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -27,7 +29,7 @@ from redis.exceptions import RedisError
 
 from .._config import check_name
 from .._connect import NO_CLIENT_SETINFO
-from .._inspect import LockState
+from .._inspect import LockState, NodeLockState
 from .._keys import glob_escape, identity_of, lock_key, split_aux
 from .._redlock import AsyncRedlock
 from .common import (
@@ -63,7 +65,8 @@ def add_list(commands: Subcommands, options: Parser) -> None:
         description="List the locks held on the masters whose names match PATTERN: "
         "per lock, on how many masters it is held, its majority holder's identity "
         "and the readers of a read-write lock. Keys are walked with SCAN. Exit 0, "
-        "or 3 when fewer than a quorum of masters answered.",
+        "or 3 when fewer than a quorum of masters answered or a lock's state could "
+        "not be read on enough masters to tell whether it is held.",
     )
     listing.add_argument(
         "pattern",
@@ -105,10 +108,28 @@ class Listing:
     def answered(self) -> int:
         return sum(1 for scan in self.scans if scan.error is None)
 
+    @property
+    def unknown(self) -> int:
+        """How many locks listed may or may not be held: too few masters read."""
+        return sum(1 for state in self.locks if status_of(state, self.quorum) is Status.UNKNOWN)
+
 
 def _list(args: argparse.Namespace) -> int:
     listing = asyncio.run(_collect(args))
     print(_listing_json(listing, args) if args.json else _listing_text(listing, args))
+    _warn(listing, args)
+    if listing.answered < listing.quorum:
+        total = masters(len(listing.scans))
+        return fail(f"only {listing.answered} of {total} answered", EXIT_UNAVAILABLE)
+    if unknown := listing.unknown:
+        locks = "1 lock is" if unknown == 1 else f"{unknown} locks are"
+        return fail(f"could not tell whether {locks} held: too few masters read", EXIT_UNAVAILABLE)
+    return EXIT_OK
+
+
+def _warn(listing: Listing, args: argparse.Namespace) -> None:
+    """A warning line for each master whose scan failed or stopped short, then one for
+    each lock a master that answered the scan could not read."""
     for scan in listing.scans:
         if scan.error is not None:
             print(f"{PROG}: warning: {scan.node}: {scan.error}", file=sys.stderr)
@@ -118,10 +139,11 @@ def _list(args: argparse.Namespace) -> int:
                 "locks may be missing (raise --max-keys)",
                 file=sys.stderr,
             )
-    if listing.answered < listing.quorum:
-        total = masters(len(listing.scans))
-        return fail(f"only {listing.answered} of {total} answered", EXIT_UNAVAILABLE)
-    return EXIT_OK
+    scanned = [scan.error is None for scan in listing.scans]
+    for state in listing.locks:
+        for node in _unread(state, scanned):  # a master whose scan failed: named above
+            message = f"lock {shown(state.resource)} not read on {node.node}: {node.error}"
+            print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
 async def _collect(args: argparse.Namespace) -> Listing:
@@ -130,9 +152,39 @@ async def _collect(args: argparse.Namespace) -> Listing:
         scans = await asyncio.gather(*(_scan(url, node, args) for url, node in places))
         keys = sorted(frozenset[str]().union(*(scan.keys for scan in scans)))
         names = [key.removeprefix(args.prefix) for key in keys]
-        states = await _read_states(redlock, names)
-        held = tuple(state for state in states if _held_on(state))
-        return Listing(tuple(scans), held, redlock.quorum)
+        states = map(_no_lock_of_another_type, await _read_states(redlock, names))
+        scanned = [scan.error is None for scan in scans]
+        listed = tuple(state for state in states if _listed(state, scanned))
+        return Listing(tuple(scans), listed, redlock.quorum)
+
+
+def _listed(state: LockState, scanned: Sequence[bool]) -> bool:
+    """Whether to list the lock: held on a master, or not read on one whose scan
+    answered (found there, its key may be held). Unread on a master whose scan failed
+    (named in a warning) and free on the others, it was found and has gone since."""
+    return bool(_held_on(state)) or bool(_unread(state, scanned))
+
+
+def _no_lock_of_another_type(state: LockState) -> LockState:
+    """``state`` where a master's ``WRONGTYPE`` reads as free: a key of another type
+    (a hash, a list) at a lock's name holds no lock there, as on a master that
+    answered (only string keys are locks)."""
+    nodes = tuple(
+        NodeLockState(node.node, None, None, None) if _wrong_type(node.error) else node
+        for node in state.nodes
+    )
+    return replace(state, nodes=nodes)
+
+
+def _wrong_type(error: str | None) -> bool:
+    return error is not None and error.startswith("ResponseError: WRONGTYPE ")
+
+
+def _unread(state: LockState, among: Sequence[bool] | None = None) -> list[NodeLockState]:
+    """The masters (``among`` them: those true in it, in order) that did not give the
+    lock's state."""
+    among = among or [True] * len(state.nodes)
+    return [node for node, this in zip(state.nodes, among, strict=True) if this and node.error]
 
 
 async def _read_states(redlock: AsyncRedlock, names: Sequence[str]) -> list[LockState]:
@@ -243,9 +295,17 @@ def _held_on(state: LockState) -> int:
     )
 
 
-def _holder_cell(state: LockState) -> str:
+def _masters_cell(state: LockState) -> str:
+    cell = f"{_held_on(state)} of {len(state.nodes)}"
+    unread = len(_unread(state))
+    return f"{cell} ({unread} unread)" if unread else cell
+
+
+def _holder_cell(state: LockState, quorum: int) -> str:
     if state.holder is not None:
         return shown(state.identity or state.holder)
+    if status_of(state, quorum) is Status.UNKNOWN:
+        return "(unknown)"
     written = any(node.holder is not None for node in state.nodes)
     return "(no majority)" if written else "-"
 
@@ -259,13 +319,12 @@ def _readers_cell(state: LockState, quorum: int) -> str:
 
 
 def _listing_text(listing: Listing, args: argparse.Namespace) -> str:
-    total = len(listing.scans)
     rows = [("NAME", "MASTERS", "HOLDER", "READERS")]
     rows += [
         (
             shown(state.resource),
-            f"{_held_on(state)} of {total}",
-            _holder_cell(state),
+            _masters_cell(state),
+            _holder_cell(state, listing.quorum),
             _readers_cell(state, listing.quorum),
         )
         for state in listing.locks
@@ -276,13 +335,16 @@ def _listing_text(listing: Listing, args: argparse.Namespace) -> str:
 
 
 def _summary(listing: Listing, args: argparse.Namespace) -> str:
-    """The last line: the locks held on a quorum, then those found on fewer masters
-    (a row of theirs says "(no majority)"), counted apart: none of them is held."""
+    """The last line: the locks held on a quorum, then, apart, those found on fewer
+    masters (a row of theirs says "(no majority)"), which are not held, and those too
+    few masters could be read to tell ("(unknown)")."""
     held = sum(1 for state in listing.locks if status_of(state, listing.quorum) is Status.HELD)
     summary = f"{held} lock{'' if held == 1 else 's'} matching {args.pattern!r} held"
     summary += f" on {masters(len(listing.scans))}"
-    if minority := len(listing.locks) - held:
+    if minority := len(listing.locks) - held - listing.unknown:
         summary += f", {minority} without a majority"
+    if listing.unknown:
+        summary += f", {listing.unknown} unknown"
     return summary + f" ({listing.answered} answered, quorum {listing.quorum})"
 
 
@@ -296,17 +358,19 @@ def _listing_json(listing: Listing, args: argparse.Namespace) -> str:
             {"node": scan.node, "error": scan.error, "truncated": scan.truncated}
             for scan in listing.scans
         ],
-        "locks": [_lock_json(state) for state in listing.locks],
+        "locks": [_lock_json(state, listing.quorum) for state in listing.locks],
     }
     return json.dumps(document, indent=2)
 
 
-def _lock_json(state: LockState) -> dict[str, Any]:
+def _lock_json(state: LockState, quorum: int) -> dict[str, Any]:
     readers = Counter(value for node in state.nodes for value, _ in node.readers)
     return {
         "name": state.resource,
         "key": state.key,
+        "status": status_of(state, quorum).name.lower(),
         "held_on": _held_on(state),
+        "unread": [{"node": node.node, "error": node.error} for node in _unread(state)],
         "holder": state.holder,
         "identity": state.identity,
         "readers": [
