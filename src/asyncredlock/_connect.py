@@ -30,7 +30,7 @@ from ._tls import (
     lost_reason,
     settings_error,
 )
-from ._urls import bracketed, checked, display, redacted
+from ._urls import bracketed, check_client_settings, checked, display, redacted
 from ._wire import Stream
 
 __all__ = ["NO_CLIENT_SETINFO", "ClusterOpener", "RedisPyOpener", "make_node", "make_nodes"]
@@ -183,6 +183,7 @@ def make_node(master: object, settings: Settings) -> tuple[Node, Identity]:
     kind = _valkey_kind(master)
     client: Any = master  # a redis-py client, or valkey-py's fork with the same API
     if isinstance(master, RedisCluster) or kind == "cluster":
+        _check_client(client)
         listen = ClusterOpener(client, settings.socket_timeout)
         node = Node(
             _client_name(client),
@@ -196,6 +197,7 @@ def make_node(master: object, settings: Settings) -> tuple[Node, Identity]:
     if isinstance(master, Redis) or kind == "client":
         pool = client.connection_pool
         kwargs = dict(pool.connection_kwargs)
+        _check_client(client)
         _check_client_tls(client, pool.connection_class, kwargs)
         for timeout in ("socket_connect_timeout", "socket_timeout"):  # the handshake too
             if kwargs.get(timeout) is None:
@@ -208,6 +210,27 @@ def make_node(master: object, settings: Settings) -> tuple[Node, Identity]:
         "each master must be a URL string or a redis.asyncio Redis/RedisCluster or"
         f" valkey.asyncio Valkey/ValkeyCluster client, not {type(master).__name__}"
     )
+
+
+def _check_client(client: Any) -> None:
+    """Refuse a ready client whose connection settings asyncredlock copies (or, for
+    a cluster, whose startup nodes it uses as they are) by the rules of a URL's: a
+    bad port, no host or socket path, a timeout NaN, negative or infinite, a bad
+    database or client name. A Sentinel-managed client's master has no address of
+    its own (its sentinels say where it is): its sentinels' are checked instead."""
+    master = f"master {_client_name(client)!r}"
+    manager = getattr(client, "nodes_manager", None)
+    if manager is not None:
+        for node in manager.startup_nodes.values():
+            check_client_settings(node.connection_kwargs, master, address=True)
+        return
+    pool = client.connection_pool
+    sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", None)
+    check_client_settings(pool.connection_kwargs, master, address=sentinels is None)
+    for sentinel in sentinels or ():
+        kwargs = sentinel.connection_pool.connection_kwargs
+        where = f"{bracketed(kwargs.get('host'))}:{kwargs.get('port')}"
+        check_client_settings(kwargs, f"the sentinel {where} of {master}", address=True)
 
 
 def _check_client_tls(client: Any, connection_class: Any, kwargs: dict[str, Any]) -> None:

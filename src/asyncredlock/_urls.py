@@ -1,19 +1,23 @@
 """Master URLs (``redis://``, ``rediss://``, ``unix://``) checked at construction,
-and shown without their password."""
+and shown without their password; a ready client's connection settings checked by
+the same rules."""
 
 from __future__ import annotations
 
 import codecs
 import ssl
+from collections.abc import Mapping
 from urllib.parse import SplitResult, parse_qs, unquote_to_bytes, urlsplit, urlunsplit
 
 from ._config import check_seconds
+from ._identity import DEFAULT_PORT
 
 __all__ = [
     "QUERY",
     "SCHEMES",
     "SENTINEL",
     "bracketed",
+    "check_client_settings",
     "check_sendable",
     "checked",
     "display",
@@ -102,10 +106,9 @@ def checked(url: str) -> tuple[SplitResult, int | None]:
     if parts.scheme == "unix":
         _check_unix(parts, port, shown)
         return parts, port
-    if not parts.hostname:
-        raise ValueError(f"master URL {shown!r} names no host")
-    if port == 0:
-        raise ValueError(f"master URL {shown!r} has port 0")
+    _check_host(parts.hostname, f"master URL {shown!r}")
+    if port is not None:  # a port out of range failed to parse above
+        _check_port(port, f"master URL {shown!r}")
     if parts.path not in ("", "/") and not _db_number(parts.path[1:]):
         raise ValueError(f"master URL {shown!r}: the path must be a database number")
     _check_one_db(parts.path, given.get("db"), shown)
@@ -129,8 +132,61 @@ def _check_unix(parts: SplitResult, port: int | None, shown: str) -> None:
             f"master URL {shown!r} names a host: a socket path starts after"
             " 'unix://' (unix:///run/valkey.sock, with three slashes)"
         )
-    if not parts.path:
-        raise ValueError(f"master URL {shown!r} names no socket path")
+    _check_path(parts.path, f"master URL {shown!r}")
+
+
+def _check_host(host: object, master: str) -> None:
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"{master} names no host")
+
+
+def _check_port(port: object, master: str) -> None:
+    """Refuse a port no connection could use: 0, or not a number from 1 to 65535
+    (a client's may be one in ASCII digits: redis-py takes ``int(port)``)."""
+    if isinstance(port, str) and is_number(port):
+        port = int(port)
+    if port == 0:
+        raise ValueError(f"{master} has port 0")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"{master} has an invalid port")
+
+
+def _check_path(path: object, master: str) -> None:
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{master} names no socket path")
+
+
+def check_client_settings(kwargs: Mapping[str, object], master: str, *, address: bool) -> None:
+    """Refuse the settings of a ready client's connections (a pool's or a cluster
+    node's ``connection_kwargs``) by the rules of a URL's, which would fail (or hang
+    on) each connection: its host and port, or socket path (``path``), if
+    ``address``; ``db``, ``socket_timeout``, ``socket_connect_timeout`` and
+    ``client_name``, when set. Errors start with ``master`` (who they are of).
+
+    Raises:
+        TypeError: A timeout is not a number.
+        ValueError: A setting is refused (see `checked`, `options`).
+    """
+    if "path" in kwargs:  # a UnixDomainSocketConnection's
+        _check_path(kwargs["path"], master)
+        _check_sendable(str(kwargs["path"]), master)
+    elif address:  # else a Sentinel-managed connection's: its sentinels say where
+        _check_host(kwargs.get("host"), master)
+        _check_sendable(str(kwargs.get("host")), master)
+        _check_port(kwargs.get("port", DEFAULT_PORT), master)
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if kwargs.get(name) is not None:
+            try:
+                check_seconds(name, kwargs[name])
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{master}: {exc}") from None
+    db = kwargs.get("db")  # redis-py sends SELECT with it: an int, or one in digits
+    if db is not None and (isinstance(db, bool) or not _db_number(str(db))):
+        raise ValueError(f"{master}: db must be a database number, got {db!r}")
+    client_name = kwargs.get("client_name")
+    why = _invalid("client_name", client_name) if isinstance(client_name, str) else None
+    if why:
+        raise ValueError(f"{master}: {why}")
 
 
 def options(query: str, known: tuple[str, ...], shown: str) -> dict[str, str]:
@@ -195,12 +251,17 @@ def check_sendable(url: str, shown: str) -> None:
     Raises:
         ValueError: It holds one, named with the URL ``shown``.
     """
+    _check_sendable(url, f"master URL {shown!r}", quoted=True)
+
+
+def _check_sendable(text: str, master: str, *, quoted: bool = False) -> None:
+    """Refuse ``text`` (%-encoded if ``quoted``) holding a lone surrogate or a NUL."""
     try:
-        url.encode()
+        raw = text.encode()
     except UnicodeEncodeError:
-        raise ValueError(f"master URL {shown!r} holds a character with no UTF-8 encoding") from None
-    if b"\0" in unquote_to_bytes(url):
-        raise ValueError(f"master URL {shown!r} holds a NUL character")
+        raise ValueError(f"{master} holds a character with no UTF-8 encoding") from None
+    if b"\0" in (unquote_to_bytes(text) if quoted else raw):
+        raise ValueError(f"{master} holds a NUL character")
 
 
 def _db_number(text: str) -> bool:

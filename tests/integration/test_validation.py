@@ -13,6 +13,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -164,6 +165,34 @@ class TestMasters:
         assert await client_count(masters) <= before
         async with AsyncRedlock(servers.urls) as redlock:
             await assert_still_works(redlock, masters)
+
+    async def test_a_refused_client_opens_nothing_and_good_ones_work(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        # a client of a real master, one setting bad: refused before any connection
+        first = urlsplit(servers.urls[0])
+        host, port = first.hostname, first.port
+        name = f"master 'redis://{host}:{port}/0'"
+        refused: list[tuple[dict[str, Any], str]] = [
+            ({"socket_timeout": math.nan}, f"{name}: socket_timeout must be a finite"),
+            ({"socket_connect_timeout": -1}, f"{name}: socket_connect_timeout must be > 0"),
+            ({"client_name": "a b"}, f"{name}: client_name may not hold spaces"),
+            ({"db": -1}, f"'redis://{host}:{port}/-1': db must be a database number"),
+        ]
+        before = await client_count(masters)
+        for settings, message in refused:
+            client = Redis(host=host, port=port, **settings)
+            with pytest.raises(ValueError, match=re.escape(message)):
+                AsyncRedlock([client, *servers.urls[1:]])
+            await client.aclose()
+        assert await client_count(masters) <= before
+        # the same master with good settings (a port in digits, as redis-py takes it)
+        good = Redis(host=host, port=str(port), socket_timeout=2, socket_connect_timeout=2)
+        try:
+            async with AsyncRedlock([good, *servers.urls[1:]]) as redlock:
+                await assert_still_works(redlock, masters)
+        finally:
+            await good.aclose()
 
     async def test_the_same_client_twice_is_refused(self, servers: ServerGroup) -> None:
         client = Redis.from_url(servers.urls[0])
