@@ -12,7 +12,7 @@ from ._config import LockSpec, check_ttl
 from ._core import Core
 from ._errors import HoldLimitError, LockLostError, LockNotOwnedError, QuorumUnavailableError
 from ._keeping import Keeping, State, lost_by
-from ._log import log_release_short
+from ._log import log_block_orphaned, log_release_short
 from ._node import Reply
 from ._protocol import TOKEN_BLOCK, classify_flag
 from ._quorum import Decision, Round
@@ -338,6 +338,15 @@ class Lease(Keeping):
             await self._release_quietly()
         if self.lost:  # the release found it gone on a majority
             raise self._lost_error() from exc
+
+    def _orphan(self, block: object, task: asyncio.Task[object]) -> None:
+        """The task that entered this lease's ``async with`` block (of ``block``)
+        ended with it open: its scope, in that task, is left alone, and a lease still
+        held is released in the background (logged)."""
+        self._ending.scope = None
+        if self._state is State.HELD:
+            log_block_orphaned(self, block, task.get_name())
+            self._core.tracker.job(self._release_quietly())
 
     async def _release_elsewhere(self) -> None:
         """End the block from another task than its own: its scope, entered in that

@@ -41,7 +41,10 @@ class Lock:
     task, it raises `RuntimeError`, having released the lease if it was this
     ``Lock``'s only block (else it stays held: which one is unknown; a lease found
     lost is said so, its `LockLostError` the cause); to hold a lock across tasks, use
-    `acquire` and ``lease.release()``.
+    `acquire` and ``lease.release()``. A task that ends with a block still open (a
+    generator suspended inside it, never closed) ends the block: its lease is
+    released in the background, with a WARNING, and a later exit of that block
+    raises `RuntimeError` and releases nothing.
 
     Attributes:
         name: The resource name (for several resources, their names joined by
@@ -83,6 +86,8 @@ class Lock:
         self.shared = spec.shared
         # the leases of its async with blocks, by task (made by the first block)
         self._entered: dict[asyncio.Task[Any] | None, list[Lease]] | None = None
+        # the leases of blocks whose task ended with them open, until they exit
+        self._orphans: list[Lease] | None = None
 
     @classmethod
     def make(
@@ -276,7 +281,13 @@ class Lock:
         lease._enter_block()
         if self._entered is None:
             self._entered = {}
-        self._entered.setdefault(asyncio.current_task(), []).append(lease)
+        task = asyncio.current_task()
+        stack = self._entered.get(task)
+        if stack is None:
+            stack = self._entered[task] = []
+            if task is not None:  # its blocks end if it ends with them open
+                task.add_done_callback(self._task_ended)
+        stack.append(lease)
         return lease
 
     async def __aexit__(
@@ -293,20 +304,44 @@ class Lock:
         lease = stack.pop()
         if not stack:
             del entered[task]
+            if task is not None:
+                task.remove_done_callback(self._task_ended)
         await lease._exit_block(exc_type, exc, tb)
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """``task`` ended (returned, failed or was cancelled) with blocks of this
+        ``Lock`` still open, e.g. in a generator suspended inside one and never
+        closed: they can no longer be cancelled on a lost lease, so they end now.
+        Their leases are released in the background (logged); a later exit of such
+        a block, in another task, raises `RuntimeError` (see `_exit_elsewhere`)."""
+        stack = None if self._entered is None else self._entered.pop(task, None)
+        if not stack:
+            return
+        if self._orphans is None:
+            self._orphans = []
+        self._orphans.extend(stack)
+        for lease in stack:
+            lease._orphan(self, task)
 
     async def _exit_elsewhere(
         self, entered: dict[asyncio.Task[Any] | None, list[Lease]]
     ) -> NoReturn:
         """The block is exited by another task than the one that entered it (an
-        async fixture's teardown, an ``AsyncExitStack`` closed by a shutdown task):
-        release the lease if it is the only one of this ``Lock``'s blocks (which
-        else is unknown, and stays held), then raise `RuntimeError` all the same."""
+        async fixture's teardown, an ``AsyncExitStack`` closed by a shutdown task, a
+        generator closed after the task that drove it ended): a block whose task
+        ended was released then (`_task_ended`); else release the lease if it is
+        the only one of this ``Lock``'s blocks (which else is unknown, and stays
+        held). Then raise `RuntimeError` all the same."""
+        if self._orphans:  # only another task can exit these: taken to be one
+            self._exit_orphan(self._orphans.pop(0))
         leases = [lease for stack in entered.values() for lease in stack]
         if not leases:
             raise RuntimeError(f"the async with block of {self!r} was exited but never entered")
         lost: LockLostError | None = None
         if len(leases) == 1:
+            for task in entered:
+                if task is not None:
+                    task.remove_done_callback(self._task_ended)
             entered.clear()
             lease = leases[0]
             await lease._release_elsewhere()
@@ -314,12 +349,28 @@ class Lock:
             done = "its lease was lost" if lost is not None else "its lease was released"
         else:
             done = f"its lease (one of {len(leases)} in blocks of this Lock) is still held"
+        raise RuntimeError(f"{self._elsewhere()}; {done}. {_ACROSS_TASKS}") from lost
+
+    def _exit_orphan(self, lease: Lease) -> NoReturn:
+        """The exit of a block whose task ended before: its lease ended then."""
+        lost = lease._lost_error() if lease.lost else None
+        done = "was lost" if lost is not None else "was released when that task ended"
         raise RuntimeError(
-            f"the async with block of {self!r} was exited from another task than the one"
-            f" that entered it; {done}. The block's cancellation on a lost lease works"
-            " within one task only: to hold a lock across tasks, use acquire() and"
-            " lease.release()"
+            f"{self._elsewhere()}, after that task had ended with the block open; its"
+            f" lease {done}. {_ACROSS_TASKS}"
         ) from lost
+
+    def _elsewhere(self) -> str:
+        return (
+            f"the async with block of {self!r} was exited from another task than the one"
+            " that entered it"
+        )
+
+
+_ACROSS_TASKS = (
+    "The block's cancellation on a lost lease works within one task only: to hold a"
+    " lock across tasks, use acquire() and lease.release()"
+)
 
 
 def _spec(

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Held",
     "log_acquired",
+    "log_block_orphaned",
     "log_extension_failed",
     "log_lost",
     "log_master_readmitted",
@@ -111,6 +112,21 @@ def log_release_short(lease: Held, outcomes: Sequence[NodeOutcome]) -> None:
         reason,
         _failed(outcomes),
         extra=_facts(lease, outcomes, reason),
+    )
+
+
+def log_block_orphaned(lease: Held, block: object, task: str) -> None:
+    """The task that entered the lease's ``async with`` block (of ``block``) ended
+    with the block open: the lease is released (WARNING)."""
+    reason = (
+        f"task {task!r} entered the async with block of {block!r} and ended with the"
+        " block open (e.g. an async generator suspended inside it and never closed)"
+    )
+    logger.warning(
+        "releasing %r: %s; the block can no longer be cancelled on a lost lease",
+        lease.resource,
+        reason,
+        extra=_facts(lease, (), reason),
     )
 
 

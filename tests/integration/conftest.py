@@ -14,7 +14,13 @@ import anyio
 import pytest
 from redis.asyncio import Redis, RedisCluster
 
-from asyncredlock import AsyncRedlock, Lease, LockNotOwnedError, QuorumUnavailableError
+from asyncredlock import (
+    AsyncRedlock,
+    Lease,
+    Lock,
+    LockNotOwnedError,
+    QuorumUnavailableError,
+)
 from asyncredlock.testing import ServerGroup, ServerProcess, Waits
 from asyncredlock.testing._support import resp_call
 
@@ -134,6 +140,26 @@ class Waiting:
 
     async def reach(self, count: int) -> None:
         await self._waits.reach(count)
+
+
+@asynccontextmanager
+async def entered_in_a_task(lock: Lock) -> AsyncIterator[Lease]:
+    """Enter ``lock``'s ``async with`` block in a task of its own that lives on (an
+    async fixture's setup whose task is kept) until this context exits; the block is
+    left to the test to exit. (A task that ends with its block open ends the block.)"""
+    entered: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+    stop = anyio.Event()
+
+    async def hold() -> None:
+        entered.set_result(await lock.__aenter__())
+        await stop.wait()
+
+    task = asyncio.get_running_loop().create_task(hold())
+    try:
+        yield await entered
+    finally:
+        stop.set()
+        await asyncio.wait([task])
 
 
 @asynccontextmanager

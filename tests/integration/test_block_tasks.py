@@ -3,7 +3,8 @@
 pytest-asyncio runs an async fixture's setup and teardown in two tasks, and an
 ``AsyncExitStack`` may be closed by a shutdown task. ``Lock.__aexit__`` found no
 block of the exiting task: a bare ``KeyError`` of a Task, and the lease stayed held,
-extending itself, until the ``AsyncRedlock`` closed.
+extending itself, until the ``AsyncRedlock`` closed. (Here the entering task lives
+on: one that ends with its block open ends the block, see test_block_orphaned.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from asyncredlock import AsyncRedlock
 
-from .conftest import Masters
+from .conftest import Masters, entered_in_a_task
 
 pytestmark = pytest.mark.anyio
 
@@ -28,9 +29,9 @@ async def test_the_one_block_exited_by_another_task_is_released_with_a_runtime_e
     async with AsyncRedlock(masters.urls, timeout=0) as redlock:
         lock = redlock.lock("exit-elsewhere")
         with anyio.fail_after(HANG_GUARD):
-            lease = await asyncio.create_task(lock.__aenter__())
-            with pytest.raises(RuntimeError, match="exited from another task") as refused:
-                await asyncio.create_task(lock.__aexit__(None, None, None))
+            async with entered_in_a_task(lock) as lease:
+                with pytest.raises(RuntimeError, match="exited from another task") as refused:
+                    await asyncio.create_task(lock.__aexit__(None, None, None))
             assert "lease was released" in str(refused.value)
             assert "acquire() and lease.release()" in str(refused.value)
             assert not lease.held
@@ -47,13 +48,13 @@ async def test_one_of_several_blocks_exited_by_another_task_is_left_held(
     async with AsyncRedlock(masters.urls, timeout=0) as redlock:
         reader = redlock.rwlock("shared").read()
         with anyio.fail_after(HANG_GUARD):
-            leases = [await asyncio.create_task(reader.__aenter__()) for _ in range(2)]
-            with pytest.raises(RuntimeError, match="exited from another task") as refused:
-                await asyncio.create_task(reader.__aexit__(None, None, None))
-            assert "one of 2" in str(refused.value)
-            assert [lease.held for lease in leases] == [True, True]
-            for lease in leases:
-                await lease.release()
+            async with entered_in_a_task(reader) as one, entered_in_a_task(reader) as two:
+                with pytest.raises(RuntimeError, match="exited from another task") as refused:
+                    await asyncio.create_task(reader.__aexit__(None, None, None))
+                assert "one of 2" in str(refused.value)
+                assert [one.held, two.held] == [True, True]
+                for lease in (one, two):
+                    await lease.release()
             await redlock.settle()
     assert await masters.keys() == [[]] * len(masters)
 

@@ -26,7 +26,7 @@ from asyncredlock import (
 from asyncredlock.testing import FaultProxy, ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
-from .conftest import Masters
+from .conftest import Masters, entered_in_a_task
 from .test_telemetry import Telemetry, installed
 
 pytestmark = pytest.mark.anyio
@@ -58,11 +58,11 @@ async def test_a_block_exited_elsewhere_after_its_lease_was_lost_does_not_say_re
     async with AsyncRedlock(masters.urls, timeout=0) as redlock:
         lock = redlock.lock("robs-exit-lost")
         with anyio.fail_after(HANG_GUARD):
-            lease = await asyncio.create_task(lock.__aenter__())
-            await redlock.force_release("robs-exit-lost")
-            assert lease.lost
-            with pytest.raises((RuntimeError, LockLostError)) as raised:
-                await asyncio.create_task(lock.__aexit__(None, None, None))
+            async with entered_in_a_task(lock) as lease:
+                await redlock.force_release("robs-exit-lost")
+                assert lease.lost
+                with pytest.raises((RuntimeError, LockLostError)) as raised:
+                    await asyncio.create_task(lock.__aexit__(None, None, None))
         message = str(raised.value)
         assert "was released" not in message, (
             f"the lease was lost (forced free), not released, yet the error says: {message!r}"
@@ -156,11 +156,11 @@ async def test_a_block_exited_elsewhere_whose_release_finds_it_gone_does_not_say
     async with AsyncRedlock(masters.urls, timeout=0) as redlock:
         lock = redlock.lock("robs-exit-gone")
         with anyio.fail_after(HANG_GUARD):
-            lease = await asyncio.create_task(lock.__aenter__())
-            for client in masters.clients:
-                await client.delete("robs-exit-gone")
-            with pytest.raises((RuntimeError, LockLostError)) as raised:
-                await asyncio.create_task(lock.__aexit__(None, None, None))
+            async with entered_in_a_task(lock) as lease:
+                for client in masters.clients:
+                    await client.delete("robs-exit-gone")
+                with pytest.raises((RuntimeError, LockLostError)) as raised:
+                    await asyncio.create_task(lock.__aexit__(None, None, None))
         assert lease.lost
         assert redlock.statistics().lost == 1
     message = str(raised.value)
