@@ -107,6 +107,10 @@ class Keeping(ABC):
         self.value = value
         self.ttl = spec.ttl
         self._expires_at = expires_at
+        # extension rounds out (by number, see `_number`): the least expiry a round
+        # sent after each may set on the masters
+        self._later: dict[int, float] = {}
+        self._sent = 0
         # each master's reply to the acquisition: which masters hold something of ours
         self._acquired = tuple(acquired)
         # the bound on how long it is held: its keys are never extended past it
@@ -163,26 +167,48 @@ class Keeping(ABC):
         floor = 0.0 if keeping else core.settings.node_timeout
         wait = min(max(left, floor), core.timing.max_wait)
         expires_at = core.expiry(start, ttl)
-        cut = self._cut_to(expires_at)
+        cut, number = self._cut_to(expires_at), self._number(expires_at)
 
         def accepted(decision: Decision) -> bool:
             return self._state is State.HELD and decision.holds(expires_at, core.clock)
 
-        decision = await traced(EXTEND, self, core.decide(rnd, classify_flag, wait=wait), accepted)
+        try:
+            decision = await traced(
+                EXTEND, self, core.decide(rnd, classify_flag, wait=wait), accepted
+            )
+        finally:
+            later = self._later.pop(number)  # the least expiry a round sent since may set
         if accepted(decision):
-            self._expires_at, self._failing, self._capped = expires_at, False, capped
+            self._expires_at, self._failing = min(expires_at, later), False
+            self._capped = capped
             core.counters.extensions += 1
             self._record.extensions += 1
             return None
-        if self._state is not State.HELD:  # it ended while the round ran: no failure
-            return decision  # of its own (its release or loss tells)
+        if self._state is State.HELD:  # (else it ended while the round ran: no failure
+            self._failed(decision, cut)  # of its own, its release or loss tells)
+        return decision
+
+    def _failed(self, decision: Decision, cut: bool) -> None:
+        """An extension round of a held lease failed: count and log it."""
         if cut:
             self._reschedule()  # an automatic extension may keep it: due by the cut
-        core.counters.failed_extensions += 1
+        self._core.counters.failed_extensions += 1
         self._record.failed_extensions += 1
         log_extension_failed(self, decision.outcomes, _failure(decision), self._failing)
         self._failing = True  # until an extension succeeds: later failures log at DEBUG
-        return decision
+
+    def _number(self, expires_at: float) -> int:
+        """Number an extension round as it is sent, and cap each round still out at
+        its ``expires_at``: every master runs the later round after them (on the same
+        connection), so its PX is the last word there; confirming an earlier round
+        must not lift the validity past it (a shorter ``extend(ttl=...)`` sent while
+        an automatic round is out). How many rounds were sent, this one included."""
+        self._sent += 1
+        for number, least in self._later.items():
+            if expires_at < least:
+                self._later[number] = expires_at
+        self._later[self._sent] = math.inf
+        return self._sent
 
     def _cut_to(self, expires_at: float) -> bool:
         """A round was sent that asks for less than the validity left (a shorter TTL):
