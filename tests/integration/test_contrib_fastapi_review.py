@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import anyio
 import httpx
 import pytest
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, WebSocket
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket
 
 from asyncredlock import Lease
 from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locked, redlock_of
@@ -19,7 +19,7 @@ from asyncredlock.testing import ServerGroup
 
 from .apps.items import HANG_GUARD
 from .conftest import Masters, library_tasks
-from .test_contrib_fastapi import websocket
+from .test_contrib_fastapi import in_uvicorn, websocket
 
 pytestmark = pytest.mark.anyio
 
@@ -185,6 +185,46 @@ class TestCancelledFromOutside:
             async with serving(app) as client:
                 response = await client.post("/work/7")
         assert response.status_code == 503, response.text
+
+
+class TestMounted:
+    @pytest.mark.parametrize("wrapped", [False, True], ids=["lifespan", "wrapped"])
+    async def test_a_mounted_sub_applications_routes_find_the_main_apps_redlock(
+        self, servers: ServerGroup, wrapped: bool
+    ) -> None:
+        """A server runs the lifespan of the app it serves, never a mounted one's: the
+        routes of a sub-application mounted with app.mount() find the AsyncRedlock of
+        the main app's lifespan (its lifespan state), through locked() and
+        redlock_of(request); also when the app's own lifespan enters it and yields
+        its state (docs/fastapi.md)."""
+        redlock_lifespan = lifespan(servers.urls)
+
+        @asynccontextmanager
+        async def app_lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+            async with redlock_lifespan(app) as state:
+                yield state
+
+        main = FastAPI(lifespan=app_lifespan if wrapped else redlock_lifespan)
+        sub = FastAPI()
+        add_exception_handlers(sub)
+        holders: list[str | None] = []
+
+        @sub.put("/orders/{order_id}")
+        async def update(
+            request: Request,
+            order_id: str,
+            lease: Annotated[Lease, Depends(locked("o:{order_id}"))],
+        ) -> str:
+            holders.append((await redlock_of(request).inspect(lease.resource)).holder)
+            return lease.resource
+
+        main.mount("/v2", sub)
+        with anyio.fail_after(HANG_GUARD):
+            async with in_uvicorn(main) as port, httpx.AsyncClient() as client:
+                response = await client.put(f"http://127.0.0.1:{port}/v2/orders/7")
+        assert (response.status_code, response.text) == (200, '"o:7"')  # was 500
+        assert len(holders) == 1
+        assert holders[0] is not None
 
 
 class TestScopes:

@@ -48,25 +48,34 @@ except ImportError:  # pragma: no cover - exercised in a subprocess
 
 __all__ = ["HTTPErrors", "add_exception_handlers", "lifespan", "locked", "redlock_of"]
 
-Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+#: Where `lifespan` puts the ``AsyncRedlock`` in the lifespan state it yields, which
+#: the server copies into each request's ``request.state``, routes of a mounted
+#: sub-application's included (whose own lifespan never runs).
+_STATE_KEY = "asyncredlock.contrib.fastapi.redlock"
+
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]
 
 
 def lifespan(masters: Sequence[Any], /, **settings: Any) -> Lifespan:
     """A lifespan that makes the app's ``AsyncRedlock`` at startup, stores it as
-    ``app.state.redlock`` and closes it at shutdown.
+    ``app.state.redlock`` and in the lifespan state it yields, and closes it at
+    shutdown.
 
     ``masters`` and ``settings`` are those of `AsyncRedlock`, checked now: a bad
     one raises here, not when the app starts. Each startup makes a fresh
-    ``AsyncRedlock`` on the loop that serves the app. To run an app's own startup
-    and shutdown too, enter this lifespan inside that one::
+    ``AsyncRedlock`` on the loop that serves the app. The server copies the
+    lifespan state into each request, so the routes of a sub-application mounted
+    with ``app.mount()`` (whose own lifespan the server never runs) find it too.
+    To run an app's own startup and shutdown too, enter this lifespan inside that
+    one, and yield what it yields::
 
         redlock_lifespan = lifespan(masters)
 
         @asynccontextmanager
-        async def app_lifespan(app: FastAPI) -> AsyncIterator[None]:
-            async with redlock_lifespan(app):
+        async def app_lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+            async with redlock_lifespan(app) as state:
                 ...  # the app's own startup: app.state.redlock is there
-                yield
+                yield state
                 ...  # its shutdown, before the AsyncRedlock closes
 
     Raises:
@@ -75,28 +84,39 @@ def lifespan(masters: Sequence[Any], /, **settings: Any) -> Lifespan:
     check_redlock(masters, settings)
 
     @asynccontextmanager
-    async def run(app: FastAPI) -> AsyncIterator[None]:
+    async def run(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncRedlock(masters, **settings) as redlock:
             app.state.redlock = redlock
             try:
-                yield
+                yield {_STATE_KEY: redlock}
             finally:
                 del app.state.redlock
 
     return run
 
 
-def redlock_of(app: FastAPI) -> AsyncRedlock:
-    """The app's ``AsyncRedlock`` (``app.state.redlock``).
+def redlock_of(app: FastAPI | HTTPConnection) -> AsyncRedlock:
+    """The ``AsyncRedlock`` `lifespan` made: the app's ``app.state.redlock``.
+
+    Given a request (or WebSocket), that of the app serving it, else the one the
+    lifespan state brings to the request: in a route of a mounted sub-application,
+    the ``AsyncRedlock`` of the app the server runs.
 
     Raises:
-        RuntimeError: There is none: the app was not given `lifespan`, or is not
-            running.
+        RuntimeError: There is none: the app the server runs was not given
+            `lifespan` (a lifespan of its own that enters it did not yield its
+            state, for mounted apps), or is not running.
     """
-    redlock = getattr(app.state, "redlock", None)
+    state = app.app.state if isinstance(app, HTTPConnection) else app.state
+    redlock = getattr(state, "redlock", None)
+    if redlock is None and isinstance(app, HTTPConnection):
+        redlock = (app.scope.get("state") or {}).get(_STATE_KEY)
     if not isinstance(redlock, AsyncRedlock):
         raise RuntimeError(
-            "app.state.redlock is not set: give the app asyncredlock.contrib.fastapi.lifespan()"
+            "app.state.redlock is not set, nor does the request's lifespan state hold one:"
+            " give the app the server runs asyncredlock.contrib.fastapi.lifespan()"
+            " (a mounted sub-application's own lifespan never runs: its routes use"
+            " the main app's, if a lifespan of yours that enters it yields its state)"
         )
     return redlock
 
@@ -158,7 +178,7 @@ def _lease_dependency(request_lock: RequestLock) -> Callable[..., Awaitable[Leas
 
     @asynccontextmanager
     async def holding(connection: HTTPConnection) -> AsyncIterator[Lease]:
-        redlock = redlock_of(connection.app)
+        redlock = redlock_of(connection)
         async with request_lock.lock(redlock, connection.path_params) as lease:
             yield lease
 
