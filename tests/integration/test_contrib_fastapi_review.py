@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -12,9 +13,16 @@ import anyio
 import httpx
 import pytest
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket
+from fastapi.dependencies.models import _is_async_gen_callable, _is_gen_callable
 
 from asyncredlock import Lease
-from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locked, redlock_of
+from asyncredlock.contrib.fastapi import (
+    _generator_callable,
+    add_exception_handlers,
+    lifespan,
+    locked,
+    redlock_of,
+)
 from asyncredlock.testing import ServerGroup
 
 from .apps.items import HANG_GUARD
@@ -63,6 +71,78 @@ class TestStreamedDetection:
                 assert (await client.get("/api/export/1")).status_code == 200
         assert len(held) == 1
         assert held[0] >= QUORUM, held
+
+    async def test_a_handler_made_a_generator_by_its_decorator_streams_holding_the_lock(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A decorator (functools.wraps) whose wrapper is an async generator turns a
+        coroutine handler into one FastAPI streams (it checks the wrapper before
+        unwrapping): the body runs while the response is sent, so the lock must be
+        held then too."""
+        app = app_with(servers.urls)
+        held: list[int] = []
+
+        def lines(handler: Callable[..., Awaitable[list[str]]]) -> Callable[..., Any]:
+            @functools.wraps(handler)
+            async def streamed(*args: Any, **kwargs: Any) -> AsyncIterator[str]:
+                for line in await handler(*args, **kwargs):
+                    yield line
+
+            return streamed
+
+        @app.get("/export/{job}")
+        @lines
+        async def export(
+            job: str, lease: Annotated[Lease, Depends(locked("export:{job}"))]
+        ) -> list[str]:
+            held.append(await masters.holding(f"export:{job}"))
+            return ["part"]
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                response = await client.get("/export/1")
+        assert response.status_code == 200
+        assert len(held) == 1
+        assert held[0] >= QUORUM, held  # 0: the lock was released before the body ran
+
+    def test_streamed_detection_agrees_with_fastapis_own(self) -> None:
+        """_streamed() asks what FastAPI decides: the same answer for plain, decorated,
+        partial and callable-object handlers, whichever layer is the generator."""
+
+        def coroutine() -> Callable[..., Any]:
+            async def call() -> None: ...
+
+            return call
+
+        def agen() -> Callable[..., Any]:
+            async def call() -> AsyncIterator[str]:
+                yield ""
+
+            return call
+
+        def gen() -> Callable[..., Any]:
+            def call() -> Iterator[str]:
+                yield ""
+
+            return call
+
+        class Instance:
+            async def __call__(self) -> AsyncIterator[str]:
+                yield ""
+
+        class Wrapped:  # its __call__ a generator wrapping a coroutine
+            __call__ = functools.wraps(coroutine())(agen())
+
+        kinds = [coroutine, agen, gen, Instance]
+        calls: list[Any] = [make() for make in kinds] + [Wrapped(), Instance]
+        # each wrapper a fresh function, over each kind (functools.wraps sets __wrapped__)
+        calls += [functools.wraps(inner())(outer()) for inner in kinds for outer in kinds[:3]]
+        calls += [functools.partial(c, 1) for c in calls if not isinstance(c, type)]
+        ours = [_generator_callable(c) for c in calls]
+        theirs = [_is_gen_callable(c) or _is_async_gen_callable(c) for c in calls]
+        assert ours == theirs
+        assert True in ours
+        assert False in ours
 
 
 class TestLoss:

@@ -212,12 +212,45 @@ def _streamed(connection: HTTPConnection) -> bool:
     """Whether the route's handler is a generator (sync or async), which FastAPI
     streams: its body runs while the response is sent."""
     call = connection.scope.get("endpoint")
+    return call is not None and _generator_callable(call)
+
+
+def _generator_callable(call: Callable[..., Any]) -> bool:
+    """FastAPI's rule for a generator callable (``_is_gen_callable`` or
+    ``_is_async_gen_callable`` of ``fastapi/dependencies/models.py``): the same
+    checks, in the same order, on the same objects. The callable itself is checked
+    before it is unwrapped (a ``functools.wraps`` wrapper that is a generator makes
+    the route a stream, whatever it wraps), then its ``__call__``, then the
+    unwrapped callable's ``__call__``."""
+    if _generator(_impartial(call)) or _generator(_unwrapped(call)):
+        return True
+    if inspect.isclass(_unwrapped(call)):
+        return False
+    dunder_call = getattr(_impartial(call), "__call__", None)  # noqa: B004
+    if dunder_call is None:
+        return False
+    if _generator(_impartial(dunder_call)) or _generator(_unwrapped(dunder_call)):
+        return True
+    dunder_unwrapped_call = getattr(_unwrapped(call), "__call__", None)  # noqa: B004
+    if dunder_unwrapped_call is None:
+        return False
+    return _generator(_impartial(dunder_unwrapped_call)) or _generator(
+        _unwrapped(dunder_unwrapped_call)
+    )
+
+
+def _generator(call: object) -> bool:
+    return inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call)
+
+
+def _impartial(call: Callable[..., Any]) -> Callable[..., Any]:
     while isinstance(call, functools.partial):
         call = call.func
-    if call is None or inspect.isclass(call):
-        return False
-    calls = (inspect.unwrap(call), getattr(call, "__call__", None))  # noqa: B004
-    return any(inspect.isasyncgenfunction(c) or inspect.isgeneratorfunction(c) for c in calls)
+    return call
+
+
+def _unwrapped(call: Callable[..., Any]) -> Any:
+    return inspect.unwrap(_impartial(call))
 
 
 def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> None:
