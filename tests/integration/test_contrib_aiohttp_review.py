@@ -117,6 +117,29 @@ class TestNames:
         assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+class TestWithoutSetup:
+    async def test_a_locked_route_of_an_app_without_setup_says_what_is_missing(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """No setup(): a 500 whose logged error says to call setup(), as FastAPI's says
+        to give the app its lifespan (a bare KeyError before)."""
+        app = web.Application()
+
+        @locked("o:{order_id}")
+        async def get(request: web.Request) -> web.Response:
+            return web.Response()
+
+        app.router.add_get("/orders/{order_id}", get)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, client.get("/orders/7") as response:
+                status = response.status
+        errors = [r.exc_info[1] for r in caplog.records if r.exc_info]
+        assert status == 500
+        assert len(errors) == 1
+        assert isinstance(errors[0], RuntimeError), errors
+        assert "setup()" in str(errors[0])
+
+
 class TestOverhead:
     async def test_requests_open_no_connection_of_their_own(
         self, servers: ServerGroup, masters: Masters

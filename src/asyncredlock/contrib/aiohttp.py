@@ -172,10 +172,26 @@ def locked(
         @functools.wraps(handler)
         async def run(arg: web.Request | web.View) -> web.StreamResponse:
             request = arg.request if isinstance(arg, web.View) else arg
-            # config_dict: the app that ran setup(), also from a sub-application's route
-            async with request_lock.lock(request.config_dict[REDLOCK], request.match_info):
+            async with request_lock.lock(_redlock_of(request), request.match_info):
                 return await handler(arg)
 
         return run  # type: ignore[return-value]  # same signature as the handler
 
     return decorate
+
+
+def _redlock_of(request: web.Request) -> AsyncRedlock:
+    """The ``AsyncRedlock`` of the app that ran `setup` (``config_dict``: also from a
+    sub-application's route).
+
+    Raises:
+        RuntimeError: There is none: `setup` was not called on the app or on one
+            it is a sub-application of.
+    """
+    redlock = request.config_dict.get(REDLOCK)
+    if redlock is None:
+        raise RuntimeError(
+            "no AsyncRedlock for this request: call asyncredlock.contrib.aiohttp.setup()"
+            " on the app (or on the main app of a sub-application) before it starts"
+        )
+    return redlock
