@@ -12,9 +12,9 @@
 -- preferred slot (1-based); fair: ARGV[4] the waiter's id, ARGV[5] its arrival score
 -- (the same on every master), ARGV[6] its entry's time to live in ms
 -- Returns {1, slot} (1-based) when granted, {0, pttl} when every slot is taken (pttl:
--- the soonest a slot's key expires, in ms; -1 if none will), {0, pttl, 1, 3} when a slot
--- is free but earlier waiters are queued for it, {-1} when the attempt was already
--- undone here (it arrived late).
+-- the soonest a slot's key expires, in ms; -1 if none will; a fair waiter is queued
+-- all the same), {0, pttl, 1, 3} when a slot is free but earlier waiters are queued
+-- for it, {-1} when the attempt was already undone here (it arrived late).
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge() (queue.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
@@ -47,6 +47,9 @@ if fair then
   redis.call('PEXPIREAT', queue, latest)
   redis.call('PEXPIREAT', expiries, latest)
   local soonest, free = taken()
+  if free == 0 then
+    return {0, soonest}  -- every slot held: refused as held, whoever is queued
+  end
   if redis.call('ZRANK', queue, waiter) >= free then
     return {0, soonest, 1, 3}
   end
