@@ -152,8 +152,13 @@ class _Place:
     @classmethod
     def new(cls, core: Core, key: str) -> _Place:
         waiter = f"s:{core.waker.client}:{secrets.token_hex(8)}"
-        keys = (aux_key(key, "sem:queue"), aux_key(key, "sem:queue:expiry"))
-        return cls(waiter, time.time_ns() // 1000, keys)
+        return cls(waiter, time.time_ns() // 1000, _queue_keys(key))
+
+
+def _queue_keys(key: str) -> tuple[str, str]:
+    """A semaphore's queue on the masters and its expiries: a fair attempt queues
+    there, an unfair one leaves the queued waiters the free slots due to them."""
+    return aux_key(key, "sem:queue"), aux_key(key, "sem:queue:expiry")
 
 
 class _Acquisition:
@@ -235,16 +240,13 @@ class _Acquisition:
         semaphore._counters.attempts += 1
         self.attempts += 1
         ttl = semaphore.ttl
-        # the slots and the attempt's undo marker (what a give-back is sent); fair:
-        # the queue after them
+        # the slots and the attempt's undo marker (what a give-back is sent), then
+        # the queue (fair: the waiter's place in it)
         undo_keys = (*semaphore.slot_keys, aux_key(semaphore.key, f"sem:undo:{value}"))
-        keys: tuple[str, ...] = undo_keys
+        keys = (*undo_keys, *_queue_keys(semaphore.key))
         args: tuple[object, ...] = (value, ms(ttl), self.preferred + 1)
         if (place := self.place) is not None:
-            keys, args = (
-                (*keys, *place.keys),
-                (*args, place.waiter, place.arrival, self._entry_ms()),
-            )
+            args = (*args, place.waiter, place.arrival, self._entry_ms())
         rnd = core.fan_out(lambda _, node: node.call(SEM_ACQUIRE, keys, args), skip_silent=True)
         try:
             decision = await core.decide(rnd, classify_acquire)

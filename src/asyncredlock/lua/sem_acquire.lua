@@ -4,8 +4,10 @@
 -- at most ``limit`` holders (one per slot) are valid at once. A fair semaphore's
 -- waiters queue here (id -> arrival score): with f slots free, only the first f of
 -- the queue may take one, then leave it; the others are queued (or their entry
--- refreshed) and refused.
--- KEYS[1..n] the semaphore's slot keys, KEYS[n + 1] this attempt's undo marker; fair:
+-- refreshed) and refused. An unfair attempt keeps that queue too: while q waiters
+-- are queued, it may take a slot only when more than q are free (the first q free
+-- ones are theirs), as an unfair attempt at a fair lock waits for its queue.
+-- KEYS[1..n] the semaphore's slot keys, KEYS[n + 1] this attempt's undo marker,
 -- KEYS[n + 2] the queue, KEYS[n + 3] its expiries (id -> server time in ms when the
 -- entry lapses)
 -- ARGV[1] the attempt's random value, ARGV[2] ttl in milliseconds, ARGV[3] the
@@ -20,7 +22,8 @@ if redis.replicate_commands then
   redis.replicate_commands()
 end
 local fair = #ARGV >= 6
-local n = #KEYS - (fair and 3 or 1)
+local n = #KEYS - 3
+local queue, expiries = KEYS[n + 2], KEYS[n + 3]
 if redis.call('EXISTS', KEYS[n + 1]) == 1 then
   return {-1}
 end
@@ -38,7 +41,7 @@ local function taken()
   return soonest, free
 end
 if fair then
-  local queue, expiries, waiter = KEYS[n + 2], KEYS[n + 3], ARGV[4]
+  local waiter = ARGV[4]
   local now = now_ms()
   purge(queue, expiries, nil, now)
   redis.call('ZADD', queue, 'NX', ARGV[5], waiter)
@@ -55,6 +58,15 @@ if fair then
   end
   redis.call('ZREM', queue, waiter)
   redis.call('ZREM', expiries, waiter)
+elseif redis.call('EXISTS', queue) == 1 then
+  purge(queue, expiries, nil, now_ms())
+  local soonest, free = taken()
+  if free == 0 then
+    return {0, soonest}
+  end
+  if redis.call('ZRANGE', queue, free - 1, free - 1)[1] then
+    return {0, soonest, 1, 3}  -- as many waiters queued as slots free: theirs
+  end
 end
 local first = tonumber(ARGV[3])
 for step = 0, n - 1 do

@@ -1,10 +1,11 @@
 -- Take a fair semaphore's waiter out of its queue on one master (it acquired, gave up
 -- or was cancelled), with the entries that lapsed. With f slots free, the first f
 -- entries may take one (see sem_acquire.lua): when the waiter was one of them, the
--- entry now f-th may take a slot it was refused until now, so the leaving is
--- announced on the first slot's channel (the message is 'left:' and the waiter's id,
--- the same on every master), as a release is. With no slot free, or the waiter
--- further back, the others' chances are unchanged: nothing is announced. A waiter
+-- entry now f-th may take a slot it was refused until now, or, with fewer than f
+-- entries left, an unfair attempt may, so the leaving is announced on the first
+-- slot's channel (the message is 'left:' and the waiter's id, the same on every
+-- master), as a release is. With no slot free, or the waiter further back, the
+-- others' chances are unchanged: nothing is announced. A waiter
 -- that ends without a lease and is not listed may have been let in by its last
 -- attempt, which took a slot here (leaving the queue) and gave it back since (its
 -- give-back goes before this on the connection, and announces nothing): it counts
@@ -40,8 +41,8 @@ for slot = 3, #KEYS do
     free = free + 1
   end
 end
--- announced if there is an entry now f-th (it moved up into the first f)
-if rank < free and redis.call('ZRANGE', queue, free - 1, free - 1)[1] then
+-- announced: an entry moved up into the first f, or an unfair waiter may take one
+if rank < free then
   -- pcall: an announcement refused (an ACL without the channel) is no failure
   redis.pcall('PUBLISH', ARGV[2], 'left:' .. waiter)
 end
