@@ -33,7 +33,7 @@ from ._lease import Lease
 from ._lock import Lock
 from ._log import log_acquired
 from ._node import Reply
-from ._protocol import classify_acquire, granted, holder_expires_in, ms
+from ._protocol import behind, classify_acquire, granted, holder_expires_in, ms
 from ._quorum import Decision, NodeSkippedError, Round
 from ._refusal import acquisition_error, refusal
 from ._scripts import SEM_ACQUIRE, SEM_DEQUEUE, SEM_UNDO
@@ -263,6 +263,8 @@ class _Acquisition:
         core.counters.failed_attempts += 1
         self._give_back(rnd, undo_keys, value, None)
         self.free_in = holder_expires_in(rnd.tasks)
+        if self.ticket is not None and any(behind(task) for task in rnd.tasks):
+            core.waker.pass_ahead(self.ticket)  # a waiter ahead, here, may be due it
         if slot is not None:
             self.preferred = slot  # where most masters put it: ask for that one next
         return decision

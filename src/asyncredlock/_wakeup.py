@@ -273,6 +273,25 @@ class Waker:
             self.last[channel] = (last[0], wake_first(later, undone_by(last[0])))
             ticket.using = False  # its wake-up went on: it has none to pass when leaving
 
+    def pass_ahead(self, ticket: Ticket) -> None:
+        """``ticket``, a semaphore's waiter woken by a release, was refused as
+        queued behind an earlier waiter with a slot free: that one may be a waiter of
+        this process whose attempt was out when the release was heard (it reached
+        the masters before the release), so the release woke ``ticket`` instead (see
+        `wake_first`). Wake the first waiter before it in each channel whose release
+        woke it (one whose attempt is out keeps it as a spare: it tries again at once
+        if that attempt fails). Once per wake-up: it has none to pass when leaving."""
+        for channel in ticket.channels if ticket.using else ():
+            last, queue = self.last.get(channel), self.queues.get(channel)
+            if last is None or last[1] is not ticket or not queue:
+                continue
+            ahead = itertools.takewhile(lambda waiting: waiting is not ticket, queue)
+            heir = wake_first(ahead, undone_by(last[0]))
+            if heir is not None:
+                self.last[channel] = (last[0], heir)
+                self.wakeups += 1
+                ticket.using = False
+
     def _nudge(self, ticket: Ticket) -> None:
         """Wake ``ticket`` if some masters, but fewer than a quorum, handed it the
         key or named it first in line."""
