@@ -103,30 +103,37 @@ class Releases:
         if last[0] is keys and last[1] is value and last[2:6] == (marker_ttl, shared, waiter, undo):
             # the same release to the next master of the round: built once
             return node.call(last[6], last[7], last[8])
-        script_keys: tuple[str, ...]
+        script_keys = _script_keys(keys, value, shared)
+        args: tuple[Any, ...]
         if shared:
-            (key,) = keys
             script = RELEASE_READ
-            script_keys = (readers_key(key), undo_key(key, value), *queue_keys(key))
-            args: tuple[Any, ...] = (value, marker_ttl, channel(key), "1" if undo else "0")
+            args = (value, marker_ttl, channel(keys[0]), "1" if undo else "0")
         else:
             script = RELEASE
-            script_keys = tuple(
-                each
-                for key in keys
-                for each in (
-                    key,
-                    undo_key(key, value),
-                    *queue_keys(key),
-                    terms_key(key),
-                    readers_key(key),
-                    aux_key(key, "fence"),
-                )
-            )
             channels = (channel(key) for key in keys)
             args = (value, marker_ttl, *channels, waiter, "1" if undo else "0")
         self._last = (keys, value, marker_ttl, shared, waiter, undo, script, script_keys, args)
         return node.call(script, script_keys, args)
+
+
+def _script_keys(keys: Sequence[str], value: str, shared: bool) -> tuple[str, ...]:
+    """The keys of a release's script: ``release_read.lua``'s for a reader's entry
+    (``shared``, one resource), else ``release.lua``'s, seven per resource."""
+    if shared:
+        (key,) = keys
+        return (readers_key(key), undo_key(key, value), *queue_keys(key), terms_key(key))
+    return tuple(
+        each
+        for key in keys
+        for each in (
+            key,
+            undo_key(key, value),
+            *queue_keys(key),
+            terms_key(key),
+            readers_key(key),
+            aux_key(key, "fence"),
+        )
+    )
 
 
 class LateUndo:

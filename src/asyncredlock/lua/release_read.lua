@@ -4,7 +4,8 @@
 -- 'w:<client>:<random>'; the message is the id and the reader's value), else to
 -- everyone on the lock's channel.
 -- KEYS[1] the readers (value -> server time in ms when the entry lapses), KEYS[2] the
--- attempt's undo marker, KEYS[3] the queue, KEYS[4] the queue's expiries
+-- attempt's undo marker, KEYS[3] the queue, KEYS[4] the queue's expiries, KEYS[5] the
+-- queued waiters' hand-over terms (the lapsed waiters' terms go with their entries)
 -- ARGV[1] the reader's value, ARGV[2] marker ttl in ms (0: leave no marker), ARGV[3]
 -- the channel waiters listen on, ARGV[4] '1' for an attempt's undo (announced on the
 -- lock's channel as 'undo <value>': see _wakeup.py)
@@ -25,7 +26,7 @@ if lapses then
     if ARGV[4] == '1' then
       message = 'undo ' .. ARGV[1]
     end
-    purge(KEYS[3], KEYS[4], nil, now)
+    purge(KEYS[3], KEYS[4], KEYS[5], now)
     local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     local writer = inbox(first)
     if writer then
