@@ -8,8 +8,9 @@
 -- first in line, and waiters that did not queue).
 -- A key handed to the waiter (see release.lua) that it is not going to use is deleted
 -- first, and the next waiter announced. Giving a handed key back only (ARGV[4] '1':
--- it goes on waiting, listed in its place), the first waiter is announced unless that
--- is the waiter itself (the message names it with ' gave:').
+-- it goes on waiting, listed in its place, no longer noted as the holder), the first
+-- waiter is announced unless that is the waiter itself (the message names it with
+-- ' gave:').
 -- KEYS[1] the queue, KEYS[2] the queue's expiries, KEYS[3] the lock key (the
 -- writer's), KEYS[4] the queued waiters' hand-over terms
 -- ARGV[1] the waiter's id, ARGV[2] the channel waiters listen on, ARGV[3] the value
@@ -39,6 +40,11 @@ end
 if ARGV[4] == '1' then
   if not handed then
     return 0
+  end
+  -- no longer the holder here: a waiter again (inspect.lua, waiting_ahead() and
+  -- force_release count it as one)
+  if redis.call('HGET', KEYS[4], HOLDER) == ARGV[1] then
+    redis.call('HDEL', KEYS[4], HOLDER)
   end
   local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   if first and first ~= ARGV[1] then
