@@ -44,13 +44,17 @@ def check_token(token: object) -> int:
         The token, as an ``int``.
 
     Raises:
-        TypeError: ``token`` is ``None`` (the lease was taken with ``fencing=False``),
-            a ``bool`` or not an ``int``.
+        TypeError: ``token`` is ``None`` (the lease has no token: it was taken with
+            ``fencing=False``, or it is a reader's lease or a semaphore's, or it holds
+            several resources, whose tokens are in ``lease.tokens``), a ``bool`` or
+            not an ``int``.
         ValueError: ``token`` is negative.
     """
     if token is None:
         raise TypeError(
-            "fencing token is None: the lease was taken with fencing=False and has no token"
+            "fencing token is None: the lease has no token (it was taken with fencing=False,"
+            " or it is a reader's lease or a semaphore's), or it holds several resources:"
+            " see lease.tokens"
         )
     if isinstance(token, bool) or not isinstance(token, int):
         raise TypeError(f"fencing token must be an int, not {type(token).__name__}")

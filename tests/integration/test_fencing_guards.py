@@ -153,6 +153,22 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+class TestLeasesWithoutAToken:
+    """``check_token()`` on the token of a lease that has none by design names why."""
+
+    async def test_a_reader_s_lease(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as rl, rl.rwlock("tokenless").read() as lease:
+            with pytest.raises(TypeError, match="a reader's lease"):
+                check_token(lease.token)
+
+    async def test_a_lock_on_several_resources(self, servers: ServerGroup) -> None:
+        names = ["tokenless:a", "tokenless:b"]
+        async with AsyncRedlock(servers.urls) as rl, rl.lock(names) as lease:
+            with pytest.raises(TypeError, match=r"several resources: see lease\.tokens"):
+                check_token(lease.token)
+            assert lease.tokens is not None
+
+
 class TestBeforeAnyIO:
     """A client to a port nobody listens on: any call would raise ConnectionError."""
 
