@@ -90,7 +90,9 @@ class Core:
             node_timeout=settings.node_timeout,
         )
         # release, force release: every master waited for, up to the longest wait
-        self.patient = Timing(give_up_silent=False, max_wait=self.timing.max_wait)
+        self.patient = Timing(
+            give_up_silent=False, max_wait=self.timing.max_wait, node_timeout=settings.node_timeout
+        )
         self.waker = Waker(self.nodes, settings.node_timeout, self.quorum)
         # keys (of one resource) whose last acquire() here was refused: the next
         # one brings its place in the masters' queue from its first attempt
@@ -195,7 +197,8 @@ class Core:
         elif wait == self.patient.max_wait:
             timing = self.patient
         else:
-            timing = Timing(give_up_silent=False, max_wait=wait)
+            node_timeout = self.settings.node_timeout
+            timing = Timing(give_up_silent=False, max_wait=wait, node_timeout=node_timeout)
         return rnd.decide(self.quorum, classify, timing)
 
     def acquire_round(

@@ -94,6 +94,11 @@ class Node:
         """Whether calls have been out for ``node_timeout`` with nothing heard back."""
         return self.link.silent if self.link is not None else self.silence.silent
 
+    def unread(self) -> bool:
+        """Whether bytes from the master wait unread in its connection's socket (a busy
+        loop); False for a cluster master (whose sockets its client owns)."""
+        return self.link is not None and self.link.unread()
+
     def watch(self, watcher: Callable[[], None]) -> None:
         """Call ``watcher`` when the master turns silent."""
         if self.link is not None:

@@ -17,9 +17,9 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ._deadline import Timing
 from ._errors import NodeOutcome
 from ._node import Node, Reply
 
@@ -249,87 +249,18 @@ class Round:
         try:
             decided = waiter.start()
             if not decided.done():
-                timing.rounds.add(waiter, decided.get_loop())
+                watch = self.nodes if timing.give_up_silent else None
+                timing.rounds.add(waiter, decided.get_loop(), watch)
                 await decided
         finally:
             waiter.stop()
         return waiter.decision()
 
 
-class _Waiting:
-    """The rounds waiting under one `Timing`, each for at most ``max_wait``.
-
-    They all wait the same time, so their deadlines come in the order they
-    started: one timer, armed for the oldest, serves them all. Acquisition
-    rounds hear of a master turning silent through one watcher per master for
-    all of them. A round decided in time only enters and leaves a dict: no timer
-    handle made and cancelled, no watcher added and removed per round.
-    """
-
-    __slots__ = ("_loop", "_timer", "_watched", "max_wait", "waiting")
-
-    def __init__(self, max_wait: float) -> None:
-        self.max_wait = max_wait
-        self.waiting: dict[_Tally, float] = {}  # insertion order is deadline order
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._watched: Sequence[Node] = ()
-
-    def add(self, waiter: _Tally, loop: asyncio.AbstractEventLoop) -> None:
-        due = loop.time() + self.max_wait
-        self.waiting[waiter] = due
-        if self._timer is None or self._loop is not loop:
-            self._loop, self._timer = loop, loop.call_at(due, self._fire)
-        nodes = waiter.rnd.nodes
-        if waiter.timing.give_up_silent and nodes is not self._watched:
-            for node in nodes:  # once per set of masters (an AsyncRedlock's): kept
-                node.watch(self._silent)
-            self._watched = nodes
-
-    def discard(self, waiter: _Tally) -> None:
-        self.waiting.pop(waiter, None)
-
-    def _silent(self) -> None:
-        for waiter in list(self.waiting):
-            waiter.on_silent()
-
-    def _fire(self) -> None:
-        self._timer = None
-        loop = self._loop
-        assert loop is not None
-        now = loop.time() + _EARLY
-        expired = []
-        for waiter, due in self.waiting.items():
-            if due > now:
-                self._timer = loop.call_at(due, self._fire)
-                break
-            expired.append(waiter)
-        for waiter in expired:
-            del self.waiting[waiter]
-            waiter.out_of_time()
-
-
-# The loop runs a timer up to its clock's resolution early; a round's wait is
-# up to this much shorter than ``max_wait``, never longer.
-_EARLY = 0.001
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """How long a round waits: whether it gives up on a master reported silent
-    (``node_timeout`` of silence, acquisition), and at most."""
-
-    give_up_silent: bool
-    max_wait: float
-    node_timeout: float = 0.1
-    rounds: _Waiting = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rounds", _Waiting(self.max_wait))
-
-
 class _Tally:
     """Counts one round's replies as they arrive and says when it is decided."""
+
+    looks = 0  # how many times its deadline was looked at again (`Waiting`)
 
     def __init__(self, rnd: Round, quorum: int, classify: Classify, timing: Timing) -> None:
         self.rnd = rnd
@@ -407,6 +338,11 @@ class _Tally:
             if node.silent:
                 self.give_up(i, why)
         self.check()
+
+    def unread(self) -> bool:
+        """Whether a master not counted yet has bytes unread in its socket."""
+        nodes, replies = self.rnd.nodes, self.replies
+        return any(replies[i] is None and node.unread() for i, node in enumerate(nodes))
 
     def out_of_time(self) -> None:
         """Give up on every call still out."""

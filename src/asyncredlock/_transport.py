@@ -202,6 +202,11 @@ class Link:
             self.silent = self._unheard = False
             log_master_readmitted(self.name)
 
+    def unread(self) -> bool:
+        """Whether bytes from the master wait unread in the socket: our loop is behind."""
+        conn = self._conn
+        return conn is not None and conn.unread()
+
     def _arm(self, delay: float) -> None:
         if self._watchdog is None:
             loop = asyncio.get_running_loop()

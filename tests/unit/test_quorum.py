@@ -54,6 +54,11 @@ class FakeNode:
         self.silent = False
         self.watchers: set[Callable[[], None]] = set()
         self._replies: list[asyncio.Future[Reply]] = []
+        #: Called when a round's deadline asks whether bytes wait unread (None: none).
+        self.on_unread: Callable[[], bool] | None = None
+
+    def unread(self) -> bool:
+        return self.on_unread() if self.on_unread is not None else False
 
     def reply(self, k: int = 0) -> asyncio.Future[Reply]:
         while len(self._replies) <= k:
@@ -286,6 +291,27 @@ class TestRound:
             decision = await decide
         assert (decision.yes, decision.failed) == (1, 2)
         assert details(decision.outcomes)[1:] == ["no reply within 0.05 s"] * 2
+
+    async def test_a_reply_unread_at_the_deadline_is_counted(self) -> None:
+        """Bytes unread in a master's socket when the deadline fires (a busy loop) are
+        its reply: the round looks again once the loop has read them."""
+        masters = FakeMasters(3)
+        rnd = masters.round()
+        decide = start_decide(
+            rnd, 2, classify=classify_flag, timing=Timing(give_up_silent=False, max_wait=0.05)
+        )
+        await answer(rnd, masters, 0, 1)
+        loop = asyncio.get_running_loop()
+
+        def unread() -> bool:  # the next poll reads the reply
+            masters.fakes[1].on_unread = None
+            loop.call_soon(masters.fakes[1].reply().set_result, Reply(1))
+            return True
+
+        masters.fakes[1].on_unread = unread
+        with anyio.fail_after(HANG_GUARD):
+            decision = await decide
+        assert (decision.yes, decision.failed) == (2, 0)
 
     async def test_rounds_sharing_a_timing_each_get_their_own_max_wait(self) -> None:
         """One timer serves every round of a `Timing`: a round decided early leaves

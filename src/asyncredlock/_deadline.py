@@ -1,0 +1,124 @@
+"""How long a round waits (`Timing`), and the one timer that ends the rounds waiting
+under it (`Waiting`).
+
+A round's deadline is judged as a master's silence is (``_transport``): a busy loop
+says nothing about the masters. A deadline timer that ran late, or a round whose
+unanswered masters have bytes unread in their sockets, looks again once the loop has
+polled its sockets (the replies may sit there unread: uvloop runs its timers before
+the next poll), a few times at most, before giving up on the calls still out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ._node import Node
+
+__all__ = ["Timing", "Waiter", "Waiting"]
+
+# The loop runs a timer up to its clock's resolution early; a round's wait is
+# up to this much shorter than ``max_wait``, never longer.
+_EARLY = 0.001
+# A deadline looked at again waits this long: never 0 (on uvloop a 0 delay runs
+# before the next poll, which is what must come first).
+_RELOOK = 0.001
+# How many times a round's deadline is looked at again, at most.
+_RELOOKS = 3
+
+
+class Waiter(Protocol):
+    """A round waiting (``_quorum._Tally``)."""
+
+    #: How many times its deadline was looked at again.
+    looks: int
+
+    def on_silent(self) -> None: ...
+
+    def out_of_time(self) -> None: ...
+
+    def unread(self) -> bool: ...
+
+
+class Waiting:
+    """The rounds waiting under one `Timing`, each for at most ``max_wait``.
+
+    They all wait the same time, so their deadlines come in the order they
+    started: one timer, armed for the oldest, serves them all. Acquisition
+    rounds hear of a master turning silent through one watcher per master for
+    all of them. A round decided in time only enters and leaves a dict: no timer
+    handle made and cancelled, no watcher added and removed per round.
+    """
+
+    __slots__ = ("_due", "_late", "_loop", "_timer", "_watched", "max_wait", "waiting")
+
+    def __init__(self, max_wait: float, node_timeout: float) -> None:
+        self.max_wait = max_wait
+        self.waiting: dict[Waiter, float] = {}  # insertion order is deadline order
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the timer was due
+        # a timer later than this ran in a busy loop (as `Link` judges its own)
+        self._late = min(node_timeout, max_wait) / 2
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched: Sequence[Node] = ()
+
+    def add(
+        self, waiter: Waiter, loop: asyncio.AbstractEventLoop, watch: Sequence[Node] | None
+    ) -> None:
+        """Start ``waiter``'s wait; ``watch``: the masters whose silence it hears of."""
+        due = loop.time() + self.max_wait
+        self.waiting[waiter] = due
+        if self._timer is None or self._loop is not loop:
+            self._loop, self._due, self._timer = loop, due, loop.call_at(due, self._fire)
+        if watch is not None and watch is not self._watched:
+            for node in watch:  # once per set of masters (an AsyncRedlock's): kept
+                node.watch(self._silent)
+            self._watched = watch
+
+    def discard(self, waiter: Waiter) -> None:
+        """End ``waiter``'s wait (decided, or given up)."""
+        self.waiting.pop(waiter, None)
+
+    def _silent(self) -> None:
+        for waiter in list(self.waiting):
+            waiter.on_silent()
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        late = now - self._due > self._late
+        expired = []
+        for waiter, due in self.waiting.items():
+            if due > now + _EARLY:
+                break
+            expired.append(waiter)
+        relook = now + _RELOOK  # before every deadline still to come: the order holds
+        for waiter in expired:
+            if waiter.looks < _RELOOKS and (late or waiter.unread()):
+                waiter.looks += 1  # replies may sit unread: read them first
+                self.waiting[waiter] = relook
+            else:
+                del self.waiting[waiter]
+                waiter.out_of_time()
+        if self._timer is None and self.waiting:
+            self._due = next(iter(self.waiting.values()))
+            self._timer = loop.call_at(self._due, self._fire)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How long a round waits: whether it gives up on a master reported silent
+    (``node_timeout`` of silence, acquisition), and at most (``max_wait``). A deadline
+    timer more than ``min(node_timeout, max_wait) / 2`` late ran in a busy loop."""
+
+    give_up_silent: bool
+    max_wait: float
+    node_timeout: float = 0.1
+    rounds: Waiting = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rounds", Waiting(self.max_wait, self.node_timeout))
