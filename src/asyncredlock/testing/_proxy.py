@@ -24,36 +24,18 @@ latency without serializing throughput; a change applies to bytes read afterward
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import socket
 import ssl
-import struct
-from dataclasses import dataclass
+import time
 from types import TracebackType
 from typing import Self, cast
+
+from ._forward import Chunk, reset_transport, until
 
 __all__ = ["FaultProxy"]
 
 _READ_HIGH_WATER = 1 << 20  # queued, not yet forwarded bytes before reading pauses
 _READ_LOW_WATER = 1 << 18
-
-
-@dataclass(frozen=True, slots=True)
-class _Chunk:
-    """Bytes read from one side, to be written to the other at `due` (loop time)."""
-
-    due: float
-    data: bytes | None  # None: the sender half-closed (EOF)
-
-
-def _reset(transport: asyncio.Transport) -> None:
-    """Close `transport` with a TCP RST rather than a FIN (SO_LINGER 0)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 class _Side(asyncio.Protocol):
@@ -63,7 +45,7 @@ class _Side(asyncio.Protocol):
         self._proxy = proxy
         self.pair = pair
         self.transport: asyncio.Transport | None = None
-        self.inbox: asyncio.Queue[_Chunk] = asyncio.Queue()
+        self.inbox: asyncio.Queue[Chunk] = asyncio.Queue()
         self.writable = asyncio.Event()
         self.writable.set()
         self._queued = 0
@@ -113,15 +95,14 @@ class _Side(asyncio.Protocol):
         self._queue(data)
 
     def _queue(self, data: bytes | None) -> None:
-        loop = asyncio.get_running_loop()
         self._eof_queued = self._eof_queued or data is None
-        self.inbox.put_nowait(_Chunk(loop.time() + self._proxy.delay, data))
+        self.inbox.put_nowait(Chunk(time.monotonic() + self._proxy.delay, data))
         self._queued += len(data or b"")
         if self._queued > _READ_HIGH_WATER and self.transport and not self._reading_paused:
             self.transport.pause_reading()
             self._reading_paused = True
 
-    async def next_chunk(self) -> _Chunk:
+    async def next_chunk(self) -> Chunk:
         """The oldest queued chunk; resumes reading once the backlog is small again."""
         chunk = await self.inbox.get()
         self._queued -= len(chunk.data or b"")
@@ -169,15 +150,13 @@ class _Pair:
         _, side = await loop.create_connection(lambda: _Side(self._proxy, self), host, port)
         self.upstream = side
         if self.closed and side.transport is not None:
-            _reset(side.transport)
+            reset_transport(side.transport)
 
     async def _pump(self, src: _Side, dst: _Side) -> None:
         """Forward chunks from `src` to `dst` when due; an EOF ends this direction."""
-        loop = asyncio.get_running_loop()
         while True:
             chunk = await src.next_chunk()
-            if (wait := chunk.due - loop.time()) > 0:
-                await asyncio.sleep(wait)
+            await until(chunk.due)
             if self._proxy.blackhole or self.forgotten:
                 self.corrupted = True
                 continue
@@ -222,7 +201,7 @@ class _Pair:
         for side in (self.client, self.upstream):
             if side is not None and side.transport is not None:
                 if reset:
-                    _reset(side.transport)
+                    reset_transport(side.transport)
                 else:
                     side.transport.close()
 
@@ -232,7 +211,8 @@ class FaultProxy:
 
     Faults apply at once, to open connections as well as new ones, and can be combined:
 
-    - `delay`: seconds added in each direction (a round trip gains ``2 * delay``).
+    - `delay`: seconds added in each direction (a round trip gains ``2 * delay``, at
+      least: on uvloop, whose timers count whole milliseconds, a millisecond or so more).
     - `blackhole`: connections are accepted but nothing is forwarded either way, as in
       a network partition. Bytes that arrive meanwhile are dropped; when the blackhole
       is lifted, every connection that lost bytes is reset (its stream cannot resume
@@ -439,7 +419,7 @@ class FaultProxy:
         if self._ssl is not None:  # with TLS, connection_made follows the handshake
             self._handshakes += 1
         if self._refuse or self._closing:
-            _reset(client.transport)
+            reset_transport(client.transport)
             return
         pair = _Pair(self, client)
         client.pair = pair
