@@ -1,5 +1,5 @@
-"""How long a round waits (`Timing`), and the one timer that ends the rounds waiting
-under it (`Waiting`).
+"""How long a round waits (`Timing`), the one timer that ends the rounds waiting
+under it (`Waiting`), and a wait for some replies up to a bound (`wait_until`).
 
 A round's deadline is judged as a master's silence is (``_transport``): a busy loop
 says nothing about the masters. A deadline timer that ran late, or a round whose
@@ -11,13 +11,13 @@ the next poll), a few times at most, before giving up on the calls still out.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._node import Node
 
-__all__ = ["Timing", "Waiter", "Waiting"]
+__all__ = ["Timing", "Waiter", "Waiting", "wait_until"]
 
 # The loop runs a timer up to its clock's resolution early; a round's wait is
 # up to this much shorter than ``max_wait``, never longer.
@@ -122,3 +122,27 @@ class Timing:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rounds", Waiting(self.max_wait, self.node_timeout))
+
+
+async def wait_until(
+    futures: Sequence[asyncio.Future[Any]], enough: Callable[[], bool], within: float
+) -> None:
+    """Wait until ``enough()``, every one of ``futures`` ended, or ``within`` seconds
+    passed. A wait that ended more than ``within / 2`` after it was due ran in a busy
+    loop (replies may sit unread): it looks again once the loop has polled (1 ms
+    later, a few times at most) before it ends short of ``enough()``."""
+    loop = asyncio.get_running_loop()
+    deadline = due = loop.time() + within
+    looks = 0
+    while not enough():
+        pending = [future for future in futures if not future.done()]
+        now = loop.time()
+        if not pending:
+            return
+        if now >= deadline:
+            if looks >= _RELOOKS or now - due <= within / 2:
+                return
+            looks, due = looks + 1, now + _RELOOK
+        else:
+            due = deadline
+        await asyncio.wait(pending, timeout=due - now, return_when=asyncio.FIRST_COMPLETED)

@@ -27,6 +27,7 @@ import anyio
 
 from ._attempt import refuse_if_closing
 from ._core import Core
+from ._deadline import wait_until
 from ._errors import LockTimeoutError, RedlockError
 from ._keys import Resources, aux_key, channel, holder_value
 from ._lease import Lease
@@ -280,17 +281,14 @@ class _Acquisition:
         leave no quorum on any one: then the replies still out are waited for
         (up to ``node_timeout``), until one completes a quorum."""
         slot, count = _most_granted(rnd.tasks)
-        if not decision.reached:
+        if not decision.reached or count >= self.core.quorum:
             return slot, count
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.core.settings.node_timeout
-        while count < self.core.quorum:
-            pending = [task for task in rnd.tasks if not task.done()]
-            if not pending or (left := deadline - loop.time()) <= 0:
-                break
-            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            slot, count = _most_granted(rnd.tasks)
-        return slot, count
+
+        def enough() -> bool:
+            return _most_granted(rnd.tasks)[1] >= self.core.quorum
+
+        await wait_until(rnd.tasks, enough, self.core.settings.node_timeout)
+        return _most_granted(rnd.tasks)
 
     def _give_back(
         self,

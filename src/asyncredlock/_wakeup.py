@@ -54,6 +54,7 @@ import logging
 import secrets
 from collections.abc import Sequence
 
+from ._deadline import wait_until
 from ._line import Line
 from ._listener import Listener
 from ._node import Node
@@ -365,12 +366,10 @@ def waiter_id(client: str, *, reader: bool) -> str:
 
 
 async def _wait_for_some(futures: Sequence[asyncio.Future[None]], need: int, within: float) -> None:
-    """Wait until ``need`` of ``futures`` succeeded, all ended, or ``within`` seconds passed."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while sum(1 for f in futures if f.done() and not f.cancelled()) < need:
-        pending = [f for f in futures if not f.done()]
-        remaining = deadline - loop.time()
-        if not pending or remaining <= 0:
-            return
-        await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+    """Wait until ``need`` of ``futures`` succeeded, all ended, or ``within`` seconds passed
+    (not cut short by a busy loop: `wait_until`)."""
+
+    def enough() -> bool:
+        return sum(1 for f in futures if f.done() and not f.cancelled()) >= need
+
+    await wait_until(futures, enough, within)
