@@ -341,12 +341,12 @@ class Lease(Keeping):
 
     def _orphan(self, block: object, task: asyncio.Task[object]) -> None:
         """The task that entered this lease's ``async with`` block (of ``block``)
-        ended with it open: its scope, in that task, is left alone, and a lease still
-        held is released in the background (logged)."""
+        ended with it open: its scope, in that task, is left alone (the block can no
+        longer be cancelled), and a lease still held is kept until the block exits
+        (logged)."""
         self._ending.scope = None
         if self._state is State.HELD:
             log_block_orphaned(self, block, task.get_name())
-            self._core.tracker.job(self._release_quietly())
 
     async def _release_elsewhere(self) -> None:
         """End the block from another task than its own: its scope, entered in that

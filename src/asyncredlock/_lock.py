@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
-from types import TracebackType
+from inspect import CO_ASYNC_GENERATOR
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 from ._attempt import Acquisition, refuse_if_closing
 from ._config import LockOptions, LockSpec, Role
 from ._core import Core
-from ._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
+from ._errors import LockTimeoutError, QuorumUnavailableError
 from ._gate import LocalTimeoutError, Waiter
 from ._keys import Resources, key_slot, lock_key
 from ._lease import Lease
@@ -36,15 +38,15 @@ class Lock:
     may be used by many tasks at once; each gets its own lease. A lock on several
     resources takes all of them or none on each master, in one script.
 
-    A block is exited by the task that entered it (its lease is found by task, and
-    its cancellation on a lost lease works within that task only). Exited by another
-    task, it raises `RuntimeError`, having released the lease if it was this
-    ``Lock``'s only block (else it stays held: which one is unknown; a lease found
-    lost is said so, its `LockLostError` the cause); to hold a lock across tasks, use
-    `acquire` and ``lease.release()``. A task that ends with a block still open (a
-    generator suspended inside it, never closed) ends the block: its lease is
-    released in the background, with a WARNING, and a later exit of that block
-    raises `RuntimeError` and releases nothing.
+    A block is exited by the task that entered it (its cancellation on a lost lease
+    works within that task only). Exited by another task (an async generator closed
+    or finalised elsewhere), it releases that block's lease (found by the frame of the
+    ``async with``) and raises `RuntimeError` (a lease found lost is said so, its
+    `LockLostError` the cause); entered and exited by hand from two frames, it
+    releases the lease only if it is this ``Lock``'s only such block. To hold a lock
+    across tasks, use `acquire` and ``lease.release()``. A task that ends with a
+    block open (a generator suspended inside it) leaves it held, with a WARNING: its
+    lease is kept until the block exits or max_hold ends it.
 
     Attributes:
         name: The resource name (for several resources, their names joined by
@@ -84,10 +86,8 @@ class Lock:
         self.fencing = spec.fencing
         self.fair = spec.fair
         self.shared = spec.shared
-        # the leases of its async with blocks, by task (made by the first block)
-        self._entered: dict[asyncio.Task[Any] | None, list[Lease]] | None = None
-        # the leases of blocks whose task ended with them open, until they exit
-        self._orphans: list[Lease] | None = None
+        # its open async with blocks by entering task (made by the first block)
+        self._entered: _Entered | None = None
 
     @classmethod
     def make(
@@ -277,6 +277,7 @@ class Lock:
         )
 
     async def __aenter__(self) -> Lease:
+        caller = sys._getframe().f_back  # its __aexit__ comes from the same frame
         lease = await self.acquire()
         lease._enter_block()
         if self._entered is None:
@@ -285,9 +286,9 @@ class Lock:
         stack = self._entered.get(task)
         if stack is None:
             stack = self._entered[task] = []
-            if task is not None:  # its blocks end if it ends with them open
+            if task is not None:  # warned of if it ends with them open
                 task.add_done_callback(self._task_ended)
-        stack.append(lease)
+        stack.append((caller, lease))
         return lease
 
     async def __aexit__(
@@ -298,67 +299,65 @@ class Lock:
     ) -> None:
         task = asyncio.current_task()
         entered = {} if self._entered is None else self._entered
-        stack = entered.get(task)
-        if stack is None:
+        found = _by_frame(entered, task, sys._getframe().f_back)
+        if found is None:  # (entered and exited from two frames) its task's latest
+            found = _latest(entered, task)
+        if found is None:
             await self._exit_elsewhere(entered)
-        lease = stack.pop()
-        if not stack:
-            del entered[task]
-            if task is not None:
-                task.remove_done_callback(self._task_ended)
+        owner, index = found
+        lease = self._pop(entered, owner, index)
+        if owner is not task:  # its task ended, or another task exits it
+            await self._exit_elsewhere_with(lease)
         await lease._exit_block(exc_type, exc, tb)
 
-    def _task_ended(self, task: asyncio.Task[Any]) -> None:
-        """``task`` ended (returned, failed or was cancelled) with blocks of this
-        ``Lock`` still open, e.g. in a generator suspended inside one and never
-        closed: they can no longer be cancelled on a lost lease, so they end now.
-        Their leases are released in the background (logged); a later exit of such
-        a block, in another task, raises `RuntimeError` (see `_exit_elsewhere`)."""
-        stack = None if self._entered is None else self._entered.pop(task, None)
+    def _pop(self, entered: _Entered, owner: _Owner, index: int) -> Lease:
+        """Take the block at ``index`` of ``owner``'s out of ``entered``."""
+        stack = entered[owner]
+        _, lease = stack.pop(index)
         if not stack:
-            return
-        if self._orphans is None:
-            self._orphans = []
-        self._orphans.extend(stack)
-        for lease in stack:
-            lease._orphan(self, task)
+            del entered[owner]
+            if isinstance(owner, asyncio.Task):
+                owner.remove_done_callback(self._task_ended)
+        return lease
 
-    async def _exit_elsewhere(
-        self, entered: dict[asyncio.Task[Any] | None, list[Lease]]
-    ) -> NoReturn:
-        """The block is exited by another task than the one that entered it (an
-        async fixture's teardown, an ``AsyncExitStack`` closed by a shutdown task, a
-        generator closed after the task that drove it ended): a block whose task
-        ended was released then (`_task_ended`); else release the lease if it is
-        the only one of this ``Lock``'s blocks (which else is unknown, and stays
-        held). Then raise `RuntimeError` all the same."""
-        if self._orphans:  # only another task can exit these: taken to be one
-            self._exit_orphan(self._orphans.pop(0))
-        leases = [lease for stack in entered.values() for lease in stack]
-        if not leases:
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """``task`` ended with blocks of this ``Lock`` open (in an async generator
+        suspended inside one, as ``wait_for(anext(agen), t)`` leaves it): they can no
+        longer be cancelled on a lost lease (logged); their leases are kept until they
+        exit (`_exit_elsewhere_with`), kept apart so as not to keep the task."""
+        entered = {} if self._entered is None else self._entered
+        for entry in entered.pop(task, ()):
+            entered.setdefault(_ENDED, []).append(entry)
+            entry[1]._orphan(self, task)
+
+    async def _exit_elsewhere(self, entered: _Entered) -> NoReturn:
+        """A block is exited by another task, from another frame than its own (an
+        ``AsyncExitStack`` closed by a shutdown task): release the lease if it is the
+        only one of this ``Lock``'s blocks that may be exited so (which else is
+        unknown, and stays held). Then raise `RuntimeError` all the same."""
+        if not entered:
             raise RuntimeError(f"the async with block of {self!r} was exited but never entered")
-        lost: LockLostError | None = None
-        if len(leases) == 1:
-            for task in entered:
-                if task is not None:
-                    task.remove_done_callback(self._task_ended)
-            entered.clear()
-            lease = leases[0]
-            await lease._release_elsewhere()
-            lost = lease._lost_error() if lease.lost else None
-            done = "its lease was lost" if lost is not None else "its lease was released"
+        blocks = [
+            (owner, index)
+            for owner, stack in entered.items()
+            for index, (frame, _) in enumerate(stack)
+            if not _exits_by_frame(frame)
+        ]
+        if len(blocks) == 1:
+            await self._exit_elsewhere_with(self._pop(entered, *blocks[0]))
+        if blocks:
+            done = f"its lease (one of {len(blocks)} in blocks of this Lock) is still held"
         else:
-            done = f"its lease (one of {len(leases)} in blocks of this Lock) is still held"
-        raise RuntimeError(f"{self._elsewhere()}; {done}. {_ACROSS_TASKS}") from lost
+            done = "no lease was released (the open blocks of this Lock are in async generators)"
+        raise RuntimeError(f"{self._elsewhere()}; {done}. {_ACROSS_TASKS}")
 
-    def _exit_orphan(self, lease: Lease) -> NoReturn:
-        """The exit of a block whose task ended before: its lease ended then."""
+    async def _exit_elsewhere_with(self, lease: Lease) -> NoReturn:
+        """The exit, from another task, of the block of ``lease``: release it, and
+        raise `RuntimeError` (from the `LockLostError` of a lease found lost)."""
+        await lease._release_elsewhere()
         lost = lease._lost_error() if lease.lost else None
-        done = "was lost" if lost is not None else "was released when that task ended"
-        raise RuntimeError(
-            f"{self._elsewhere()}, after that task had ended with the block open; its"
-            f" lease {done}. {_ACROSS_TASKS}"
-        ) from lost
+        done = "its lease was lost" if lost is not None else "its lease was released"
+        raise RuntimeError(f"{self._elsewhere()}; {done}. {_ACROSS_TASKS}") from lost
 
     def _elsewhere(self) -> str:
         return (
@@ -371,6 +370,49 @@ _ACROSS_TASKS = (
     "The block's cancellation on a lost lease works within one task only: to hold a"
     " lock across tasks, use acquire() and lease.release()"
 )
+
+
+class _Ended:
+    """The key of the open blocks of tasks that ended."""
+
+
+_ENDED = _Ended()
+# a Lock's open blocks by entering task: each the frame that entered it and its lease
+_Owner = asyncio.Task[Any] | None | _Ended
+_Entered = dict[_Owner, list[tuple[FrameType | None, Lease]]]
+
+
+def _by_frame(
+    entered: _Entered, task: _Owner, frame: FrameType | None
+) -> tuple[_Owner, int] | None:
+    """The block entered from ``frame`` (``async with`` enters and exits a block from
+    one frame, a generator's when another task resumes it): its task and index,
+    ``task``'s looked at first."""
+    if frame is None:
+        return None
+    stack = entered.get(task)
+    if stack is not None and stack[-1][0] is frame:
+        return task, len(stack) - 1
+    found = None  # (the latest: two blocks of one frame exit innermost first)
+    for owner, blocks in entered.items():
+        for index, (entered_from, _) in enumerate(blocks):
+            if entered_from is frame:
+                found = owner, index
+    return found
+
+
+def _latest(entered: _Entered, task: _Owner) -> tuple[_Owner, int] | None:
+    """``task``'s latest block that may be exited from another frame than its own."""
+    for index in reversed(range(len(entered.get(task, ())))):
+        if not _exits_by_frame(entered[task][index][0]):
+            return task, index
+    return None
+
+
+def _exits_by_frame(frame: FrameType | None) -> bool:
+    """Whether a block entered from ``frame`` is exited from it alone: an async
+    generator's (``async with`` around a ``yield``), whose exit is found by frame."""
+    return frame is not None and bool(frame.f_code.co_flags & CO_ASYNC_GENERATOR)
 
 
 def _spec(

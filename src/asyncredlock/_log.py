@@ -117,13 +117,15 @@ def log_release_short(lease: Held, outcomes: Sequence[NodeOutcome]) -> None:
 
 def log_block_orphaned(lease: Held, block: object, task: str) -> None:
     """The task that entered the lease's ``async with`` block (of ``block``) ended
-    with the block open: the lease is released (WARNING)."""
+    with the block open: the lease is kept until the block exits (WARNING)."""
     reason = (
-        f"task {task!r} entered the async with block of {block!r} and ended with the"
-        " block open (e.g. an async generator suspended inside it and never closed)"
+        f"task {task!r} ended with the async with block of {block!r} open (e.g. an"
+        " async generator suspended inside it)"
     )
     logger.warning(
-        "releasing %r: %s; the block can no longer be cancelled on a lost lease",
+        "keeping %r: %s; the block can no longer be cancelled on a lost lease; its lease"
+        " is kept, extending itself, until the block exits, the generator is closed or"
+        " finalised, or max_hold ends it",
         lease.resource,
         reason,
         extra=_facts(lease, (), reason),

@@ -146,7 +146,8 @@ class Waiting:
 async def entered_in_a_task(lock: Lock) -> AsyncIterator[Lease]:
     """Enter ``lock``'s ``async with`` block in a task of its own that lives on (an
     async fixture's setup whose task is kept) until this context exits; the block is
-    left to the test to exit. (A task that ends with its block open ends the block.)"""
+    left to the test to exit. (A task that ends with its block open leaves it held,
+    with a WARNING: see test_block_orphaned.py.)"""
     entered: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
     stop = anyio.Event()
 

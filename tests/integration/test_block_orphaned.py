@@ -1,24 +1,28 @@
 """An ``async with lock`` block whose entering task ended with the block open.
 
 A block around the ``yield`` of an async generator stays open while the generator
-is suspended there. If the task that drove it ends without ``await agen.aclose()``
-(a StreamingResponse whose client went away behind an HTTP middleware) and something
-keeps the generator (a traceback, a list), nobody ever closes it: the lease extended
-itself for as long, and the lock was taken for good. Now the block ends when its
-task does: the lease is released in the background, with a WARNING.
+is suspended there, and the task that drove it there may end first: a
+StreamingResponse whose client went away behind an HTTP middleware, or, on every step,
+``asyncio.wait_for(anext(agen), t)`` (test_block_orphan_review.py). The block can no
+longer be cancelled on a lost lease (a WARNING says so), but its lease is kept: the
+generator may go on inside the block. It ends when the block exits: the generator
+closed (in another task: RuntimeError) or finalised once dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
+import weakref
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, Lease, Lock
+from asyncredlock import AsyncRedlock, Lease, Lock, LockTimeoutError
 from asyncredlock.testing import client_state
 
 from .conftest import Masters
@@ -26,13 +30,20 @@ from .conftest import Masters
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 10  # seconds; only stops a hung test, never decides an outcome
+OBSERVE = 1.0  # seconds of watching a rival fail (2 TTLs); any length gives the same
 
 
-async def _rows(lock: Lock, leases: list[Lease]) -> AsyncIterator[int]:
-    async with lock as lease:
-        leases.append(lease)
-        yield 1
-        yield 2
+async def _rows(
+    lock: Lock, leases: list[Lease], closed: anyio.Event | None = None
+) -> AsyncIterator[int]:
+    try:
+        async with lock as lease:
+            leases.append(lease)
+            yield 1
+            yield 2
+    finally:
+        if closed is not None:
+            closed.set()
 
 
 def _orphan_warnings(caplog: pytest.LogCaptureFixture, resource: str) -> list[str]:
@@ -41,8 +52,27 @@ def _orphan_warnings(caplog: pytest.LogCaptureFixture, resource: str) -> list[st
         for record in caplog.records
         if record.levelno == logging.WARNING
         and getattr(record, "resource", None) == resource
-        and "ended with the block open" in record.getMessage()
+        and "open (e.g. an async generator suspended inside it)" in record.getMessage()
     ]
+
+
+async def _kept_from_a_rival(masters: Masters, name: str, lease: Lease) -> None:
+    """While the observation lasts, another client never gets the lock."""
+    attempts = taken = 0
+    async with AsyncRedlock(masters.urls, timeout=0) as rival:
+        with anyio.move_on_after(OBSERVE):
+            while True:
+                try:
+                    other = await rival.lock(name).acquire()
+                except LockTimeoutError:
+                    attempts += 1
+                else:
+                    taken += 1
+                    await other.release()
+                await anyio.sleep(OBSERVE / 10)  # (paces the attempts)
+    assert taken == 0, "a rival took the lock while the generator was in its block"
+    assert attempts > 0
+    assert lease.held
 
 
 async def _taken_by_another(masters: Masters, name: str, first: Lease) -> None:
@@ -55,41 +85,50 @@ async def _taken_by_another(masters: Masters, name: str, first: Lease) -> None:
                 assert first.value != second.value
 
 
-async def test_a_generator_left_open_by_a_task_that_returned_frees_the_lock(
+async def test_a_generator_left_open_by_a_task_that_returned_keeps_the_lock(
     masters: Masters, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="asyncredlock")
-    async with AsyncRedlock(masters.urls, ttl=1.0) as redlock:
+    async with AsyncRedlock(masters.urls, ttl=0.5) as redlock:
         leases: list[Lease] = []
-        kept = [_rows(redlock.lock("orphan-returned"), leases)]  # never finalised
+        agen = _rows(redlock.lock("orphan-returned"), leases)
 
         async def take_one() -> int:
-            return await anext(kept[0])
+            return await anext(agen)
 
         assert await asyncio.get_running_loop().create_task(take_one()) == 1
         (lease,) = leases
-        await _taken_by_another(masters, "orphan-returned", lease)
-        assert not lease.held
+        await _kept_from_a_rival(masters, "orphan-returned", lease)
         assert len(_orphan_warnings(caplog, "orphan-returned")) == 1
-        with pytest.raises(RuntimeError, match="after that task had ended"):
-            await kept[0].aclose()
+        closing = asyncio.get_running_loop().create_task(agen.aclose())
+        with anyio.fail_after(HANG_GUARD):
+            await asyncio.wait([closing])
+        error = closing.exception()
+        assert isinstance(error, RuntimeError)
+        assert "exited from another task" in str(error)
+        assert "its lease was released" in str(error)
+        assert error.__cause__ is None  # released, not lost
+        assert not lease.held
+        assert not lease.lost
+        await _taken_by_another(masters, "orphan-returned", lease)
         await redlock.settle()
         assert client_state(redlock).held == 0
         assert redlock.statistics().releases == 1
+        assert len(_orphan_warnings(caplog, "orphan-returned")) == 1
     assert await masters.keys() == [[]] * len(masters)
 
 
-async def test_a_generator_left_open_by_a_cancelled_task_frees_the_lock(
+async def test_a_generator_left_open_by_a_cancelled_task_keeps_the_lock(
     masters: Masters, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="asyncredlock")
-    async with AsyncRedlock(masters.urls, ttl=1.0) as redlock:
+    async with AsyncRedlock(masters.urls, ttl=0.5) as redlock:
         leases: list[Lease] = []
-        kept = [_rows(redlock.lock("orphan-cancelled"), leases)]
+        agen = _rows(redlock.lock("orphan-cancelled"), leases)
         took = anyio.Event()
 
         async def take_one_then_wait() -> None:
-            await anext(kept[0])
+            await anext(agen)
             took.set()
             await anyio.sleep_forever()
 
@@ -97,57 +136,89 @@ async def test_a_generator_left_open_by_a_cancelled_task_frees_the_lock(
         with anyio.fail_after(HANG_GUARD):
             await took.wait()
         (lease,) = leases
-        assert lease.held  # the task still lives: its block is open, and held
         driver.cancel()
         await asyncio.wait([driver])
-        await _taken_by_another(masters, "orphan-cancelled", lease)
-        assert not lease.held
+        await _kept_from_a_rival(masters, "orphan-cancelled", lease)
         assert len(_orphan_warnings(caplog, "orphan-cancelled")) == 1
-        with pytest.raises(RuntimeError, match="after that task had ended"):
-            await kept[0].aclose()
+        assert await anext(agen) == 2  # (the generator goes on inside its block)
+        assert lease.held
+        with anyio.fail_after(HANG_GUARD), pytest.raises(RuntimeError, match="another task"):
+            await agen.aclose()  # (by this task: not the one that entered the block)
+        assert not lease.held
         await redlock.settle()
         assert redlock.statistics().releases == 1
     assert await masters.keys() == [[]] * len(masters)
 
 
-async def test_the_generator_closed_later_in_another_task_releases_nothing_twice(
+async def test_a_dropped_generator_is_finalised_and_releases_the_lock(
     masters: Masters, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Dropped unclosed, the generator is finalised: asyncio's hook closes it in a new
+    task, where the block exits. That task's RuntimeError, which nobody awaits, goes
+    to the loop's exception handler (caught here). (The ended task is kept by anyio,
+    its block's cancel scope never exited: a task whose coroutine is the ``anext()``
+    itself keeps the generator, see the xfail below.)"""
     caplog.set_level(logging.WARNING, logger="asyncredlock")
-    async with AsyncRedlock(masters.urls, ttl=1.0, timeout=0) as redlock:
-        lock = redlock.lock("orphan-closed")
-        leases: list[Lease] = []
-        agen = _rows(lock, leases)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        async with AsyncRedlock(masters.urls, ttl=0.5) as redlock:
+            leases: list[Lease] = []
+            closed = anyio.Event()
+            kept = [_rows(redlock.lock("orphan-dropped"), leases, closed)]
 
-        async def take_one() -> int:
-            return await anext(agen)
+            async def take_one() -> int:
+                return await anext(kept[0])
 
-        await asyncio.get_running_loop().create_task(take_one())
-        (lease,) = leases
-        with anyio.fail_after(HANG_GUARD):
-            await lease.wait_lost()  # released in the background
-            closing = asyncio.get_running_loop().create_task(agen.aclose())
-            await asyncio.wait([closing])
-            await redlock.settle()
-        error = closing.exception()
-        assert isinstance(error, RuntimeError)
-        assert "exited from another task" in str(error)
-        assert "was released when that task ended" in str(error)
-        assert error.__cause__ is None  # released, not lost
-        assert not lease.held
-        assert not lease.lost
-        assert redlock.statistics().releases == 1
-        assert client_state(redlock).held == 0
-        assert await masters.keys() == [[]] * len(masters)
-        async with lock as again:  # free, and its blocks work as before
-            assert again.held
-        assert len(_orphan_warnings(caplog, "orphan-closed")) == 1
+            await loop.create_task(take_one())
+            (lease,) = leases
+            await _kept_from_a_rival(masters, "orphan-dropped", lease)
+            kept.clear()
+            gc.collect()
+            with anyio.fail_after(HANG_GUARD):
+                await closed.wait()  # the finaliser's task ran the block's exit
+                await redlock.settle()
+            assert not lease.held
+            assert not lease.lost
+            assert client_state(redlock).held == 0
+            assert redlock.statistics().releases == 1
+            assert len(_orphan_warnings(caplog, "orphan-dropped")) == 1
+        gc.collect()  # the finaliser's task, ended: its exception is reported now
+    finally:
+        loop.set_exception_handler(previous)
+    assert [type(context.get("exception")) for context in reported] == [RuntimeError]
     assert await masters.keys() == [[]] * len(masters)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="anyio keeps the state of a task that ended in a cancel scope (the block's)"
+    " it never exited, and so the task, whose coroutine, an anext(), holds the generator:"
+    " never finalised, the lock is kept until max_hold or the AsyncRedlock's close",
+)
+async def test_a_dropped_generator_stepped_by_wait_for_is_finalised(masters: Masters) -> None:
+    async with AsyncRedlock(masters.urls, ttl=0.5) as redlock:
+        leases: list[Lease] = []
+        kept = [_rows(redlock.lock("orphan-dropped-wait-for"), leases)]
+        assert await asyncio.wait_for(anext(kept[0]), HANG_GUARD) == 1
+        dropped = weakref.ref(kept[0])
+        kept.clear()
+        gc.collect()
+        leaked = dropped()
+        finalised = leaked is None
+        if leaked is not None:  # (closed here, not at the loop's shutdown)
+            with pytest.raises(RuntimeError, match="another task"):
+                await leaked.aclose()
+        assert finalised
+        assert not leases[0].held
+
+
 async def test_only_the_ended_tasks_block_of_a_shared_lock_ends(masters: Masters) -> None:
-    """Several blocks of one ``Lock`` (a reader's): the block of a task that lives on
-    stays held while the ended task's block is released."""
+    """Several blocks of one ``Lock`` (a reader's): the ended task's block, exited
+    later by a task with a block of its own, releases its own lease (found by its
+    frame), not that task's."""
     async with AsyncRedlock(masters.urls, ttl=1.0, timeout=0) as redlock:
         reader = redlock.rwlock("orphan-shared").read()
         leases: list[Lease] = []
@@ -155,15 +226,11 @@ async def test_only_the_ended_tasks_block_of_a_shared_lock_ends(masters: Masters
         async with reader as kept:
             await asyncio.get_running_loop().create_task(anext(agen))
             (orphaned,) = leases
-            with anyio.fail_after(HANG_GUARD):
-                await orphaned.wait_lost()
-            assert kept.held
-            # (closed by a task with no block of this Lock: a task's exit is taken to
-            # be of its own latest block of the Lock)
-            closing = asyncio.get_running_loop().create_task(agen.aclose())
-            await asyncio.wait([closing])
-            assert isinstance(closing.exception(), RuntimeError)
-            assert kept.held  # the later exit ended nothing else
+            assert orphaned.held
+            with anyio.fail_after(HANG_GUARD), pytest.raises(RuntimeError, match="released"):
+                await agen.aclose()  # by this task, which has a block of its own
+            assert not orphaned.held
+            assert kept.held  # the exit ended nothing else
         assert not kept.held
         assert not kept.lost
         await redlock.settle()

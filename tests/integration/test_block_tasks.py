@@ -3,8 +3,9 @@
 pytest-asyncio runs an async fixture's setup and teardown in two tasks, and an
 ``AsyncExitStack`` may be closed by a shutdown task. ``Lock.__aexit__`` found no
 block of the exiting task: a bare ``KeyError`` of a Task, and the lease stayed held,
-extending itself, until the ``AsyncRedlock`` closed. (Here the entering task lives
-on: one that ends with its block open ends the block, see test_block_orphaned.py.)
+extending itself, until the ``AsyncRedlock`` closed. (Here the block is entered and
+exited by hand from two frames, the entering task living on: an ``async with`` exit is
+matched to its block by frame, see test_block_orphaned.py.)
 """
 
 from __future__ import annotations
