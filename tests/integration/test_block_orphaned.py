@@ -157,7 +157,7 @@ async def test_a_dropped_generator_is_finalised_and_releases_the_lock(
     task, where the block exits. That task's RuntimeError, which nobody awaits, goes
     to the loop's exception handler (caught here). (The ended task is kept by anyio,
     its block's cancel scope never exited: a task whose coroutine is the ``anext()``
-    itself keeps the generator, see the xfail below.)"""
+    itself keeps the generator: see the test after this one.)"""
     caplog.set_level(logging.WARNING, logger="asyncredlock")
     loop = asyncio.get_running_loop()
     reported: list[dict[str, Any]] = []
@@ -192,13 +192,15 @@ async def test_a_dropped_generator_is_finalised_and_releases_the_lock(
     assert await masters.keys() == [[]] * len(masters)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="anyio keeps the state of a task that ended in a cancel scope (the block's)"
-    " it never exited, and so the task, whose coroutine, an anext(), holds the generator:"
-    " never finalised, the lock is kept until max_hold or the AsyncRedlock's close",
-)
-async def test_a_dropped_generator_stepped_by_wait_for_is_finalised(masters: Masters) -> None:
+async def test_a_dropped_generator_stepped_by_wait_for_stays_held_until_the_close(
+    masters: Masters,
+) -> None:
+    """A known limit, documented (usage.md): a generator stepped by ``wait_for`` (each
+    step a task of its own) and dropped is not finalised on the asyncio backend of
+    anyio, which keeps the state of a task that ended inside a cancel scope (the
+    block's) it never exited, and that task's coroutine, the ``anext()``, keeps the
+    generator. Safe, not live: the lock stays held (no rival gets it) until the
+    ``AsyncRedlock`` closes (or ``max_hold`` ends the lease), and nothing is left."""
     async with AsyncRedlock(masters.urls, ttl=0.5) as redlock:
         leases: list[Lease] = []
         kept = [_rows(redlock.lock("orphan-dropped-wait-for"), leases)]
@@ -206,13 +208,11 @@ async def test_a_dropped_generator_stepped_by_wait_for_is_finalised(masters: Mas
         dropped = weakref.ref(kept[0])
         kept.clear()
         gc.collect()
-        leaked = dropped()
-        finalised = leaked is None
-        if leaked is not None:  # (closed here, not at the loop's shutdown)
-            with pytest.raises(RuntimeError, match="another task"):
-                await leaked.aclose()
-        assert finalised
-        assert not leases[0].held
+        assert dropped() is not None  # kept alive: not finalised
+        (lease,) = leases
+        await _kept_from_a_rival(masters, "orphan-dropped-wait-for", lease)
+    assert not lease.held
+    assert await masters.keys() == [[]] * len(masters)
 
 
 async def test_only_the_ended_tasks_block_of_a_shared_lock_ends(masters: Masters) -> None:
