@@ -13,7 +13,7 @@ from typing import cast
 import hiredis
 
 from ._liveness import Heartbeat
-from ._log import log_ping_refusal, log_subscribe_refused
+from ._log import log_ping_refusal, log_subscribe_refused, log_unsubscribe_refusal
 from ._node import Node
 from ._wire import Stream, pack
 
@@ -23,6 +23,9 @@ logger = logging.getLogger("asyncredlock")
 
 #: Pause before a listener reconnects after losing its connection (seconds).
 RECONNECT_DELAY = 0.2
+
+# The commands whose refusal by the master's ACL (NOPERM) is logged at WARNING
+_LOGGED = (("SUBSCRIBE",), ("UNSUBSCRIBE",), ("PING",))
 
 
 class _Subscription(Stream):
@@ -185,20 +188,24 @@ class Listener:
 
     def refused(self, error: str, command: tuple[str, ...]) -> None:
         """An error reply to ``command``: a SUBSCRIBE the master's ACL refused
-        (``NOPERM``) is kept and logged at WARNING (once per master), a refused PING
-        (its heartbeat's) as the PING's refusal; another error, only at DEBUG. The
-        refused channel's confirmation ends (its waiters poll), and a later waiter
-        on it asks again; the other channels are unaffected."""
-        if command[:1] == ("SUBSCRIBE",):
+        (``NOPERM``) is the subscription's refusal, kept and logged at WARNING (once
+        per master); a refused PING (its heartbeat's) or UNSUBSCRIBE (its channel
+        stays subscribed, the subscription works) is logged as that command's
+        refusal, and is no refusal of the subscription; another error, only at
+        DEBUG. The refused channel's confirmation ends (its waiters poll), and a
+        later waiter on it asks again; the other channels are unaffected."""
+        kind = command[:1]
+        if kind == ("SUBSCRIBE",):
             self._unasked(command[1])
-        if not error.startswith("NOPERM"):
+        if not error.startswith("NOPERM") or kind not in _LOGGED:
             logger.debug("subscription to %s: error reply %r", self.name, error)
-            return
-        if command[:1] == ("PING",):  # its heartbeat's: refused, but answered
+        elif kind == ("PING",):  # its heartbeat's: refused, but answered
             log_ping_refusal(self.name, error)
-            return
-        self.refusal = error
-        log_subscribe_refused(self.name, error)
+        elif kind == ("UNSUBSCRIBE",):
+            log_unsubscribe_refusal(self.name, error)
+        else:
+            self.refusal = error
+            log_subscribe_refused(self.name, error)
 
     def _unasked(self, channel: str) -> None:
         left = self.asked.pop(channel, 1) - 1

@@ -31,6 +31,7 @@ __all__ = [
     "log_ping_refused",
     "log_release_short",
     "log_subscribe_refused",
+    "log_unsubscribe_refusal",
     "refuses_ping",
     "turned_silent",
 ]
@@ -194,6 +195,18 @@ def log_subscribe_refused(master: str, error: str) -> None:
         " of acl_rules()"
     )
     _log_refused(master, "SUBSCRIBE", "the wake-up subscription", error, advice)
+
+
+def log_unsubscribe_refusal(master: str, error: str) -> None:
+    """A master refused the wake-up subscription's UNSUBSCRIBE (``NOPERM``; WARNING,
+    once per master and process): an ACL user without ``+unsubscribe``. The
+    subscription works, but keeps the channels nobody waits on (their releases still
+    come) until its connection is reopened."""
+    advice = (
+        "the channels nobody waits on stay subscribed until the connection is reopened;"
+        " grant +unsubscribe (acl_rules() includes it)"
+    )
+    _log_refused(master, "UNSUBSCRIBE", "UNSUBSCRIBE", error, advice)
 
 
 _REFUSALS_LOGGED: set[tuple[str, str]] = set()  # (command, master) already logged
