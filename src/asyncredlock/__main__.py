@@ -19,16 +19,18 @@ Exit codes:
 
 - 0: success; ``inspect``: the lock is held (a value, or a reader, on a quorum);
   ``force-release``: a key was deleted (whatever its status, it names each master
-  that failed or did not answer in a warning on stderr); ``watch``: ``--count``
-  lines printed.
+  that failed or did not answer in a warning on stderr); ``list``: listed, even
+  when nothing is held; ``watch``: ``--count`` lines printed.
 - 1: ``inspect``: the lock is free; ``force-release``: there was nothing to delete,
   or the confirmation was declined; ``demo``: the locked round was wrong, or a
   dependency is missing.
-- 2: bad usage (no masters, a malformed URL, a bad option).
+- 2: bad usage (no masters, a malformed URL, a bad option, a name asyncredlock
+  refuses).
 - 3: too few masters answered: ``inspect`` cannot tell (fewer than a quorum
   answered, or those that did not could make a quorum with a value seen);
   ``force-release``: too many failed, the lock may still be held; ``list``: fewer
-  than a quorum answered.
+  than a quorum answered, or a lock listed could not be read on enough masters to
+  tell whether it is held (its holder reads ``(unknown)``).
 - 130: interrupted (Ctrl-C).
 - 141: standard output was a pipe whose reader went away (``watch NAME | head -n1``):
   nothing more is printed, no error either (128 + SIGPIPE, as a shell reports a

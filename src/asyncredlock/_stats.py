@@ -80,8 +80,11 @@ class RedlockStatistics:
             ``node_timeout``, woken to attempt then and counted again when the
             others tell it. A wake-up that a waiter of several resources could not
             use (another of them is held) and passed on to the next waiter is not
-            counted again. An undo's announcement that wakes nobody (the waiter's
-            own, or one an undo woke already) is not counted.
+            counted again; one that a semaphore's waiter, refused as queued behind
+            an earlier waiter with a slot free, hands to the first waiter before it
+            in this process is: that release counts two wake-ups. An undo's
+            announcement that wakes nobody (the waiter's own, or one an undo woke
+            already) is not counted.
         commits: Second rounds sent to commit a fencing token (skipped when a
             quorum of masters counted the same token in the first).
         wait: From each successful ``acquire()`` call to its lease.

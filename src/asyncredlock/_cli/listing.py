@@ -336,8 +336,9 @@ def _listing_text(listing: Listing, args: argparse.Namespace) -> str:
 
 def _summary(listing: Listing, args: argparse.Namespace) -> str:
     """The last line: the locks held on a quorum, then, apart, those found on fewer
-    masters (a row of theirs says "(no majority)"), which are not held, and those too
-    few masters could be read to tell ("(unknown)")."""
+    masters (a row of theirs says "(no majority)", or "-" when found only where its
+    state was not read), which are not held, and those too few masters could be read
+    to tell ("(unknown)")."""
     held = sum(1 for state in listing.locks if status_of(state, listing.quorum) is Status.HELD)
     summary = f"{held} lock{'' if held == 1 else 's'} matching {args.pattern!r} held"
     summary += f" on {masters(len(listing.scans))}"

@@ -160,6 +160,9 @@ def locked(
             field is not a path parameter of the route (a 500); a path whose
             lock name the library refuses (a NUL in it) is the client's error,
             400 through `setup`'s middleware.
+        RuntimeError: At a request, on an app `setup` was not called on (nor on
+            the main app of a sub-application): there is no ``AsyncRedlock`` to
+            lock with (a 500).
     """
     request_lock = RequestLock(
         name, LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)

@@ -157,6 +157,9 @@ def locked(
             request, `ValueError` if a field is not a path parameter of the route
             (a 500); a path whose lock name the library refuses (a NUL in it) is
             the client's error, 400 with `add_exception_handlers`.
+        RuntimeError: At a request, when the app the server runs was not given
+            `lifespan` (see `redlock_of`): there is no ``AsyncRedlock`` to lock
+            with (a 500).
     """
     request_lock = RequestLock(
         name, LockOptions(ttl, timeout, auto_extend, fencing, fair, max_hold)
