@@ -27,25 +27,11 @@ from asyncredlock.testing import ServerGroup
 
 from .apps.items import HANG_GUARD
 from .conftest import Masters, library_tasks
-from .test_contrib_fastapi import in_uvicorn, websocket
+from .test_contrib_fastapi import app_with, in_uvicorn, serving, websocket
 
 pytestmark = pytest.mark.anyio
 
 QUORUM = 3
-
-
-def app_with(masters: list[str], **settings: object) -> FastAPI:
-    app = FastAPI(lifespan=lifespan(masters, **settings))
-    add_exception_handlers(app)
-    return app
-
-
-@asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-            yield client
 
 
 class TestStreamedDetection:

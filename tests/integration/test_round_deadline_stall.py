@@ -8,37 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
 
 from asyncredlock import AsyncRedlock
 from asyncredlock._liveness import readable
-from asyncredlock.testing import ServerGroup, client_state
+from asyncredlock.testing import client_state
 
-from .. import loops
+from . import test_loops
 from .conftest import Masters
+from .test_loops import THREE
+
+# test_loops' fixtures: both loops here (whatever ASYNCREDLOCK_TEST_LOOP says), and
+# direct clients to three of the session's servers
+anyio_backend = test_loops.anyio_backend
+three = test_loops.three
 
 pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
-THREE = 3
 ATTEMPTS = 400  # acquisitions tried until one meets the stall
-
-
-@pytest.fixture(params=sorted(loops.BACKENDS))
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """Both loops here, whatever ``ASYNCREDLOCK_TEST_LOOP`` says."""
-    return loops.BACKENDS[request.param]
-
-
-@pytest.fixture
-async def three(servers: ServerGroup) -> AsyncIterator[Masters]:
-    direct = Masters(servers.urls[:THREE])
-    yield direct
-    await direct.aclose()
 
 
 class _Busy(asyncio.Protocol):
@@ -121,10 +112,12 @@ async def test_a_round_is_not_failed_by_the_loops_own_stall_in_an_io_callback(
                 await lease.release()
 
     await _with_a_stall(redlock, armed, stalls, one)
-    if not stalls:  # asyncio's loop reads replies fast: the window may never come
-        pytest.skip(f"no {step} round met the stall in {ATTEMPTS} attempts")
+    # Every attempt must succeed, the one that met the stall included. (The window, a
+    # round's calls out and no reply read yet when the other connection's data comes,
+    # is met within a few attempts as a rule; should it never come, as on asyncio's
+    # loop, which reads replies fast, nothing failed all the same.)
     left = await three.keys()
-    assert (outcomes[-1], left) == (True, [[]] * THREE)
+    assert (outcomes, left) == ([True] * len(outcomes), [[]] * THREE)
 
 
 async def _with_a_stall(
