@@ -88,9 +88,13 @@ def setup(
         settings: `AsyncRedlock`'s keyword settings.
 
     Raises:
+        TypeError: ``app`` is not a ``web.Application``.
+        RuntimeError: `setup` was called on ``app`` already (it would make a second
+            ``AsyncRedlock`` and a second middleware).
         TypeError, ValueError: As `AsyncRedlock` raises for bad masters or
             settings, and for a bad ``errors``: raised here, not at startup.
     """
+    _check_app(app)
     mapping = errors_or_default(errors)
     check_redlock(masters, settings)
 
@@ -122,6 +126,22 @@ def setup(
     app.cleanup_ctx.append(own_redlock)
     app.on_response_prepare.append(_note_prepared)
     app.middlewares.append(answer_lock_errors)
+
+
+def _check_app(app: object) -> None:
+    """Refuse what `setup` cannot equip, before anything is made or added.
+
+    Raises:
+        TypeError: ``app`` is not a ``web.Application``.
+        RuntimeError: `setup` already equipped ``app`` (its signal handler is there).
+    """
+    if not isinstance(app, web.Application):
+        raise TypeError(f"app must be an aiohttp web.Application, not {type(app).__name__}")
+    if _note_prepared in app.on_response_prepare:
+        raise RuntimeError(
+            "asyncredlock.contrib.aiohttp.setup() was already called on this app: it"
+            " has its AsyncRedlock (app[REDLOCK]) and middleware; call setup() once"
+        )
 
 
 async def _note_prepared(request: web.Request, response: web.StreamResponse) -> None:
