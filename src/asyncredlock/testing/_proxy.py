@@ -24,13 +24,14 @@ latency without serializing throughput; a change applies to bytes read afterward
 from __future__ import annotations
 
 import asyncio
-import math
 import ssl
 import time
 from types import TracebackType
 from typing import Self, cast
 
+from .._config import check_seconds
 from ._forward import Chunk, reset_transport, until
+from ._support import check_host, check_port, check_switch
 
 __all__ = ["FaultProxy"]
 
@@ -240,8 +241,9 @@ class FaultProxy:
             certificate chain loaded) to terminate TLS with; None: plain TCP.
 
     Raises:
+        TypeError: A host is not a str, a port not an int (nor a bool), or
+            ``ssl_context`` not an `ssl.SSLContext`.
         ValueError: A port is out of range.
-        TypeError: ``ssl_context`` is not an `ssl.SSLContext`.
     """
 
     def __init__(
@@ -253,9 +255,10 @@ class FaultProxy:
         listen_port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        for name, value in (("target_port", target_port), ("listen_port", listen_port)):
-            if not 0 <= value <= 65535:
-                raise ValueError(f"{name} must be in 0..65535, got {value}")
+        check_host("target_host", target_host)
+        check_port("target_port", target_port)
+        check_host("listen_host", listen_host)
+        check_port("listen_port", listen_port)
         if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
             raise TypeError(f"ssl_context must be an ssl.SSLContext, not {ssl_context!r}")
         self._ssl = ssl_context
@@ -315,24 +318,28 @@ class FaultProxy:
         """Seconds each chunk is held in each direction; applies to bytes read afterwards.
 
         Raises:
-            ValueError: On assignment of a negative or non-finite value.
+            TypeError: On assignment of what is not an int or float (a bool too).
+            ValueError: On assignment of a negative, NaN or infinite value, or of
+                one over ``MAX_SECONDS`` (about 31 years).
         """
         return self._delay
 
     @delay.setter
     def delay(self, seconds: float) -> None:
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"delay must be a finite number >= 0, got {seconds!r}")
-        self._delay = float(seconds)
+        self._delay = check_seconds("delay", seconds, allow_zero=True)
 
     @property
     def blackhole(self) -> bool:
-        """Whether nothing is forwarded. Lifting it resets connections that lost bytes."""
+        """Whether nothing is forwarded. Lifting it resets connections that lost bytes.
+
+        Raises:
+            TypeError: On assignment of what is not a bool.
+        """
         return self._blackhole
 
     @blackhole.setter
     def blackhole(self, on: bool) -> None:
-        self._blackhole = on
+        self._blackhole = check_switch("blackhole", on)
         if on:
             self._passable.clear()
             return
@@ -343,12 +350,16 @@ class FaultProxy:
 
     @property
     def refuse(self) -> bool:
-        """Whether new connections are reset right after being accepted."""
+        """Whether new connections are reset right after being accepted.
+
+        Raises:
+            TypeError: On assignment of what is not a bool.
+        """
         return self._refuse
 
     @refuse.setter
     def refuse(self, on: bool) -> None:
-        self._refuse = on
+        self._refuse = check_switch("refuse", on)
 
     def reset_connections(self) -> None:
         """Reset (RST) every open connection, on the client and the server side."""

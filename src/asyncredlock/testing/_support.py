@@ -244,18 +244,50 @@ def check_server_args(
             ``extra_args`` a str or bytes (not a sequence of str).
         ValueError: ``port`` is out of range.
     """
-    if not isinstance(port, int) or isinstance(port, bool):
-        raise TypeError(f"port must be an int, not {type(port).__name__}")
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be in 0..65535, got {port}")
-    if not isinstance(appendonly, bool):
-        raise TypeError(f"appendonly must be a bool, not {type(appendonly).__name__}")
+    check_port("port", port)
+    check_switch("appendonly", appendonly)
     if isinstance(extra_args, str | bytes) or not isinstance(extra_args, Sequence):
         raise TypeError(
             f"extra_args must be a sequence of str (one per argument), got {extra_args!r}"
         )
     if not all(isinstance(each, str) for each in extra_args):
         raise TypeError(f"extra_args must hold str only, got {extra_args!r}")
+
+
+def check_port(name: str, port: object) -> int:
+    """``port`` if it is a TCP port number (0: pick a free one).
+
+    Raises:
+        TypeError: It is not an int (a bool, a float or a str is refused).
+        ValueError: It is out of 0..65535.
+    """
+    if not isinstance(port, int) or isinstance(port, bool):
+        raise TypeError(f"{name} must be an int, not {type(port).__name__}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{name} must be in 0..65535, got {port}")
+    return port
+
+
+def check_switch(name: str, on: object) -> bool:
+    """``on`` if it is a bool (a truthy str such as ``"no"`` must not switch it on).
+
+    Raises:
+        TypeError: It is not a bool.
+    """
+    if not isinstance(on, bool):
+        raise TypeError(f"{name} must be a bool, not {type(on).__name__}")
+    return on
+
+
+def check_host(name: str, host: object) -> str:
+    """``host`` if it is a str.
+
+    Raises:
+        TypeError: It is not a str.
+    """
+    if not isinstance(host, str):
+        raise TypeError(f"{name} must be a str, not {type(host).__name__}")
+    return host
 
 
 # --- a minimal RESP client, enough for PING, INFO, FLUSHALL and CLUSTER ---------------
