@@ -4,11 +4,13 @@ validation review, branch ``rinput``: tests/integration/test_review_input.py).""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from aiohttp import web
 
+from asyncredlock import AsyncRedlock
 from asyncredlock.contrib.aiohttp import setup
-from asyncredlock.testing import FaultProxy, ServerGroup
+from asyncredlock.testing import FaultProxy, ServerGroup, Waits
 
 from .conftest import Masters
 
@@ -102,3 +104,48 @@ class TestFaultProxyArguments:
         assert getattr(proxy, switch) is False
         setattr(proxy, switch, True)  # a bool still switches it
         assert getattr(proxy, switch) is True
+
+
+class TestServerGroupArguments:
+    def test_a_server_count_of_true_is_refused(self) -> None:
+        """``ServerGroup(True)`` made one server (``ServerProcess`` refuses a bool
+        port; the group's count gets the same treatment)."""
+        with pytest.raises(TypeError, match=r"\bn\b"):
+            ServerGroup(True)
+
+    @pytest.mark.parametrize("n", [1.5, 3.0, "3"])
+    def test_a_server_count_that_is_no_int_names_the_argument(self, n: object) -> None:
+        """``ServerGroup(1.5)``: ``'float' object cannot be interpreted as an
+        integer`` from ``range()``, which does not say which argument."""
+        with pytest.raises(TypeError, match=r"\bn\b"):
+            ServerGroup(n)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("n", [0, -1])
+    def test_fewer_than_one_server_is_still_a_value_error(self, n: int) -> None:
+        with pytest.raises(ValueError, match=r"\bn\b"):
+            ServerGroup(n)
+
+
+class TestWaitsReach:
+    @pytest.mark.parametrize(
+        ("count", "error"),
+        [(float("nan"), TypeError), (-1, ValueError), (True, TypeError), (1.5, TypeError)],
+    )
+    @pytest.mark.parametrize("argument", ["waiting", "queued"])
+    async def test_reach_takes_a_count(
+        self, servers: ServerGroup, argument: str, count: object, error: type[Exception]
+    ) -> None:
+        """``reach(float("nan"))`` returned at once (every comparison with NaN is
+        false), so a test that meant to wait for a parked waiter went on without it;
+        so did ``reach(-1)``. ``reach(True)`` and ``reach(1.5)`` were taken as counts
+        (they waited). A count that is no int is a ``TypeError``, a negative one a
+        ``ValueError``, each naming the argument."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            with Waits(redlock) as waits, anyio.fail_after(5), pytest.raises(error, match=argument):
+                await waits.reach(**{argument: count})
+
+    async def test_reach_zero_returns_at_once(self, servers: ServerGroup) -> None:
+        """Control: zero (the default) is a count, already reached."""
+        async with AsyncRedlock(servers.urls) as redlock:
+            with Waits(redlock) as waits, anyio.fail_after(5):
+                await waits.reach(0, queued=0)

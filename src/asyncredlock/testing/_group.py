@@ -11,6 +11,7 @@ from ._servers import ServerProcess
 from ._support import (
     STOP_GRACE,
     PortInUseError,
+    check_count,
     find_server_binary,
 )
 
@@ -32,6 +33,7 @@ class ServerGroup:
 
     Raises:
         ValueError: `n` is less than 1.
+        TypeError: `n` is not an int (nor a bool: ``ServerGroup(True)`` is no count).
         TypeError: `appendonly` is not a bool, or `extra_args` is a str (as for
             `ServerProcess`; no server is made).
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
@@ -48,7 +50,7 @@ class ServerGroup:
         extra_args: Sequence[str] = (),
         fake_clock: bool = False,
     ) -> None:
-        if n < 1:
+        if check_count("n (the number of servers)", n, minimum=None) < 1:
             raise ValueError(f"a server group needs at least one server, got n={n}")
         binary = binary or find_server_binary()
         self._servers = [

@@ -279,6 +279,20 @@ def check_switch(name: str, on: object) -> bool:
     return on
 
 
+def check_count(name: str, count: object, *, minimum: int | None = 0) -> int:
+    """``count`` if it is an int of at least ``minimum`` (None: the caller checks).
+
+    Raises:
+        TypeError: It is not an int (a bool, a float, NaN included, is refused).
+        ValueError: It is less than ``minimum``.
+    """
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise TypeError(f"{name} must be an int, not {type(count).__name__}")
+    if minimum is not None and count < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {count}")
+    return count
+
+
 def check_host(name: str, host: object) -> str:
     """``host`` if it is a str.
 

@@ -7,6 +7,7 @@ from types import TracebackType
 from typing import Self
 
 from .._redlock import AsyncRedlock
+from ._support import check_count
 
 __all__ = ["Waits"]
 
@@ -62,7 +63,15 @@ class Waits:
     async def reach(self, waiting: int = 0, *, queued: int = 0) -> None:
         """Return once at least ``waiting`` waits between attempts and ``queued``
         waits behind another task have started (bound it with a timeout of your
-        own)."""
+        own).
+
+        Raises:
+            TypeError: A count is not an int (a bool, or a float such as NaN, which
+                every count would pass at once).
+            ValueError: A count is negative.
+        """
+        check_count("waiting", waiting)
+        check_count("queued", queued)
         while self.waiting < waiting or self.queued < queued:
             await self._changed.wait()
 
