@@ -295,7 +295,9 @@ def check_str(value: object, what: str) -> str:
     return plain_str(value)
 
 
-def check_identifier(name: object, what: str, *, dotted: bool = False) -> None:
+def check_identifier(name: object, what: str, *, dotted: bool = False) -> str:
+    """Validate a SQL name, and return it as the plain ``str`` to write (`plain_str`:
+    a subclass's own ``__format__`` or ``__str__`` must not change what is sent)."""
     text = check_str(name, what)
     parts = text.split(".") if dotted else [text]
     if not all(_IDENTIFIER.fullmatch(part) for part in parts):
@@ -306,6 +308,7 @@ def check_identifier(name: object, what: str, *, dotted: bool = False) -> None:
                 f"{what} {text!r}: {part!r} is a reserved word in SQLite or PostgreSQL, "
                 "which SQLFence cannot write unquoted"
             )
+    return text
 
 
 def check_key(key: object) -> None:

@@ -75,9 +75,10 @@ class SQLFence:
     paramstyle: Paramstyle = field(default="qmark", kw_only=True)
 
     def __post_init__(self) -> None:
-        check_identifier(self.table, "table", dotted=True)
-        check_identifier(self.key_column, "key_column")
-        check_identifier(self.fence_column, "fence_column")
+        # Kept as the plain strs checked: the SQL text is built from them.
+        for name in ("table", "key_column", "fence_column"):
+            text = check_identifier(getattr(self, name), name, dotted=name == "table")
+            object.__setattr__(self, name, text)
         if self.key_column.lower() == self.fence_column.lower():
             raise ValueError("key_column and fence_column must be different columns")
         if self.paramstyle not in get_args(Paramstyle):
@@ -213,9 +214,10 @@ class SQLFence:
         if not values:
             raise ValueError("values must name at least one column to write")
         reserved = {self.key_column.lower(), self.fence_column.lower()}
+        plain: dict[str, object] = {}  # keyed by the checked plain strs, as written
         seen: set[str] = set()
-        for column in values:
-            check_identifier(column, "column name")
+        for name, value in values.items():
+            column = check_identifier(name, "column name")
             if column.lower() in reserved:
                 raise ValueError(
                     f"values must not set {column!r}: the guard writes the key and "
@@ -224,7 +226,8 @@ class SQLFence:
             if column.lower() in seen:
                 raise ValueError(f"values name the column {column!r} twice")
             seen.add(column.lower())
-        return key, dict(values), token
+            plain[column] = value
+        return key, plain, token
 
     def _update(self, key: object, values: dict[str, object], token: int) -> tuple[str, SQLParams]:
         params = _Placeholders(self.paramstyle)

@@ -1,0 +1,85 @@
+"""Bad method arguments get a clear, typed error at the boundary, before any I/O, and
+lose nothing (from the review of method-level input validation)."""
+
+from __future__ import annotations
+
+import enum
+import sqlite3
+
+import pytest
+
+from asyncredlock import AsyncRedlock
+from asyncredlock.fencing import SQLFence, check_token
+from asyncredlock.testing import ServerGroup
+
+from .conftest import Masters
+
+pytestmark = pytest.mark.anyio
+
+
+class _Col(str, enum.Enum):  # noqa: UP042 (not StrEnum: its format is the value)
+    """Column and table names as a (str, Enum): a common way to spell them. On 3.11
+    ``f"{_Col.STATUS}"`` is ``"_Col.STATUS"``, not ``"status"``."""
+
+    ORDERS = "orders"
+    STATUS = "status"
+
+
+class _Smuggler(str):
+    """A str whose characters form an identifier but whose formatting does not."""
+
+    def __format__(self, spec: str) -> str:
+        return "status = 'forged', fence = 999999 --"
+
+
+class TestSQLFenceStrSubclasses:
+    """``SQLFence`` writes into the SQL text, and keys the named parameters by, the
+    plain str it checked (``check_identifier``), not the caller's object (whose own
+    ``__format__`` would be used by an f-string)."""
+
+    @staticmethod
+    def _db() -> sqlite3.Connection:
+        db = sqlite3.connect(":memory:")
+        db.execute(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL,"
+            " fence BIGINT NOT NULL DEFAULT 0)"
+        )
+        db.execute("INSERT INTO orders (id, status, fence) VALUES (7, 'new', 0)")
+        return db
+
+    async def test_an_enum_table_and_column_write_the_checked_names(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        async with AsyncRedlock(servers.urls) as redlock, redlock.lock("orders:7") as lease:
+            token = check_token(lease.token)
+            db = self._db()
+            try:
+                SQLFence(_Col.ORDERS).update(db, 7, {_Col.STATUS: "paid"}, token)
+                rows = db.execute("SELECT status, fence FROM orders").fetchall()
+            finally:
+                db.close()
+        assert rows == [("paid", token)]
+
+    @pytest.mark.parametrize("paramstyle", ["qmark", "named"])
+    def test_the_statement_holds_the_validated_column_name(self, paramstyle: str) -> None:
+        fence = SQLFence("orders", paramstyle=paramstyle)  # type: ignore[arg-type]
+        sql, params = fence.update_statement(7, {_Col.STATUS: "paid"}, 5)
+        assert "_Col" not in sql
+        assert sql.startswith("UPDATE orders SET status = ")
+        if isinstance(params, dict):
+            assert all(type(name) is str for name in params)
+
+    def test_a_str_subclass_cannot_smuggle_sql_past_the_identifier_check(self) -> None:
+        """``_Smuggler("status")`` passes the check ("status" is an identifier); its
+        ``__format__`` would write ``status = 'forged', fence = 999999 --`` into the
+        UPDATE, commenting out the fence condition."""
+        sql, _ = SQLFence("orders").update_statement(7, {_Smuggler("status"): "paid"}, 5)
+        assert "forged" not in sql
+        assert "--" not in sql
+
+    def test_the_fence_keeps_its_names_as_plain_strs(self) -> None:
+        fence = SQLFence(_Col.ORDERS, key_column=_Smuggler("id"))
+        assert (type(fence.table), fence.table) == (str, "orders")
+        assert (type(fence.key_column), fence.key_column) == (str, "id")
+        sql, _ = fence.token_statement(7)
+        assert sql == "SELECT fence FROM orders WHERE id = ?"
