@@ -121,7 +121,7 @@ class FenceGuard:
             ValueError: ``token`` is negative.
         """
         token = check_token(token)
-        check_str(resource, "resource")
+        resource = check_str(resource, "resource")  # kept by its characters
         with self._lock:
             newest = self._newest.get(resource)
             if newest is not None and token < newest:

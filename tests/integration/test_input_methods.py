@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from asyncredlock import AsyncRedlock
-from asyncredlock.fencing import SQLFence, check_token
+from asyncredlock.fencing import FenceGuard, SQLFence, check_token
 from asyncredlock.testing import ServerGroup
 
 from .conftest import Masters
@@ -83,3 +83,25 @@ class TestSQLFenceStrSubclasses:
         assert (type(fence.key_column), fence.key_column) == (str, "id")
         sql, _ = fence.token_statement(7)
         assert sql == "SELECT fence FROM orders WHERE id = ?"
+
+
+class _OneForAll(str):
+    """A str subclass whose equality and hash make every instance one key."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class TestFenceGuardResource:
+    def test_a_str_subclass_resource_is_kept_by_its_characters(self) -> None:
+        """``FenceGuard.check`` keys its table by the plain str ``check_str`` returns
+        (as names are kept everywhere else), not by the caller's object, whose own
+        ``__eq__`` / ``__hash__`` would make two resources share one newest token."""
+        guard = FenceGuard()
+        guard.check(5, _OneForAll("orders:1"))
+        guard.check(3, _OneForAll("orders:2"))  # another resource: not stale
+        assert guard.newest("orders:1") == 5
+        assert guard.newest("orders:2") == 3
