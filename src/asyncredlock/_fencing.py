@@ -133,7 +133,11 @@ class FenceGuard:
 
         Args:
             resource: The resource name.
+
+        Raises:
+            TypeError: ``resource`` is not a ``str``.
         """
+        resource = check_str(resource, "resource")
         with self._lock:
             return self._newest.get(resource)
 

@@ -105,3 +105,11 @@ class TestFenceGuardResource:
         guard.check(3, _OneForAll("orders:2"))  # another resource: not stale
         assert guard.newest("orders:1") == 5
         assert guard.newest("orders:2") == 3
+
+    def test_newest_refuses_a_resource_that_is_no_str(self) -> None:
+        """``check(token, b"orders")`` is a TypeError; so is ``newest(b"orders")``
+        (not ``None``, "never written", which would hide the caller's bug)."""
+        guard = FenceGuard()
+        guard.check(5, "orders")
+        with pytest.raises(TypeError, match="resource"):
+            guard.newest(b"orders")  # type: ignore[arg-type]
