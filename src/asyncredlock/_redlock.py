@@ -31,7 +31,7 @@ from ._lock import Lock
 from ._operator import shut_down
 from ._rwlock import RWLock
 from ._semaphore import Semaphore, check_limit
-from ._singleton import check_job, run_singleton
+from ._singleton import check_singleton, run_singleton
 from ._template import NameTemplate, serialize
 from ._tools import OperatorTools
 
@@ -308,7 +308,7 @@ class AsyncRedlock(OperatorTools):
         ``AsyncRedlock``'s ``max_hold`` does not apply (the job may run forever).
 
         Args:
-            name: The resource name of the lock.
+            name: The resource name of the lock (one ``str``, not a list).
             job: An async function taking the lease (``lease.token`` fences what
                 it writes); it may run forever or return.
 
@@ -325,7 +325,7 @@ class AsyncRedlock(OperatorTools):
                 cannot mend (their ACL, or their TLS certificates).
             Exception: Whatever ``job`` raises (the lock is released first).
         """
-        check_job(job)
+        check_singleton(name, job)
         lock = self.lock(
             name, ttl=ttl, timeout=math.inf, auto_extend=True, fencing=fencing, max_hold=math.inf
         )

@@ -14,7 +14,7 @@ from ._errors import LockLostError
 from ._lease import Lease
 from ._lock import Lock
 
-__all__ = ["check_job", "run_singleton"]
+__all__ = ["check_job", "check_singleton", "run_singleton"]
 
 logger = logging.getLogger("asyncredlock")
 
@@ -26,6 +26,18 @@ T = TypeVar("T")
 _LEADING: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
     "asyncredlock_leading", default=frozenset()
 )
+
+
+def check_singleton(name: object, job: object) -> None:
+    """Refuse, before any I/O, a name that is not one ``str`` (a list would make a
+    lock on several resources, whose lease has no token) and a bad job (`check_job`).
+
+    Raises:
+        TypeError: ``name`` is not a ``str``, or ``job`` is refused by `check_job`.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"run_singleton takes one resource name, a str, not {type(name).__name__}")
+    check_job(job)
 
 
 def check_job(job: object) -> None:

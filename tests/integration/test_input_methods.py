@@ -8,13 +8,19 @@ import sqlite3
 
 import pytest
 
-from asyncredlock import AsyncRedlock
+from asyncredlock import AsyncRedlock, Lease
 from asyncredlock.fencing import FenceGuard, SQLFence, check_token
 from asyncredlock.testing import ServerGroup
 
 from .conftest import Masters
 
 pytestmark = pytest.mark.anyio
+
+
+async def _no_keys(masters: Masters) -> None:
+    """Nothing written, not even a fence counter (``masters.keys()`` hides those)."""
+    for client in masters.clients:
+        assert await client.keys("*") == []
 
 
 class _Col(str, enum.Enum):  # noqa: UP042 (not StrEnum: its format is the value)
@@ -113,3 +119,25 @@ class TestFenceGuardResource:
         guard.check(5, "orders")
         with pytest.raises(TypeError, match="resource"):
             guard.newest(b"orders")  # type: ignore[arg-type]
+
+
+class TestRunSingleton:
+    async def test_run_singleton_refuses_a_list_of_names(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """``run_singleton(name: str, ...)`` takes one resource name, whose lease's
+        ``token`` fences the job's writes. A list would be taken by ``lock()`` as a
+        multi-resource lock: the job would run with ``lease.token`` None though
+        fencing is on, and the guard against a job waiting for itself would know
+        only the first key. It is refused: ``TypeError`` before any I/O."""
+        ran: list[Lease] = []
+
+        async def job(lease: Lease) -> None:
+            ran.append(lease)
+
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(TypeError, match="name"):
+                await redlock.run_singleton(["a", "b"], job)  # type: ignore[arg-type]
+            await redlock.settle()
+        assert ran == []
+        await _no_keys(masters)
