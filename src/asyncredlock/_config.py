@@ -8,6 +8,7 @@ import os
 import socket
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
@@ -17,6 +18,7 @@ from ._keys import Resources
 __all__ = [
     "DEFAULTS",
     "MAX_BUSY_POLL",
+    "MAX_NAMES",
     "MAX_SECONDS",
     "MIN_TTL",
     "LockKwargs",
@@ -42,6 +44,10 @@ __all__ = [
 #: clock) and what their Lua numbers hold exactly (2**53), so no value that passes
 #: here can fail there.
 MAX_SECONDS = 1e9
+
+#: The most resources one lock takes (as a semaphore's slots): each name is a key (and a
+#: fence counter), sent to every master in each attempt.
+MAX_NAMES = 1024
 
 #: The longest ``busy_poll``, in seconds: the event loop runs nothing else meanwhile.
 MAX_BUSY_POLL = 0.001
@@ -193,13 +199,19 @@ def check_identity(identity: object) -> str:
 
 def check_names(name: object) -> tuple[str, ...]:
     """One resource name, or a non-empty list or tuple of distinct ones (each a
-    plain ``str``, compared as such: the same name gives the same key)."""
+    plain ``str``, compared as such: the same name gives the same key), at most
+    `MAX_NAMES`."""
     if isinstance(name, list | tuple):
         if not name:
             raise ValueError("a lock on several resources needs at least one name")
+        if len(name) > MAX_NAMES:
+            raise ValueError(
+                f"a lock takes at most {MAX_NAMES} resources, not {len(name)} names"
+                " (each is a key sent to every master in each attempt)"
+            )
         names = tuple(check_name(each) for each in name)
         if len(set(names)) != len(names):
-            twice = sorted({each for each in names if names.count(each) > 1})
+            twice = sorted(each for each, count in Counter(names).items() if count > 1)
             raise ValueError(f"a lock names each resource once; given twice: {twice}")
         return names
     return (check_name(name),)

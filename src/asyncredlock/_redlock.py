@@ -218,12 +218,12 @@ class AsyncRedlock(OperatorTools):
         Raises:
             TypeError: ``name`` is not a str (or a list or tuple of them), or a
                 setting has the wrong type.
-            ValueError: A name is empty, holds a NUL, is not UTF-8 or makes a key
-                that is one of the library's auxiliary keys, the list is empty or
-                names a resource twice, ``fair=True`` is asked of several
-                resources, the keys span several cluster slots on cluster masters,
-                ``ttl`` or ``max_hold`` is under 0.01 s or not finite (``max_hold``
-                may be ``math.inf``), or ``timeout`` is negative or NaN.
+            ValueError: A name is empty, holds a NUL, is not UTF-8 or makes a key that is
+                one of the library's auxiliary keys; the list is empty, names a resource
+                twice or over 1024 resources; ``fair=True`` is asked of several; the keys
+                span several cluster slots on cluster masters; ``ttl`` or ``max_hold`` is
+                under 0.01 s, over 1e9 s or not finite (``max_hold`` may be ``math.inf``);
+                ``timeout`` is negative, NaN, or finite and over 1e9 s.
             RuntimeError: This ``AsyncRedlock`` is closed.
         """
         self._check_open()

@@ -141,3 +141,28 @@ class TestRunSingleton:
             await redlock.settle()
         assert ran == []
         await _no_keys(masters)
+
+
+class TestManyResources:
+    async def test_a_lock_on_more_resources_than_a_round_can_carry_is_refused(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """``lock(list)`` bounds the number of names at 1024, as ``semaphore`` bounds
+        its slots ("each slot is a key, sent to every master in each attempt"). A lock
+        on 20,000 names was made: every attempt's script outlasted ``node_timeout`` on
+        every master, and ``acquire()`` ended in ``QuorumUnavailableError`` after
+        counting up 20,000 fence counters on each master. It is a ``ValueError`` from
+        ``lock()`` naming the bound, before any I/O."""
+        names = [f"many:{i}" for i in range(20_000)]
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(ValueError, match=r"names|resources"):
+                redlock.lock(names)
+            await redlock.settle()
+        await _no_keys(masters)
+
+    async def test_the_bound_is_1024_names(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            lock = redlock.lock([f"many:{i}" for i in range(1024)])
+            assert len(lock.names) == 1024
+            with pytest.raises(ValueError, match="at most 1024 resources, not 1025"):
+                redlock.lock([f"many:{i}" for i in range(1025)])
