@@ -68,11 +68,13 @@ class NameTemplate:
         """The lock name for ``values``.
 
         Raises:
-            ValueError: A field's attribute or item is missing in ``values``.
+            ValueError: A field's attribute or item is missing in ``values``, or a
+                value refuses its format spec (``"{n:d}"`` with a str); the message
+                names the template.
         """
         try:
             return self.text.format_map(values)
-        except (KeyError, AttributeError, IndexError, TypeError) as exc:
+        except (KeyError, AttributeError, IndexError, TypeError, ValueError) as exc:
             raise ValueError(f"cannot fill lock name template {self.text!r}: {exc!r}") from None
 
 

@@ -166,3 +166,24 @@ class TestManyResources:
             assert len(lock.names) == 1024
             with pytest.raises(ValueError, match="at most 1024 resources, not 1025"):
                 redlock.lock([f"many:{i}" for i in range(1025)])
+
+
+class TestLockedTemplateFill:
+    async def test_a_format_spec_the_value_refuses_names_the_template(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """``NameTemplate.fill`` wraps what formatting a value raises in a ValueError
+        that names the template, the ValueError of a value's ``__format__``
+        (``"{n:d}"`` filled with a str) included: bare, "Unknown format code 'd' for
+        object of type 'str'" named neither the template nor the function."""
+
+        async with AsyncRedlock(servers.urls) as redlock:
+
+            @redlock.locked("job:{n:d}")
+            async def run(n: object) -> None:
+                raise AssertionError("ran without its lock")
+
+            with pytest.raises(ValueError, match=r"job:\{n:d\}"):
+                await run("seven")
+            await redlock.settle()
+        await _no_keys(masters)
