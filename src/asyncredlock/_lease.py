@@ -150,6 +150,9 @@ class Lease(Keeping):
                 too few to outvote a quorum); the lease may be extended again, its
                 validity unchanged (or cut to this round's ``ttl`` when shorter: some
                 masters may have set it).
+            TypeError: ``ttl`` is not a number (a ``bool`` is refused), before any I/O.
+            ValueError: ``ttl`` is NaN, infinite, under 0.01 s or over 1e9 s, before
+                any I/O.
         """
         new_ttl = self.ttl if ttl is None else check_ttl("ttl", ttl)
         self._core.check_loop()

@@ -58,12 +58,14 @@ _NOT_HERE = Reply([0, -1])
 
 
 def check_limit(limit: object) -> int:
-    """A semaphore's ``limit``: an ``int`` from 1 to `MAX_LIMIT`."""
+    """A semaphore's ``limit``: an ``int`` from 1 to `MAX_LIMIT`, returned as a plain
+    ``int`` (an ``int`` subclass's own comparisons or formatting play no part)."""
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-    if not 1 <= limit <= MAX_LIMIT:
-        raise ValueError(f"limit must be from 1 to {MAX_LIMIT}, got {limit}")
-    return limit
+    plain = int.__int__(limit)  # the value, whatever the subclass overrides
+    if not 1 <= plain <= MAX_LIMIT:
+        raise ValueError(f"limit must be from 1 to {MAX_LIMIT}, got {plain}")
+    return plain
 
 
 class Semaphore(Lock):

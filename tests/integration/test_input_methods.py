@@ -31,6 +31,20 @@ class _Col(str, enum.Enum):  # noqa: UP042 (not StrEnum: its format is the value
     STATUS = "status"
 
 
+class _Slots(enum.IntEnum):
+    FOUR = 4
+
+
+class _Lenient(int):
+    """An int whose comparisons accept any bound: ``1 <= x <= 1024`` holds for 5000."""
+
+    def __ge__(self, other: object) -> bool:
+        return True
+
+    def __le__(self, other: object) -> bool:
+        return True
+
+
 class _Smuggler(str):
     """A str whose characters form an identifier but whose formatting does not."""
 
@@ -187,3 +201,16 @@ class TestLockedTemplateFill:
                 await run("seven")
             await redlock.settle()
         await _no_keys(masters)
+
+
+class TestSemaphoreLimit:
+    async def test_the_limit_is_kept_as_a_plain_int(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            semaphore = redlock.semaphore("crawl", _Slots.FOUR)
+        assert (type(semaphore.limit), semaphore.limit) == (int, 4)
+        assert len(semaphore.slot_keys) == 4
+
+    async def test_an_int_subclass_cannot_pass_the_bound(self, servers: ServerGroup) -> None:
+        async with AsyncRedlock(servers.urls) as redlock:
+            with pytest.raises(ValueError, match="from 1 to 1024, got 5000"):
+                redlock.semaphore("crawl", _Lenient(5000))
