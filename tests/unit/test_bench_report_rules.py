@@ -1,0 +1,142 @@
+"""Rules the benchmark reports keep: what they check, count and show (from the review
+of the benchmark harness, tests/unit/test_review_bench.py on branch rbench).
+
+Each test builds made-up results, or reads the published ones, and runs the harness's
+own report/summary code on them; no server, no benchmark run."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> dict[str, ModuleType]:
+    monkeypatch.syspath_prepend(str(BENCH))
+    return {
+        name: importlib.import_module(name)
+        for name in (
+            "lockbench.peers_report",
+            "lockbench.handover_report",
+            "lockbench.fanout_report",
+            "peers",
+        )
+    }
+
+
+def summary(iterations: int, p50: float = 1.0, p99: float = 2.0) -> dict[str, float]:
+    return {
+        "iterations": iterations,
+        "p50_ms": p50,
+        "p90_ms": p99,
+        "p99_ms": p99,
+        "mean_ms": p50,
+        "min_ms": p50,
+        "max_ms": p99,
+    }
+
+
+INFOS: dict[str, Any] = {
+    lib: {"label": lib, "single_server": lib in ("redis-py",), "available": True}
+    for lib in ("asyncredlock", "asyncredlock-fair", "aioredlock", "pottery", "redis-py")
+}
+
+
+def contention(rate: float, violations: int = 0) -> dict[str, Any]:
+    return {
+        "status": "ok",
+        "workers": 10,
+        "window_s": 10.0,
+        "acquisitions": int(rate * 10),
+        "acquisitions_per_s": rate,
+        "wait": summary(int(rate * 10), 5.0, 20.0),
+        "waits": {
+            "acquired": int(rate * 10),
+            "acquired_after_window": 0,
+            "failed": 0,
+            "unfinished": 0,
+        },
+        "same_worker_again": 0.1,
+        "busy_fraction": 0.9,
+        "exclusion_violations": violations,
+        "failures": 0,
+        "failure_examples": [],
+    }
+
+
+def d_report(clients: str, ours: dict[str, Any]) -> dict[str, Any]:
+    case = {
+        "name": f"N=5 ({clients})",
+        "n": 5,
+        "rtt_ms": 0.0,
+        "fault": None,
+        "clients": clients,
+        "via": "direct",
+        "results": {
+            lib: {"status": "not_applicable", "reason": "not in this test"} for lib in INFOS
+        }
+        | {"asyncredlock": ours, "aioredlock": contention(400.0)},
+        "seconds": 10.0,
+    }
+    scenario = {
+        "id": "d",
+        "title": "d",
+        "metric": "acquisitions per second",
+        "better": "higher",
+        "cases": [case],
+    }
+    return {"libraries": INFOS, "scenarios": [scenario], "measured_rtt": {}}
+
+
+# --- d: overlapping holds in every case ------------------------------------------------
+
+
+@pytest.mark.parametrize("clients", ["shared", "each"])
+def test_review_bench_overlapping_holds_in_d_fail_a_target(
+    bench: dict[str, ModuleType], clients: str
+) -> None:
+    """`peers.contention_result` counts ``exclusion_violations`` in every d case, but
+    only the OS-process cases turned it into a target (`exclusion_targets`); the
+    contention table had no column for it and `reasons` did not list it. So
+    asyncredlock with overlapping holds in the shared case (where its in-process
+    hand-off, the riskiest path, runs) met its rate target and nothing said so."""
+    report_mod = bench["lockbench.peers_report"]
+    report = d_report(clients, contention(900.0, violations=7))
+    rows = report_mod.targets(report)
+    flagged = [r for r in rows if r["met"] is False and "exclusion" in r["target"]]
+    section = report_mod.scenario_section(report["scenarios"][0], INFOS, "##")
+    shown = any(w in section.lower() for w in ("overlap", "exclusion", "violation"))
+    assert flagged or shown, (
+        "7 overlapping holds of asyncredlock are reported nowhere:\n"
+        + "\n".join(f"{r['target']}: {r['result']}" for r in rows)
+    )
+    assert flagged
+    assert shown
+
+
+def test_a_peer_with_overlapping_holds_is_not_the_best_peer(
+    bench: dict[str, ModuleType],
+) -> None:
+    """A peer that let two holders in is not a faster lock: in d it is left out of the
+    best peer (ratio line, targets, README summary), and the notes under the table say
+    why."""
+    report_mod = bench["lockbench.peers_report"]
+    report = d_report("shared", contention(900.0))
+    case = report["scenarios"][0]["cases"][0]
+    case["results"]["pottery"] = contention(2000.0, violations=3)
+    (line,) = report_mod.ratio_lines(report["scenarios"][0], INFOS)
+    assert line.endswith("vs the best peer, aioredlock 400.00"), line
+    assert report_mod.best_of(case, ["aioredlock", "pottery"], lower=False) == (
+        "aioredlock",
+        400.0,
+    )
+    section = report_mod.scenario_section(report["scenarios"][0], INFOS, "##")
+    assert "pottery: 3 overlapping holds (two holders at once), not eligible" in section
+    assert "| overlaps |" in section
