@@ -72,6 +72,7 @@ import gc
 import importlib
 import itertools
 import json
+import math
 import random
 import sys
 import time
@@ -664,10 +665,21 @@ def contention_result(
         if pairs
         else None,
         "busy_fraction": round(sum(min(h.released, end) - h.got for h in inside) / window, 4),
-        # the next holder returned from acquire() before the previous one began to
-        # release: two holders at once (expected 0)
-        "exclusion_violations": sum(b.got < a.releasing for a, b in pairs),
+        "exclusion_violations": overlapping(inside),
     }
+
+
+def overlapping(holds: Sequence[Hold]) -> int:
+    """The holds (sorted by ``got``) that began while an earlier one still held: their
+    acquire() returned before some earlier holder began to release, two holders at once
+    (expected 0). Against the latest release of every earlier hold, not only of the
+    one before: one long hold overlapping two later ones counts 2."""
+    count = 0
+    held_until = -math.inf
+    for hold in holds:
+        count += hold.got < held_until
+        held_until = max(held_until, hold.releasing)
+    return count
 
 
 def no_acquisition(start: float, end: float) -> NoAcquisition:

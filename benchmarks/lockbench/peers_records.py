@@ -160,7 +160,7 @@ class Acquisitions(ResultBase):
     waits: NotRequired[WaitCounts]  # absent from results written before it
     same_worker_again: float | None  # share of acquisitions by the last releaser; None: one
     busy_fraction: float  # held time over the window
-    exclusion_violations: int  # acquisitions while the previous holder still held
+    exclusion_violations: int  # acquisitions while an earlier holder still held
 
 
 @final

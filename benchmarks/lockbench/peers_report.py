@@ -142,8 +142,8 @@ def contention_table(case: CaseRecord, infos: dict[str, LibraryInfo]) -> str:
 
 
 def overlaps(result: Result) -> int:
-    """d: the holds of ``result`` that were not exclusive: those that began before the
-    previous holder began to release, and, with OS processes, those the separate
+    """d: the holds of ``result`` that were not exclusive: those that began before an
+    earlier holder began to release, and, with OS processes, those the separate
     counter lost; 0 for a result of another scenario."""
     if "exclusion_violations" not in result:
         return 0
@@ -360,8 +360,8 @@ def notes(report: PeersReport) -> str:
         f"- d: each worker holds {s['contention_hold_s'] * 1000:g} ms; {wait_note(report)}; "
         "failed counts the failed operations (acquire, release, the processes' "
         f"counter), their messages under the tables; {counter_note(report)}; "
-        "overlaps counts, in every case, the acquisitions that returned before the "
-        "previous holder began to release (two holders at once; expected 0): a peer "
+        "overlaps counts, in every case, the acquisitions that returned before an "
+        "earlier holder began to release (two holders at once; expected 0): a peer "
         "with an overlap (or a hold its processes' counter lost) is not eligible as the "
         "best peer of that case, and asyncredlock's are a target; "
         "same worker again is how often the next "

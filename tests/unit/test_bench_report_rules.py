@@ -140,3 +140,25 @@ def test_a_peer_with_overlapping_holds_is_not_the_best_peer(
     section = report_mod.scenario_section(report["scenarios"][0], INFOS, "##")
     assert "pottery: 3 overlapping holds (two holders at once), not eligible" in section
     assert "| overlaps |" in section
+
+
+# --- d: the overlap count sees every earlier hold, not only the one before ----------------
+
+
+def test_review_bench_exclusion_violations_count_every_overlap(
+    bench: dict[str, ModuleType],
+) -> None:
+    """`contention_result` counted ``b.got < a.releasing`` over consecutive holds only:
+    one long hold overlapping two later ones counted 1, not 2."""
+    peers = bench["peers"]
+    hold = peers.Hold
+    holds = [
+        hold(0, 0.0, 0.0, 10.0, 10.0),
+        hold(1, 0.0, 1.0, 2.0, 2.0),
+        hold(2, 0.0, 3.0, 4.0, 4.0),
+    ]
+    result = peers.contention_result(holds, 0.0, 20.0, 3)
+    assert result is not None
+    assert result["exclusion_violations"] == 2, result["exclusion_violations"]
+    apart = [hold(0, 0.0, 0.0, 1.0, 1.0), hold(1, 0.0, 1.0, 2.0, 2.0)]
+    assert peers.overlapping(apart) == 0
