@@ -75,11 +75,19 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.0f}%"
 
 
+def _reasons(runs: list[RowRun]) -> str:
+    """The distinct reasons the failed ``runs`` give, for a table cell."""
+    return "; ".join(sorted({str(run.get("reason")) for run in runs})).replace("|", "\\|")
+
+
 def _line(report: HandoverReport, row: str) -> str:
+    """``row``'s line of the table: medians (and ranges) over its repetitions that
+    completed; when some failed, its last cell says how many of all completed, and why
+    the others failed."""
     runs = [run for run in report["rows"][row] if _ok(run)]
+    failed = [run for run in report["rows"][row] if not _ok(run)]
     if not runs:
-        reasons = sorted({str(run.get("reason")) for run in report["rows"][row]})
-        return f"| {row} | failed: {'; '.join(reasons)} | | | | | | | | | |"
+        return f"| {row} | failed: {_reasons(failed)} | | | | | | | | | |"
     rates = [run["acquisitions_per_s"] for run in runs]
     ratios = _ratios(report, row)
     ratio = "n/a" if not ratios else f"{statistics.median(ratios):.2f}x"
@@ -102,6 +110,11 @@ def _line(report: HandoverReport, row: str) -> str:
         ),
         str(sum(run["exclusion_violations"] + run["failures"] for run in runs)),
     ]
+    if failed:
+        total = len(runs) + len(failed)
+        cells[-1] += (
+            f"; {len(runs)} of {total} repetitions ok, {len(failed)} failed: {_reasons(failed)}"
+        )
     return f"| {row} | " + " | ".join(cells) + " |"
 
 
@@ -151,7 +164,7 @@ def table(report: HandoverReport, *, heading: bool = True) -> str:
         f" {HOLDS[hold].format(ms=report['hold_s'] * 1000)}; N = {report['masters']} masters on"
         f" loopback. Repetitions: {report['repetitions']}, of {report['seconds_per_run']:g} s"
         " per row, each repetition starting one row later; medians (and ranges) over the"
-        " repetitions.",
+        " repetitions that completed (the last column names any that failed).",
         "",
         "| Row | acquisitions/s | ÷ aioredlock | wait p50 (ms) | wait p99 (ms) |"
         " hold p50 (ms) | hand-over p50 (ms) | same worker again | client CPU ms / hold |"

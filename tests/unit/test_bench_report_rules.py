@@ -221,3 +221,43 @@ def test_review_bench_blackhole_target_is_not_met_by_one_success_in_fifty(
     assert "LockTimeoutError" in row["measured"]
     assert report_mod.value(by_id["b"]["cases"][0]["results"]["asyncredlock"]) is None
     assert report_mod.blackhole_target(blackhole_cases(50, 0))["met"] is True
+
+
+# --- hand-over: failed repetitions are shown in the row -----------------------------------
+
+
+def test_review_bench_handover_row_says_when_repetitions_failed(
+    bench: dict[str, ModuleType],
+) -> None:
+    """`handover_report._line` kept only the repetitions with status ok: a row that
+    failed in 3 of 4 repetitions showed the one good run's rate as "the median over
+    the repetitions", with nothing saying that 3 failed (its last column added up the
+    overlaps and failures of the ok runs only)."""
+    hr = bench["lockbench.handover_report"]
+    good = {
+        **contention(500.0),
+        "hold_p50_ms": 1.2,
+        "handover_p50_ms": 0.9,
+        "client_cpu_ms_per_hold": 0.5,
+        "servers_cpu_ms_per_hold": 0.2,
+    }
+    base = {
+        **contention(400.0),
+        "hold_p50_ms": 1.1,
+        "handover_p50_ms": 1.0,
+        "client_cpu_ms_per_hold": 0.6,
+        "servers_cpu_ms_per_hold": 0.2,
+    }
+    failed = {"status": "failed", "reason": "HungError: asyncredlock: still running"}
+    report = {
+        "rows": {
+            "asyncredlock": [good, failed, failed, failed],
+            "aioredlock": [base, base, base, base],
+        }
+    }
+    line = hr._line(report, "asyncredlock")
+    assert "fail" in line.lower() or "1 of 4" in line, line
+    assert line.endswith(
+        "| 0; 1 of 4 repetitions ok, 3 failed: HungError: asyncredlock: still running |"
+    ), line
+    assert hr._line(report, "aioredlock").endswith("| 0 |")
