@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from .harness import (
+    P99_MIN_SAMPLES,
     Environment,
     Summary,
     machine_line,
+    p99_text,
     publish_between,
     publish_section,
     pyplot,
@@ -202,8 +204,8 @@ def markdown_table(cases: Sequence[CaseRecord]) -> str:
         rtt = f"{c['rtt_ms']:g}"
         case = "1 of 5 blackholed" if c["blackholed"] else "all up"
         rows.append(
-            f"| {case} | {c['n']} | {rtt} | {seq['p50_ms']:.2f} | {seq['p99_ms']:.2f} "
-            f"| {par['p50_ms']:.2f} | {par['p99_ms']:.2f} | {c['speedup_p50']:.2f}x "
+            f"| {case} | {c['n']} | {rtt} | {seq['p50_ms']:.2f} | {p99_text(seq, counted=True)} "
+            f"| {par['p50_ms']:.2f} | {p99_text(par, counted=True)} | {c['speedup_p50']:.2f}x "
             f"| {fenced} |"
         )
     return head + "\n".join(rows) + "\n"
@@ -213,7 +215,7 @@ def fenced_cells(case: CaseRecord, method: str) -> str:
     """p50, p99 and fencing cost in RTTs of one fenced method in one case."""
     total = case["methods"][method]["total"]
     cost = case["fencing"][method]["cost_rtts"]
-    return f"{total['p50_ms']:.2f} | {total['p99_ms']:.2f} | {cost:+.2f}"
+    return f"{total['p50_ms']:.2f} | {p99_text(total, counted=True)} | {cost:+.2f}"
 
 
 def summary_table(report: FanoutReport) -> str:
@@ -261,7 +263,9 @@ def notes(report: FanoutReport) -> str:
     return (
         "Acquire + release of one uncontended lock, in milliseconds. "
         f"Iterations per method and case: {', '.join(map(str, iters))} "
-        f"(after {report['plan']['warmup']} warm-up iterations).\n\n"
+        f"(after {report['plan']['warmup']} warm-up iterations). A p99 is shown from "
+        f"{P99_MIN_SAMPLES} samples up, and n/a below (from fewer it is about the largest "
+        "sample; the JSON has it, and the max).\n\n"
         f"- {release}\n"
         f"- {sequential}\n"
         f"- {fencing} {apart}\n"

@@ -289,6 +289,19 @@ def summarize(seconds: Sequence[float]) -> Summary:
     }
 
 
+#: Below this many samples a p99 is about the largest sample: every report's tables show
+#: "n/a" (peers, fan-out).
+P99_MIN_SAMPLES = 100
+
+
+def p99_text(summary: Summary, *, counted: bool = False) -> str:
+    """A summary's p99 for a cell, or "n/a (3 samples)" below `P99_MIN_SAMPLES` (just
+    "n/a" where the cell ``counted`` its samples already)."""
+    if summary["iterations"] >= P99_MIN_SAMPLES:
+        return f"{summary['p99_ms']:.2f}"
+    return "n/a" if counted else f"n/a ({summary['iterations']} samples)"
+
+
 class Spread(TypedDict):
     """`spread()`'s record: median, min and max of one measure over repeated runs."""
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from .adapters import LibraryInfo
 from .harness import (
-    Summary,
+    P99_MIN_SAMPLES,
     machine_line,
+    p99_text,
     publish_between,
     publish_section,
     pyplot,
@@ -73,18 +74,6 @@ def failed_text(result: Result) -> str:
     if "failure_examples" in result and (examples := result["failure_examples"]):
         text += f" ({'; '.join(examples)})"
     return text
-
-
-#: Below this many samples a p99 is about the largest sample: the tables show "n/a".
-P99_MIN_SAMPLES = 100
-
-
-def p99_text(summary: Summary, *, counted: bool = False) -> str:
-    """A summary's p99 for a cell, or "n/a (3 samples)" below `P99_MIN_SAMPLES` (just
-    "n/a" where the cell ``counted`` its samples already)."""
-    if summary["iterations"] >= P99_MIN_SAMPLES:
-        return f"{summary['p99_ms']:.2f}"
-    return "n/a" if counted else f"n/a ({summary['iterations']} samples)"
 
 
 def cell(result: Result) -> str:

@@ -261,3 +261,28 @@ def test_review_bench_handover_row_says_when_repetitions_failed(
         "| 0; 1 of 4 repetitions ok, 3 failed: HungError: asyncredlock: still running |"
     ), line
     assert hr._line(report, "aioredlock").endswith("| 0 |")
+
+
+# --- fan-out: no p99 below 100 samples ----------------------------------------------------
+
+
+def test_review_bench_fanout_table_hides_p99_below_100_samples(
+    bench: dict[str, ModuleType],
+) -> None:
+    """docs/peers.md: "A p99 is shown only from 100 samples up: from fewer it is about
+    the largest sample". The fan-out table (docs/benchmarks.md) printed p99 for its
+    blackhole case from 80 iterations (`fanout.FULL`), the 2nd-largest sample; it now
+    takes the peers report's rule (`harness.p99_text`)."""
+    import json
+
+    fr = bench["lockbench.fanout_report"]
+    published = json.loads((BENCH / "results" / "fanout.json").read_text())
+    few = [c for c in published["cases"] if c["iterations"] < 100]
+    assert few, "no case below 100 iterations in the published run"
+    text = fr.markdown_table(few)
+    for case in few:
+        p99 = case["methods"]["asyncredlock"]["total"]["p99_ms"]
+        assert f"{p99:.2f}" not in text, (case["name"], case["iterations"], p99)
+    many = [c for c in published["cases"] if c["iterations"] >= 100]
+    p99 = many[0]["methods"]["asyncredlock"]["total"]["p99_ms"]
+    assert f"| {p99:.2f} |" in fr.markdown_table(many[:1])
