@@ -125,8 +125,8 @@ def log_block_orphaned(lease: Held, block: object, task: str) -> None:
     )
     logger.warning(
         "keeping %r: %s; the block can no longer be cancelled on a lost lease; its lease"
-        " is kept, extending itself, until the block exits, the generator is closed or"
-        " finalised, or max_hold ends it",
+        " is kept (extending itself, unless auto_extend=False) until the block exits, the"
+        " generator is closed or finalised, or max_hold ends it",
         lease.resource,
         reason,
         extra=_facts(lease, (), reason),
