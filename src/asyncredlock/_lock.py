@@ -6,11 +6,20 @@ import asyncio
 import math
 import sys
 import time
-from inspect import CO_ASYNC_GENERATOR
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 from ._attempt import Acquisition, refuse_if_closing
+from ._blocks import (
+    ENDED,
+    Entered,
+    Owner,
+    by_frame,
+    drop_ended,
+    exits_by_frame,
+    latest,
+    may_exit_elsewhere,
+)
 from ._config import LockOptions, LockSpec, Role
 from ._core import Core
 from ._errors import LockTimeoutError, QuorumUnavailableError
@@ -87,7 +96,7 @@ class Lock:
         self.fair = spec.fair
         self.shared = spec.shared
         # its open async with blocks by entering task (made by the first block)
-        self._entered: _Entered | None = None
+        self._entered: Entered | None = None
 
     @classmethod
     def make(
@@ -299,18 +308,19 @@ class Lock:
     ) -> None:
         task = asyncio.current_task()
         entered = {} if self._entered is None else self._entered
-        found = _by_frame(entered, task, sys._getframe().f_back)
+        caller = sys._getframe().f_back
+        found = by_frame(entered, task, caller)
         if found is None:  # (entered and exited from two frames) its task's latest
-            found = _latest(entered, task)
+            found = latest(entered, task)
         if found is None:
-            await self._exit_elsewhere(entered)
+            await self._exit_elsewhere(entered, caller)
         owner, index = found
         lease = self._pop(entered, owner, index)
         if owner is not task:  # its task ended, or another task exits it
             await self._exit_elsewhere_with(lease)
         await lease._exit_block(exc_type, exc, tb)
 
-    def _pop(self, entered: _Entered, owner: _Owner, index: int) -> Lease:
+    def _pop(self, entered: Entered, owner: Owner, index: int) -> Lease:
         """Take the block at ``index`` of ``owner``'s out of ``entered``."""
         stack = entered[owner]
         _, lease = stack.pop(index)
@@ -324,31 +334,35 @@ class Lock:
         """``task`` ended with blocks of this ``Lock`` open (in an async generator
         suspended inside one, as ``wait_for(anext(agen), t)`` leaves it): they can no
         longer be cancelled on a lost lease (logged); their leases are kept until they
-        exit (`_exit_elsewhere_with`), kept apart so as not to keep the task."""
+        exit (`_exit_elsewhere_with`), kept apart so as not to keep the task; a block
+        whose lease has ended is forgotten (nothing is left to release)."""
         entered = {} if self._entered is None else self._entered
         for entry in entered.pop(task, ()):
-            entered.setdefault(_ENDED, []).append(entry)
+            if entry[1].held:
+                entered.setdefault(ENDED, []).append(entry)
             entry[1]._orphan(self, task)
 
-    async def _exit_elsewhere(self, entered: _Entered) -> NoReturn:
+    async def _exit_elsewhere(self, entered: Entered, frame: FrameType | None) -> NoReturn:
         """A block is exited by another task, from another frame than its own (an
         ``AsyncExitStack`` closed by a shutdown task): release the lease if it is the
-        only one of this ``Lock``'s blocks that may be exited so (which else is
+        only lease held in this ``Lock``'s blocks that may be exited so (which else is
         unknown, and stays held). Then raise `RuntimeError` all the same."""
+        drop_ended(entered)
+        if exits_by_frame(frame):  # a generator's block is found by frame if kept
+            raise RuntimeError(
+                f"the async with block of {self!r} was exited from an async generator but"
+                " is not open (never entered, or its task and its lease ended); no lease"
+                f" was released. {_ACROSS_TASKS}"
+            )
         if not entered:
             raise RuntimeError(f"the async with block of {self!r} was exited but never entered")
-        blocks = [
-            (owner, index)
-            for owner, stack in entered.items()
-            for index, (frame, _) in enumerate(stack)
-            if not _exits_by_frame(frame)
-        ]
+        blocks = may_exit_elsewhere(entered)
         if len(blocks) == 1:
             await self._exit_elsewhere_with(self._pop(entered, *blocks[0]))
         if blocks:
-            done = f"its lease (one of {len(blocks)} in blocks of this Lock) is still held"
+            done = f"its lease (one of {len(blocks)} held in blocks of this Lock) is still held"
         else:
-            done = "no lease was released (the open blocks of this Lock are in async generators)"
+            done = "no lease was released (no block of this Lock that may be exited so holds one)"
         raise RuntimeError(f"{self._elsewhere()}; {done}. {_ACROSS_TASKS}")
 
     async def _exit_elsewhere_with(self, lease: Lease) -> NoReturn:
@@ -370,49 +384,6 @@ _ACROSS_TASKS = (
     "The block's cancellation on a lost lease works within one task only: to hold a"
     " lock across tasks, use acquire() and lease.release()"
 )
-
-
-class _Ended:
-    """The key of the open blocks of tasks that ended."""
-
-
-_ENDED = _Ended()
-# a Lock's open blocks by entering task: each the frame that entered it and its lease
-_Owner = asyncio.Task[Any] | None | _Ended
-_Entered = dict[_Owner, list[tuple[FrameType | None, Lease]]]
-
-
-def _by_frame(
-    entered: _Entered, task: _Owner, frame: FrameType | None
-) -> tuple[_Owner, int] | None:
-    """The block entered from ``frame`` (``async with`` enters and exits a block from
-    one frame, a generator's when another task resumes it): its task and index,
-    ``task``'s looked at first."""
-    if frame is None:
-        return None
-    stack = entered.get(task)
-    if stack is not None and stack[-1][0] is frame:
-        return task, len(stack) - 1
-    found = None  # (the latest: two blocks of one frame exit innermost first)
-    for owner, blocks in entered.items():
-        for index, (entered_from, _) in enumerate(blocks):
-            if entered_from is frame:
-                found = owner, index
-    return found
-
-
-def _latest(entered: _Entered, task: _Owner) -> tuple[_Owner, int] | None:
-    """``task``'s latest block that may be exited from another frame than its own."""
-    for index in reversed(range(len(entered.get(task, ())))):
-        if not _exits_by_frame(entered[task][index][0]):
-            return task, index
-    return None
-
-
-def _exits_by_frame(frame: FrameType | None) -> bool:
-    """Whether a block entered from ``frame`` is exited from it alone: an async
-    generator's (``async with`` around a ``yield``), whose exit is found by frame."""
-    return frame is not None and bool(frame.f_code.co_flags & CO_ASYNC_GENERATOR)
 
 
 def _spec(
