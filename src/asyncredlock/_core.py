@@ -198,7 +198,9 @@ class Core:
             timing = self.patient
         else:
             node_timeout = self.settings.node_timeout
-            timing = Timing(give_up_silent=False, max_wait=wait, node_timeout=node_timeout)
+            timing = Timing(
+                give_up_silent=False, max_wait=wait, node_timeout=node_timeout, one_round=True
+            )
         return rnd.decide(self.quorum, classify, timing)
 
     def acquire_round(

@@ -81,6 +81,14 @@ class Waiting:
         """End ``waiter``'s wait (decided, or given up)."""
         self.waiting.pop(waiter, None)
 
+    def close(self) -> None:
+        """Disarm the timer and let go of the masters watched: the client is closed, its
+        calls failed (every round decided). A round started later arms it again."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._watched = ()
+
     def _silent(self) -> None:
         for waiter in list(self.waiting):
             waiter.on_silent()
@@ -109,19 +117,35 @@ class Waiting:
             self._timer = loop.call_at(self._due, self._fire)
 
 
+class _OneRound(Waiting):
+    """The `Waiting` of a `Timing` made for one round: its timer is disarmed as soon as
+    no round waits (else it would stay in the loop until due, keeping it)."""
+
+    __slots__ = ()
+
+    def discard(self, waiter: Waiter) -> None:
+        self.waiting.pop(waiter, None)
+        if not self.waiting:
+            self.close()
+
+
 @dataclass(frozen=True, slots=True)
 class Timing:
     """How long a round waits: whether it gives up on a master reported silent
     (``node_timeout`` of silence, acquisition), and at most (``max_wait``). A deadline
-    timer more than ``min(node_timeout, max_wait) / 2`` late ran in a busy loop."""
+    timer more than ``min(node_timeout, max_wait) / 2`` late ran in a busy loop.
+    ``one_round``: made for one round (its timer disarmed once the round ends; a shared
+    one's stays armed, so that a round decided in time makes no timer handle)."""
 
     give_up_silent: bool
     max_wait: float
     node_timeout: float = 0.1
+    one_round: bool = field(default=False, compare=False)
     rounds: Waiting = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rounds", Waiting(self.max_wait, self.node_timeout))
+        kind = _OneRound if self.one_round else Waiting
+        object.__setattr__(self, "rounds", kind(self.max_wait, self.node_timeout))
 
 
 async def wait_until(

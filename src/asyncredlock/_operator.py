@@ -140,3 +140,6 @@ async def _shut_down(core: Core) -> None:
             await node.aclose()
         await core.waker.aclose()
         await core.tracker.aclose()
+        # their deadline timers would stay in the loop up to max_wait, keeping the nodes
+        core.timing.rounds.close()
+        core.patient.rounds.close()
