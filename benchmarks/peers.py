@@ -187,6 +187,7 @@ class Plan:
             releases, so the release falls at a random point of the waiter's polling.
         op_guard: Seconds one acquire or release may take before it counts as hung.
         pings: PINGs through one proxy to measure the real round trip per RTT.
+        stop_after: d: the run stops this long after its deadline (``STOP_AFTER``).
     """
 
     latency_iterations: dict[float, int]
@@ -199,12 +200,16 @@ class Plan:
     wake_hold: tuple[float, float]
     op_guard: float
     pings: int
+    stop_after: float = WAIT
 
 
 # The guard is above redis-py's default 5 s socket timeout, so a library that waits
 # out a silent master is measured, not called hung. A full run takes about 11 minutes.
 FULL = Plan({0.0: 1000, 2.0: 300}, 20, 25, 50, 30.0, 10.0, 60, (0.02, 0.12), 8.0, 100)
-QUICK = Plan({0.0: 5, 2.0: 4}, 2, 3, 3, 3.0, 0.3, 3, (0.02, 0.04), 1.0, 5)
+# A quick run stops d 2 s after its window, not 10 s: a peer's waiters left stranded
+# (aioredlock's, in the processes) are cancelled sooner; every peer's longest wait in a
+# quick run is about 1 s, and asyncredlock's well under.
+QUICK = Plan({0.0: 5, 2.0: 4}, 2, 3, 3, 3.0, 0.3, 3, (0.02, 0.04), 1.0, 5, stop_after=2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,18 +557,20 @@ async def contention_holds(
     counter: Redis | None = None,
     first: int = 0,
     hold: Callable[[int], Awaitable[object]] | None = None,
+    stop_after: float | None = None,
 ) -> tuple[list[Hold], list[Miss]]:
     """Every handle takes the one key, holds it ``CONTENTION_HOLD``, releases, and asks
     again at once, until ``deadline`` (``time.monotonic()``, the same clock in every
     process of the host); acquisitions that began earlier finish, up to
-    ``STOP_AFTER`` past the deadline (an acquire() still waiting then is cancelled).
+    ``stop_after`` (by default ``STOP_AFTER``) past the deadline (an acquire() still
+    waiting then is cancelled).
     With ``counter``, each holder also reads the counter as its hold begins and writes
     it back plus one as it ends: two holds that overlap at all lose an update. Workers
     are numbered from ``first``. The hold is ``asyncio.sleep(CONTENTION_HOLD)``, or
     ``await hold(worker)`` if given. The holds, and the acquires that got no lock."""
     holds: list[Hold] = []
     misses: list[Miss] = []
-    stop = deadline + STOP_AFTER
+    stop = deadline + (STOP_AFTER if stop_after is None else stop_after)
 
     async def worker(index: int, handle: Handle) -> None:
         while (asked := time.monotonic()) < deadline:
@@ -614,15 +621,15 @@ async def write_count(counter: Redis | None, seen: int | None, failures: Failure
 
 
 async def contention(
-    handles: Sequence[Handle], duration: float, sessions: Sequence[Session]
+    handles: Sequence[Handle], duration: float, sessions: Sequence[Session], stop_after: float
 ) -> ContentionResult | NoAcquisition:
-    """Scenario d's run in this process, for ``duration`` seconds; then the counters of
-    the library's clients (``sessions``)."""
+    """Scenario d's run in this process, for ``duration`` seconds (stopped
+    ``stop_after`` past it); then the counters of the library's clients (``sessions``)."""
     failures = Failures()
     gc.collect()
     start = time.monotonic()
     deadline = start + duration
-    holds, misses = await contention_holds(handles, deadline, failures)
+    holds, misses = await contention_holds(handles, deadline, failures, stop_after=stop_after)
     acquired = contention_result(holds, start, deadline, len(handles), misses)
     statistics = summed_statistics(library_statistics(session) for session in sessions)
     if acquired is None:
@@ -707,7 +714,7 @@ async def contention_case(
             for handle in handles[:sessions]:  # each client connected, scripts loaded
                 await bounded(cycle(handle, plan.op_guard), 2 * plan.op_guard + 1, "warm-up")
             guard = plan.duration + WAIT + 2 * plan.op_guard + 5
-            timed = contention(handles, plan.duration, runs)
+            timed = contention(handles, plan.duration, runs, plan.stop_after)
             return await bounded(timed, guard, "contention run")
     except Exception as exc:
         return failure(exc)
@@ -736,6 +743,7 @@ async def processes_case(
                 first=i * case.tasks,
                 tasks=case.tasks,
                 loop=loop_name(),
+                stop_after=plan.stop_after,
             )
             for i in range(case.processes)
         ]
@@ -872,7 +880,12 @@ async def child_run(spec: ChildSpec) -> ChildRecord | Outcome:
             window: ChildWindow = json.loads(line)
             await asyncio.sleep(max(0.0, window["start"] - time.monotonic()))
             holds, misses = await contention_holds(
-                handles, window["deadline"], failures, counter=counter, first=spec["first"]
+                handles,
+                window["deadline"],
+                failures,
+                counter=counter,
+                first=spec["first"],
+                stop_after=spec["stop_after"],
             )
             return {
                 "status": "ok",
@@ -1145,7 +1158,7 @@ def settings_record(plan: Plan) -> RunSettings:
         "throughput_workers": THROUGHPUT_WORKERS,
         "contention_workers": CONTENTION_WORKERS,
         "contention_hold_s": CONTENTION_HOLD,
-        "contention_stop_after_s": STOP_AFTER,
+        "contention_stop_after_s": plan.stop_after,
         "hold_counter": "read as a hold begins, written as it ends",
         "process_cases": [[PROCESSES, PROCESS_TASKS], [LONE_PROCESSES, 1]],
         "wake_hold_s": list(plan.wake_hold),

@@ -231,6 +231,7 @@ class ChildSpec(TypedDict):
     first: int  # the number of its first worker
     tasks: int  # its workers (tasks of its one client)
     loop: str  # the event loop it runs on: "asyncio" or "uvloop"
+    stop_after: float  # seconds past the deadline its run stops (the plan's)
 
 
 class ChildWindow(TypedDict):
