@@ -38,10 +38,11 @@ Run from the repository root, after ``pip install -e '.[bench]'``::
         [--count-duration 3] [--profile] [--only asyncredlock,pottery] [--quick]
         [--out benchmarks/results]
 
-``--quick`` is a smoke run (one rep, 1 s windows, one master unless ``--n`` says
-otherwise). It writes ``profile_throughput.json`` (every number, the settings and the
-environment) and ``profile_throughput.md`` (the tables) to ``--out``, and stops every
-server and the proxy process at the end, also on error. It asserts no timing.
+``--quick`` is a smoke run (one rep, 0.4 s windows and a 0.25 s counting window, one
+master unless ``--n`` says otherwise). It writes ``profile_throughput.json`` (every
+number, the settings and the environment) and ``profile_throughput.md`` (the tables) to
+``--out``, and stops every server and the proxy process at the end, also on error. It
+asserts no timing.
 
 The JSON's shape and the markdown are `lockbench.profile_report`'s: ``--report JSON``
 writes the markdown again from results already written, measuring nothing.
@@ -894,9 +895,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Plan]:
 
     plan = Plan(
         n=pick(args.n, SERVERS, 1),
-        duration=pick(args.duration, 5.0, 1.0),
+        duration=pick(args.duration, 5.0, 0.4),
         reps=pick(args.reps, 3, 1),
-        count_duration=pick(args.count_duration, 3.0, 0.5),
+        count_duration=pick(args.count_duration, 3.0, 0.25),
         profile=bool(args.profile),
         quick=quick,
         via_proxy=bool(args.via_proxy),
