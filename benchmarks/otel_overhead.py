@@ -26,7 +26,7 @@ Run from the repository root, after ``pip install -e '.[bench,otel]' opentelemet
     python benchmarks/otel_overhead.py [--n 5] [--duration 5] [--reps 5] [--quick]
         [--out benchmarks/results] [--docs docs]
 
-``--quick`` is a smoke run (one master, 1 s windows, one rep). It writes
+``--quick`` is a smoke run (one master, 0.3 s windows, one rep). It writes
 ``otel_overhead.json`` (every number, the settings and the environment) and
 ``otel_overhead.md`` (the table) to ``--out``; with ``--docs`` also the table into
 ``DOCS/observability.md`` (between its ``<!-- OTEL-OVERHEAD -->`` lines).
@@ -254,7 +254,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per window")
     parser.add_argument("--reps", type=int, default=5, help="windows per setup")
     parser.add_argument("--workers", type=int, default=THROUGHPUT_WORKERS)
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 master, 1 s, 1 rep")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 master, 0.3 s, 1 rep")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--docs", type=Path, help="also publish the table in DOCS")
     parser.add_argument("--child", choices=SETUPS, help=argparse.SUPPRESS)
@@ -269,7 +269,7 @@ def main() -> None:
         data = read_report(args.report)
     else:
         if args.quick:
-            args.n, args.duration, args.reps = 1, 1.0, 1
+            args.n, args.duration, args.reps = 1, 0.3, 1
         data = measure(args.n, args.duration, args.reps, args.workers)
         write_json(args.out / "otel_overhead.json", data)
     text = report(data)
