@@ -165,7 +165,7 @@ async def writer_wait(
 async def run(quick: bool) -> RWLockReport:
     """Start the servers and measure every case: readers per second (read against
     exclusive), then the writer's wait in each mode."""
-    seconds = 1.0 if quick else 8.0
+    seconds = 0.5 if quick else 8.0
     with ServerGroup(N) as servers:
         urls = servers.urls
         readers: dict[str, ReadRate] = {}
