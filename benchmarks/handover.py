@@ -357,7 +357,7 @@ def main() -> None:
     if args.report:
         results = read_report(args.report)
     else:
-        seconds, repetitions = (1.0, 1) if args.quick else (8.0, 4)
+        seconds, repetitions = (0.5, 1) if args.quick else (8.0, 4)
         results = asyncio.run(run(rows, seconds, repetitions, args.hold))
     write_outputs(results, args.out, args.docs)
     print(f"\nwritten to {args.out} in {time.monotonic() - started:.1f} s")
