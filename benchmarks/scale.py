@@ -20,7 +20,7 @@ measures how cost grows, not network latency):
    on each master, and every failure by exception type.
 
 Run ``python benchmarks/scale.py`` (about 10 minutes; ``--quick`` for a smoke run:
-N = 3, 100 lockers, 2,000 resources, 1 s windows). It writes ``scale.json``,
+N = 3, 100 lockers, 2,000 resources, 0.4 s windows). It writes ``scale.json``,
 ``scale.md`` and ``scale.png`` to ``--out`` (default ``benchmarks/results``); ``--docs
 docs`` also writes the tables into ``docs/scale.md`` and the plot into ``docs/img``.
 That report step is ``lockbench.scale_report``, and ``--report JSON`` runs it alone on
@@ -79,7 +79,7 @@ QUICK = Settings(
     masters=[3],
     lockers=100,
     clients=10,
-    window_s=1.0,
+    window_s=0.4,
     resources=2000,
     takers=500,
     hold_ttl_s=600.0,
@@ -502,7 +502,7 @@ def main() -> None:
     """Measure (or, with ``--report``, read results already written) and write the outputs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="N=3, 100 lockers, 2,000 resources, 1 s windows"
+        "--quick", action="store_true", help="N=3, 100 lockers, 2,000 resources, 0.4 s windows"
     )
     parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     parser.add_argument("--docs", type=Path, help="also write the tables into DOCS/scale.md")
