@@ -258,3 +258,15 @@ def documented(function: Callable[..., object]) -> str:
         default = "" if param.default is param.empty else f"={param.default!r}"
         shown.append(param.name + default)
     return f"{function.__name__}({', '.join(shown)})"
+
+
+def errors_logged(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The records at ERROR or above, less the loop's reports of a client some earlier
+    test left unclosed (``Unclosed ...`` from the ``asyncio`` logger, written whenever
+    the garbage collector happens to run: during any test)."""
+    return [
+        record
+        for record in caplog.records
+        if record.levelno >= logging.ERROR
+        and not (record.name == "asyncio" and record.getMessage().startswith("Unclosed "))
+    ]

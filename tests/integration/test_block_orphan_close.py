@@ -18,7 +18,7 @@ import pytest
 
 from asyncredlock import AsyncRedlock, Lease, Lock
 
-from .conftest import Masters
+from .conftest import Masters, errors_logged
 
 pytestmark = pytest.mark.anyio
 
@@ -48,6 +48,6 @@ async def test_aclose_right_after_the_task_ended_leaves_no_error_nor_key(
         loop.set_exception_handler(previous)
     assert errors == []
     assert not leases[0].held
-    bad = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    bad = [r.getMessage() for r in errors_logged(caplog)]
     assert bad == []
     assert await masters.keys() == [[]] * len(masters)

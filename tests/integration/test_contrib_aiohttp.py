@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -25,7 +24,7 @@ from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, aiohttp_app
-from .conftest import Masters, documented, masters_in
+from .conftest import Masters, documented, errors_logged, masters_in
 
 pytestmark = pytest.mark.anyio
 
@@ -338,7 +337,7 @@ class TestHandlers:
             {"detail": "bad path: the lock name it makes cannot be used"},
         )
         assert "Retry-After" not in response.headers
-        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert errors_logged(caplog) == []
 
 
 class TestClientGone:

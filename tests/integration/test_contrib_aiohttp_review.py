@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -18,7 +17,7 @@ from asyncredlock.contrib.aiohttp import REDLOCK, locked, setup
 from asyncredlock.testing import ServerGroup
 
 from .apps.items import HANG_GUARD
-from .conftest import Masters
+from .conftest import Masters, errors_logged
 
 pytestmark = pytest.mark.anyio
 
@@ -114,7 +113,7 @@ class TestNames:
             async with serving(app) as client, client.get(path) as response:
                 status = response.status
         assert status in (200, 400), status
-        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert errors_logged(caplog) == []
 
 
 class TestWithoutSetup:

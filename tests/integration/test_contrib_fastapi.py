@@ -4,7 +4,6 @@ worker processes, and each helper's behaviour in process."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -40,7 +39,7 @@ from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, fastapi_app
-from .conftest import Masters, documented, library_tasks, masters_in
+from .conftest import Masters, documented, errors_logged, library_tasks, masters_in
 
 #: The lease of a route on ``/events/{job}`` (module level: FastAPI reads the route's
 #: annotations as strings, in this module's names).
@@ -489,7 +488,7 @@ class TestDependency:
             {"detail": "bad path: the lock name it makes cannot be used"},
         )
         assert "retry-after" not in response.headers
-        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert errors_logged(caplog) == []
 
     async def test_without_the_lifespan_the_error_says_what_is_missing(self) -> None:
         app = FastAPI()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -26,7 +25,7 @@ from asyncredlock.contrib.fastapi import (
 from asyncredlock.testing import ServerGroup
 
 from .apps.items import HANG_GUARD
-from .conftest import Masters, library_tasks
+from .conftest import Masters, errors_logged, library_tasks
 from .test_contrib_fastapi import app_with, in_uvicorn, serving, websocket
 
 pytestmark = pytest.mark.anyio
@@ -196,7 +195,7 @@ class TestNames:
             async with serving(app) as client:
                 response = await client.get(path)
         assert response.status_code in (200, 400), (response.status_code, response.text)
-        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert errors_logged(caplog) == []
 
 
 class TestCancelledFromOutside:
