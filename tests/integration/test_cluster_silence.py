@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import anyio
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from asyncredlock import AsyncRedlock, LockTimeoutError
 from asyncredlock.testing import ServerCluster, ServerGroup, client_state
@@ -45,6 +46,22 @@ def cluster(one_node: ServerCluster) -> Iterator[ServerCluster]:
         node.resume()
 
 
+@pytest.fixture
+async def clients(cluster: ServerCluster) -> AsyncIterator[Callable[..., RedisCluster]]:
+    """Makes ``RedisCluster`` clients of `cluster` (masters as users give them), closed
+    after the test: an ``AsyncRedlock`` does not close a client it was given, and one
+    left open is reported (``Unclosed RedisCluster client``) whenever it is collected."""
+    made: list[RedisCluster] = []
+
+    def make(**options: Any) -> RedisCluster:
+        made.append(cluster.client(**options))
+        return made[-1]
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
 async def _cycle(redlock: AsyncRedlock, name: str) -> None:
     lease = await redlock.lock(name, auto_extend=False, timeout=0).acquire()
     await lease.release()
@@ -57,9 +74,9 @@ def _block_the_loop(seconds: float) -> None:
 
 class TestFrozenClusterNode:
     async def test_a_round_that_needs_it_gives_up_on_it_once_it_is_silent(
-        self, cluster: ServerCluster, servers: ServerGroup
+        self, cluster: ServerCluster, clients: Callable[..., RedisCluster], servers: ServerGroup
     ) -> None:
-        masters = [cluster.client(), *servers.urls[:2]]
+        masters = [clients(), *servers.urls[:2]]
         other = Redis.from_url(servers.urls[1])
         try:
             async with AsyncRedlock(masters, socket_timeout=LONG) as redlock:
@@ -78,10 +95,10 @@ class TestFrozenClusterNode:
             await other.aclose()
 
     async def test_it_gets_no_new_call_while_silent_and_is_readmitted_when_it_answers(
-        self, cluster: ServerCluster, servers: ServerGroup
+        self, cluster: ServerCluster, clients: Callable[..., RedisCluster], servers: ServerGroup
     ) -> None:
-        direct = cluster.client()
-        masters = [cluster.client(), *servers.urls[:2]]
+        direct = clients()
+        masters = [clients(), *servers.urls[:2]]
         async with AsyncRedlock(masters, socket_timeout=LONG) as redlock:
             await _cycle(redlock, "warm")
             await redlock.settle()  # the cluster answered (its client knows its node)
@@ -101,16 +118,19 @@ class TestFrozenClusterNode:
             lease = await redlock.lock("after", timeout=0).acquire()
             assert await direct.get("after") is not None  # the cluster had the call
             await lease.release()
-        await direct.aclose()
 
     async def test_a_call_left_hanging_is_judged_once_and_its_answer_readmits_it(
-        self, cluster: ServerCluster, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+        self,
+        cluster: ServerCluster,
+        clients: Callable[..., RedisCluster],
+        servers: ServerGroup,
+        caplog: pytest.LogCaptureFixture,
     ) -> None:
         """One call hangs on the frozen node (the cluster client waits for it) and no
         other is made: the master turns silent once, not again every ``socket_timeout``
         for the same call, and is said to answer again when that call ends."""
         caplog.set_level(logging.INFO, logger="asyncredlock")
-        masters = [cluster.client(socket_timeout=LONG), *servers.urls[:2]]
+        masters = [clients(socket_timeout=LONG), *servers.urls[:2]]
         socket_timeout = 0.2
         async with AsyncRedlock(
             masters, node_timeout=0.05, socket_timeout=socket_timeout
@@ -148,7 +168,10 @@ class TestFrozenClusterNode:
 
 class TestBusyLoop:
     async def test_a_master_that_answered_at_once_is_not_silent_after_a_busy_loop(
-        self, cluster: ServerCluster, caplog: pytest.LogCaptureFixture
+        self,
+        cluster: ServerCluster,
+        clients: Callable[..., RedisCluster],
+        caplog: pytest.LogCaptureFixture,
     ) -> None:
         """The loop is busy (CPU-bound) for a little over ``node_timeout`` right after
         an acquisition's call is made: too little to count as late. The master
@@ -158,7 +181,7 @@ class TestBusyLoop:
         caplog.set_level(logging.WARNING, logger="asyncredlock")
         node_timeout = 2.0
         async with AsyncRedlock(
-            [cluster.client()], node_timeout=node_timeout, socket_timeout=LONG
+            [clients()], node_timeout=node_timeout, socket_timeout=LONG
         ) as redlock:
             node = redlock._core.nodes[0]
             with anyio.fail_after(HANG_GUARD):
@@ -179,10 +202,14 @@ class TestBusyLoop:
 
 class TestColdBurst:
     async def test_a_burst_on_a_new_cluster_client_takes_no_master_for_silent(
-        self, cluster: ServerCluster, servers: ServerGroup, caplog: pytest.LogCaptureFixture
+        self,
+        cluster: ServerCluster,
+        clients: Callable[..., RedisCluster],
+        servers: ServerGroup,
+        caplog: pytest.LogCaptureFixture,
     ) -> None:
         caplog.set_level(logging.WARNING, logger="asyncredlock")
-        masters = [cluster.client(), *servers.urls[:2]]
+        masters = [clients(), *servers.urls[:2]]
         done = 0
         async with AsyncRedlock(masters) as redlock:
 
