@@ -14,7 +14,7 @@ import pytest
 from asyncredlock import AsyncRedlock, Lease, LockTimeoutError
 from asyncredlock.testing import ServerGroup, whole_retry_delay
 
-from .conftest import Masters, Waiting, clients
+from .conftest import Masters, Waiting, clients, polled
 
 pytestmark = pytest.mark.anyio
 HANG_GUARD = 30
@@ -265,8 +265,7 @@ async def test_a_handed_writer_keeps_readers_out_past_its_entry_ttl(
                 await waiting.reach(1)
                 await second.settle()
                 await w1.release()
-                while not got:  # noqa: ASYNC110 (as the review wrote it)
-                    await anyio.sleep(0.01)
+                assert await polled(lambda: bool(got))  # the task took its lease
                 w2 = got[0]
                 assert w2.statistics().source == "hand-over"
                 tg.start_soon(read)
@@ -372,8 +371,7 @@ async def test_inspect_lists_the_waiters_not_the_holder_of_a_fair_rwlock(
                     assert node.holder is None
                 for lease in readers:
                     await lease.release()
-                while not got:  # noqa: ASYNC110 (as the review wrote it)
-                    await anyio.sleep(0.01)
+                assert await polled(lambda: bool(got))  # the task took its lease
                 await waiters.settle()
                 state = await holders.inspect("in")
                 assert state.holder == got[0].value
