@@ -6,11 +6,17 @@ says nothing about the masters. A deadline timer that ran late, or a round whose
 unanswered masters have bytes unread in their sockets, looks again once the loop has
 polled its sockets (the replies may sit there unread: uvloop runs its timers before
 the next poll), a few times at most, before giving up on the calls still out.
+
+A round whose own code raises while its deadline, or a master's silence, is handled (a
+bug) is logged once, at ERROR, and ended there (as out of time if it can be, else
+decided as it stands): the others waiting with it still end in time, none is stranded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,6 +24,8 @@ from typing import Any, Protocol
 from ._node import Node
 
 __all__ = ["Timing", "Waiter", "Waiting", "wait_until"]
+
+logger = logging.getLogger("asyncredlock")
 
 # The loop runs a timer up to its clock's resolution early; a round's wait is
 # up to this much shorter than ``max_wait``, never longer.
@@ -34,6 +42,8 @@ class Waiter(Protocol):
 
     #: How many times its deadline was looked at again.
     looks: int
+    #: Done once the round is decided.
+    decided: asyncio.Future[None]
 
     def on_silent(self) -> None: ...
 
@@ -91,7 +101,26 @@ class Waiting:
 
     def _silent(self) -> None:
         for waiter in list(self.waiting):
-            waiter.on_silent()
+            try:
+                waiter.on_silent()
+            except Exception as exc:  # that round's bug: the others still hear of it
+                self._failed(waiter, exc)
+
+    def _failed(self, waiter: Waiter, exc: Exception) -> None:
+        """``waiter`` raised ``exc``: logged (once: it waits no more), and its round
+        ended as out of time if it can be, else decided as it stands (the calls still
+        out counted as pending). Its caller gets an outcome; the others wait on."""
+        logger.error(
+            "asyncredlock round failed as its wait was judged (%s: %s); it ends now",
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+        self.discard(waiter)
+        with contextlib.suppress(Exception):  # logged above: the same fault as a rule
+            waiter.out_of_time()
+        if not waiter.decided.done():
+            waiter.decided.set_result(None)
 
     def _fire(self) -> None:
         self._timer = None
@@ -106,12 +135,15 @@ class Waiting:
             expired.append(waiter)
         relook = now + _RELOOK  # before every deadline still to come: the order holds
         for waiter in expired:
-            if waiter.looks < _RELOOKS and (late or waiter.unread()):
-                waiter.looks += 1  # replies may sit unread: read them first
-                self.waiting[waiter] = relook
-            else:
-                del self.waiting[waiter]
-                waiter.out_of_time()
+            try:
+                if waiter.looks < _RELOOKS and (late or waiter.unread()):
+                    waiter.looks += 1  # replies may sit unread: read them first
+                    self.waiting[waiter] = relook
+                else:
+                    del self.waiting[waiter]
+                    waiter.out_of_time()
+            except Exception as exc:  # that round's bug: the others still end, re-armed
+                self._failed(waiter, exc)
         if self._timer is None and self.waiting:
             self._due = next(iter(self.waiting.values()))
             self._timer = loop.call_at(self._due, self._fire)
