@@ -31,6 +31,7 @@ PUBLIC = {
         "LockState",
         "LockStatistics",
         "LockTimeoutError",
+        "LostLeaseError",
         "MissingRecordError",
         "NodeLockState",
         "NodeOutcome",
@@ -150,6 +151,9 @@ def test_errors_form_one_tree() -> None:
     assert asyncredlock.RedlockError.__bases__ == (Exception,)
     assert issubclass(asyncredlock.MissingRecordError, LookupError)
     assert asyncredlock.HoldLimitError.__bases__ == (asyncredlock.LockLostError,)
+    # a lost lease's release/extend: what they raised before, and a loss
+    lost_lease = (asyncredlock.LockNotOwnedError, asyncredlock.LockLostError)
+    assert asyncredlock.LostLeaseError.__bases__ == lost_lease
 
 
 def test_py_typed_is_shipped() -> None:

@@ -18,6 +18,7 @@ from ._errors import HoldLimitError as HoldLimitError
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeoutError as LockTimeoutError
+from ._errors import LostLeaseError as LostLeaseError
 from ._errors import MissingRecordError as MissingRecordError
 from ._errors import NodeOutcome as NodeOutcome
 from ._errors import QuorumUnavailableError as QuorumUnavailableError
@@ -50,6 +51,7 @@ __all__ = [
     "LockState",
     "LockStatistics",
     "LockTimeoutError",
+    "LostLeaseError",
     "MissingRecordError",
     "NodeLockState",
     "NodeOutcome",

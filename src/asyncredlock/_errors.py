@@ -5,7 +5,8 @@ RedlockError
 ├── LockTimeoutError        the lock stayed contended past the caller's timeout
 ├── QuorumUnavailableError  too many masters failed or were silent: an outage, not contention
 ├── LockLostError           a lease ended while its holder still relied on it
-│   └── HoldLimitError          ... because it reached its max_hold
+│   ├── HoldLimitError          ... because it reached its max_hold
+│   └── LostLeaseError          ... found by release/extend (also a LockNotOwnedError)
 ├── LockNotOwnedError       release/extend of a lease that no longer holds a quorum
 ├── StaleTokenError         a guarded write carried a fencing token older than one seen
 └── MissingRecordError      a fenced update of a record that does not exist (a LookupError)
@@ -27,6 +28,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
+    "LostLeaseError",
     "MissingRecordError",
     "NodeOutcome",
     "QuorumUnavailableError",
@@ -111,7 +113,20 @@ class HoldLimitError(LockLostError):
 class LockNotOwnedError(RedlockError):
     """``release()`` or ``extend()`` of a lease that no longer holds a quorum.
 
-    Whatever the lease still held on some masters has been removed.
+    Whatever the lease still held on some masters has been removed. A lease that
+    was lost (``lease.lost``) raises `LostLeaseError`, this error's subclass; a plain
+    `LockNotOwnedError` is of a lease already released: the caller's bug.
+    """
+
+
+class LostLeaseError(LockNotOwnedError, LockLostError):
+    """``release()`` or ``extend()`` of a lease that was lost: found gone from a
+    majority by that call, or lost before it (not extended in time, taken away,
+    forced free, held for its ``max_hold``).
+
+    A `LockNotOwnedError`, as these calls raised before, and a `LockLostError`: the
+    holder relied on a lease it no longer had, and whatever it did under that lease
+    is not to be trusted (the web helpers answer it as such, with 503).
     """
 
 

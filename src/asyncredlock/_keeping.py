@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ._config import LockSpec
 from ._core import Core
 from ._ending import Ending
-from ._errors import LockNotOwnedError, RedlockError
+from ._errors import LockNotOwnedError, LostLeaseError, NodeOutcome, RedlockError
 from ._keys import Resources
 from ._log import log_extension_failed, log_lost
 from ._node import Reply
@@ -141,13 +141,19 @@ class Keeping(ABC):
         """An error about this lease, with the masters' answers in ``decision``."""
         return kind(message, resource=self.resource, outcomes=decision.outcomes)
 
+    def _not_owned(self, message: str, outcomes: Sequence[NodeOutcome]) -> LockNotOwnedError:
+        """The error of a release or extension of a lease no longer held: a
+        `LostLeaseError` once it is lost (a loss its holder must hear of as one), a
+        plain `LockNotOwnedError` once released (the caller's bug)."""
+        kind = LostLeaseError if self._state is State.LOST else LockNotOwnedError
+        return kind(message, resource=self.resource, outcomes=outcomes)
+
     def _check_held(self, what: str) -> None:
         if self._state is State.HELD:
             return
-        raise LockNotOwnedError(
+        raise self._not_owned(
             f"cannot {what} {self.resource!r}: the lease is already {self._state.value}",
-            resource=self.resource,
-            outcomes=self._loss.outcomes if self._loss else (),
+            self._loss.outcomes if self._loss else (),
         )
 
     # -- per-master steps -------------------------------------------------------

@@ -10,7 +10,7 @@ import anyio
 
 from ._config import LockSpec, check_ttl
 from ._core import Core
-from ._errors import HoldLimitError, LockLostError, LockNotOwnedError, QuorumUnavailableError
+from ._errors import HoldLimitError, LockLostError, QuorumUnavailableError
 from ._keeping import Keeping, State, lost_by
 from ._log import log_block_orphaned, log_release_short
 from ._node import Reply
@@ -144,7 +144,8 @@ class Lease(Keeping):
                 quorum confirmed it only after the expiry this round set (``ttl``
                 from before it was sent, less the drift allowance; what remains is
                 then removed), or it reached its
-                ``max_hold`` (it ends lost then, and is released).
+                ``max_hold`` (it ends lost then, and is released). A
+                `LostLeaseError` (also a `LockLostError`) whenever the lease is lost.
             QuorumUnavailableError: Too many masters failed to answer for a quorum
                 to extend it (some may have answered that they no longer hold it,
                 too few to outvote a quorum); the lease may be extended again, its
@@ -160,24 +161,20 @@ class Lease(Keeping):
         decision = None if self._at_bound() else await self._extend_round(new_ttl)
         if self._at_bound():  # (also when it came while the round ran)
             self._reach_bound()
-            raise LockNotOwnedError(
-                f"cannot extend {self.resource!r}: it reached its max_hold",
-                resource=self.resource,
-                outcomes=(),
-            )
+            raise self._not_owned(f"cannot extend {self.resource!r}: it reached its max_hold", ())
         if decision is None:
             self.ttl = min(new_ttl, self._max_hold)
             self._reschedule()  # the next automatic extension: by the new TTL
             return
         gone = f"{self.resource!r} is no longer held by this lease"
         if not self.held:  # it ended (released, or lost) while the round ran
-            raise self._error(LockNotOwnedError, gone, decision)
+            raise self._not_owned(gone, decision.outcomes)
         if not (decision.reached or decision.refuted):  # failures may pass
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)
         self._lose(decision, lost_by(decision))
         late = f"{self.resource!r}: extended too late, confirmed only after the expiry it set"
-        raise self._error(LockNotOwnedError, late if decision.reached else gone, decision)
+        raise self._not_owned(late if decision.reached else gone, decision.outcomes)
 
     async def release(self) -> None:
         """Release the lock on every master (compare-and-delete by this lease's value).
@@ -186,11 +183,12 @@ class Lease(Keeping):
         background, each after any call of this lease still running there. Waits
         at most ``max(node_timeout, socket_timeout)`` for the masters. Safe to cancel: the release
         goes on. If a majority no longer held the lock, the lease counts as lost
-        (`lost` becomes true) and `LockNotOwnedError` is raised.
+        (`lost` becomes true) and `LostLeaseError` is raised.
 
         Raises:
             LockNotOwnedError: The lease was already released or lost, or a majority
-                of masters no longer held it.
+                of masters no longer held it. A `LostLeaseError` (also a
+                `LockLostError`) whenever the lease is lost.
             QuorumUnavailableError: Too many masters failed to answer; their keys
                 expire with the TTL.
         """
@@ -207,7 +205,7 @@ class Lease(Keeping):
                 QuorumUnavailableError, f"{why}; the rest expire with the TTL", decision
             )
         why = f"{self.resource!r} was no longer held by this lease when released"
-        raise self._error(LockNotOwnedError, why, decision)
+        raise self._not_owned(why, decision.outcomes)
 
     async def _release_round(self) -> Decision:
         """Release everywhere; a lease found gone on a majority ends lost, not released.

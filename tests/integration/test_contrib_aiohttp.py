@@ -146,6 +146,55 @@ class TestErrors:
         assert "lock lost" in body["detail"]
         assert cancelled == [True]
 
+    @pytest.mark.parametrize("how", ["deleted on every master", "forced free"])
+    async def test_releasing_a_lost_lease_answers_503(
+        self, servers: ServerGroup, masters: Masters, how: str
+    ) -> None:
+        """A handler releasing the lease it acquired, lost meanwhile, relied on a lock
+        it no longer had: 503 with Retry-After, as a loss (it was a 500, its
+        `LockNotOwnedError` taken for the caller's bug)."""
+        app = app_with(servers.urls)
+
+        async def run(request: web.Request) -> web.Response:
+            redlock = request.app[REDLOCK]
+            lease = await redlock.lock(f"job:{request.match_info['job']}").acquire()
+            if how == "forced free":  # by this client: it knows its lease lost
+                await redlock.force_release(lease.resource)
+            else:  # behind its back: its release finds it gone
+                for client in masters.clients:
+                    await client.delete(lease.key)
+            await lease.release()
+            return web.Response()
+
+        app.router.add_post("/jobs/{job}", run)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, client.post("/jobs/5") as response:
+                body = await response.json()
+        assert (response.status, response.headers["Retry-After"]) == (503, "1")
+        assert body == {
+            "detail": "lock lost while the handler ran: it held it no longer",
+            "resource": "job:5",
+        }
+        assert await masters.keys() == [[]] * len(masters)
+
+    async def test_releasing_a_lease_twice_stays_a_500(self, servers: ServerGroup) -> None:
+        """Released already: the handler's bug, left to the framework."""
+        app = app_with(servers.urls)
+
+        async def run(request: web.Request) -> web.Response:
+            lease = await request.app[REDLOCK].lock("twice").acquire()
+            await lease.release()
+            await lease.release()
+            return web.Response()
+
+        app.router.add_post("/twice", run)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, client.post("/twice") as response:
+                text = await response.text()
+        assert response.status == 500
+        assert "Retry-After" not in response.headers
+        assert "lock lost" not in text
+
 
 class TestLostMidResponse:
     """A lease lost after the handler prepared its response itself: no 503 can be

@@ -233,6 +233,52 @@ class TestErrors:
         assert "lock lost" in response.json()["detail"]
         assert cancelled == [True]
 
+    @pytest.mark.parametrize("how", ["deleted on every master", "forced free"])
+    async def test_releasing_a_lost_lease_answers_503(
+        self, servers: ServerGroup, masters: Masters, how: str
+    ) -> None:
+        """A handler releasing the lease it acquired, lost meanwhile, relied on a lock
+        it no longer had: 503 with Retry-After, as a loss (it was a 500, its
+        `LockNotOwnedError` taken for the caller's bug)."""
+        app = app_with(servers.urls)
+
+        @app.post("/jobs/{job}")
+        async def run(job: str) -> None:
+            lease = await redlock_of(app).lock(f"job:{job}").acquire()
+            if how == "forced free":  # by this client: it knows its lease lost
+                await redlock_of(app).force_release(lease.resource)
+            else:  # behind its back: its release finds it gone
+                for client in masters.clients:
+                    await client.delete(lease.key)
+            await lease.release()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with in_uvicorn(app) as port, httpx.AsyncClient() as client:
+                response = await client.post(f"http://127.0.0.1:{port}/jobs/5")
+        assert (response.status_code, response.headers["retry-after"]) == (503, "1")
+        assert response.json() == {
+            "detail": "lock lost while the handler ran: it held it no longer",
+            "resource": "job:5",
+        }
+        assert await masters.keys() == [[]] * len(masters)
+
+    async def test_releasing_a_lease_twice_stays_a_500(self, servers: ServerGroup) -> None:
+        """Released already: the handler's bug, left to the framework."""
+        app = app_with(servers.urls)
+
+        @app.post("/jobs/{job}")
+        async def run(job: str) -> None:
+            lease = await redlock_of(app).lock(f"job:{job}").acquire()
+            await lease.release()
+            await lease.release()
+
+        with anyio.fail_after(HANG_GUARD):
+            async with in_uvicorn(app) as port, httpx.AsyncClient() as client:
+                response = await client.post(f"http://127.0.0.1:{port}/jobs/6")
+        # the framework's answer to an exception no handler took
+        assert (response.status_code, response.text) == (500, "Internal Server Error")
+        assert "retry-after" not in response.headers
+
     async def test_status_codes_and_retry_after_are_configurable(
         self, servers: ServerGroup
     ) -> None:

@@ -22,6 +22,7 @@ from asyncredlock import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    LostLeaseError,
     QuorumUnavailableError,
 )
 from asyncredlock._keeping import Keeping
@@ -169,7 +170,7 @@ class TestLease:
             assert await lease.wait_lost() is True
             assert lease.lost
             assert lease.validity == 0
-            with pytest.raises(LockNotOwnedError):
+            with pytest.raises(LostLeaseError):  # a LockNotOwnedError, and a loss
                 await lease.release()
 
     async def test_loss_callbacks_run_on_loss_only(self, servers: ServerGroup) -> None:
@@ -288,8 +289,29 @@ class TestLease:
             lease = await redlock.lock("twice").acquire()
             await lease.release()
             assert await lease.wait_lost() is False
-            with pytest.raises(LockNotOwnedError, match="already released"):
+            with pytest.raises(LockNotOwnedError, match="already released") as caught:
                 await lease.release()
+            assert not isinstance(caught.value, LockLostError)  # the caller's bug, no loss
+            with pytest.raises(LockNotOwnedError, match="already released") as caught:
+                await lease.extend()
+            assert not isinstance(caught.value, LockLostError)
+
+    @pytest.mark.parametrize("call", ["release", "extend"])
+    async def test_a_lease_gone_behind_its_back_raises_a_loss(
+        self, masters: Masters, call: str
+    ) -> None:
+        """Its release or extension finds it gone from a majority: the lease is lost,
+        and the error says so (a `LockLostError`) while staying a `LockNotOwnedError`."""
+        async with AsyncRedlock(masters.given) as redlock:
+            lease = await redlock.lock("gone", auto_extend=False).acquire()
+            for client in masters.clients:
+                await client.delete("gone")
+            with pytest.raises(LostLeaseError, match="no longer held") as caught:
+                await getattr(lease, call)()
+            assert isinstance(caught.value, LockLostError)
+            assert isinstance(caught.value, LockNotOwnedError)
+            assert lease.lost
+            assert [o.detail for o in caught.value.outcomes].count("not held by this lease") >= 3
 
     async def test_explicit_extend_resets_the_ttl(self, masters: Masters) -> None:
         async with AsyncRedlock(masters.given) as redlock:

@@ -24,6 +24,7 @@ from asyncredlock import (
     LockNotOwnedError,
     LockState,
     LockTimeoutError,
+    LostLeaseError,
     NodeLockState,
     NodeOutcome,
     QuorumUnavailableError,
@@ -145,6 +146,16 @@ async def errors(redlock: AsyncRedlock) -> None:
         assert_type(exc, LockLostError | LockNotOwnedError)
     except RedlockError as exc:
         assert_type(exc.outcomes, tuple[NodeOutcome, ...])
+
+
+async def lost_lease(lease: Lease) -> None:
+    try:
+        await lease.release()
+    except LostLeaseError as exc:  # both: caught by either as before
+        not_owned: LockNotOwnedError = exc
+        lost: LockLostError = exc
+        assert_type(not_owned.resource, str)
+        assert_type(lost.outcomes, tuple[NodeOutcome, ...])
 
 
 async def refused_at_type_check(redlock: AsyncRedlock) -> None:

@@ -12,6 +12,7 @@ from .._errors import (
     HoldLimitError,
     LockLostError,
     LockTimeoutError,
+    LostLeaseError,
     QuorumUnavailableError,
     RedlockError,
 )
@@ -57,7 +58,9 @@ class HTTPErrors:
         unavailable: Status for `QuorumUnavailableError`, a majority of masters
             unreachable (503 Service Unavailable).
         lost: Status for `LockLostError`, the lease lost while the handler ran
-            (503): the handler was cancelled and its work is not to be trusted.
+            (503): the handler was cancelled and its work is not to be trusted; also
+            for `LostLeaseError`, a handler's ``release()`` or ``extend()`` of a
+            lease that was lost.
         retry_after: Whole seconds sent in ``Retry-After`` with each of them (1).
     """
 
@@ -81,7 +84,8 @@ class HTTPErrors:
 
     def response(self, error: RedlockError) -> ErrorResponse | None:
         """The response for ``error``; ``None`` for an error that is a bug of the
-        caller (`LockNotOwnedError`), left to the framework (500).
+        caller (`LockNotOwnedError` of a lease already released), left to the
+        framework (500).
 
         The body says what happened and to which resource, not the error's text:
         that lists each master (host and port) with its answer, which is not for
@@ -93,6 +97,8 @@ class HTTPErrors:
             status, why = self.unavailable, "lock service unavailable: too few masters answered"
         elif isinstance(error, HoldLimitError):
             status, why = self.lost, "lock lost: the handler ran past its max_hold"
+        elif isinstance(error, LostLeaseError):
+            status, why = self.lost, "lock lost while the handler ran: it held it no longer"
         elif isinstance(error, LockLostError):
             status, why = self.lost, "lock lost while the handler ran: its work was cancelled"
         else:
