@@ -217,7 +217,8 @@ def _check_client(client: Any) -> None:
     a cluster, whose startup nodes it uses as they are) by the rules of a URL's: a
     bad port, no host or socket path, a timeout NaN, negative or infinite, a bad
     database or client name. A Sentinel-managed client's master has no address of
-    its own (its sentinels say where it is): its sentinels' are checked instead."""
+    its own (its sentinels say where it is): its sentinels' are checked instead,
+    and a ``slave_for()`` client is refused (a replica answers each SET READONLY)."""
     master = f"master {_client_name(client)!r}"
     manager = getattr(client, "nodes_manager", None)
     if manager is not None:
@@ -226,6 +227,12 @@ def _check_client(client: Any) -> None:
         return
     pool = client.connection_pool
     sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", None)
+    if sentinels is not None and not getattr(pool, "is_master", True):
+        service = getattr(pool, "service_name", None)
+        raise ValueError(
+            f"{master} is a Sentinel slave_for() client, connecting to a replica, which"
+            f" refuses every write: give master_for({service!r}) instead"
+        )
     check_client_settings(pool.connection_kwargs, master, address=sentinels is None)
     for sentinel in sentinels or ():
         kwargs = sentinel.connection_pool.connection_kwargs

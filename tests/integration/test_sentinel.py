@@ -1,8 +1,9 @@
 """Masters named by Sentinel URLs (``redis-sentinel://host:port,.../service``), against
 real Sentinel processes (``valkey-server --sentinel`` from the same binary): the URL
-checked at construction, a lock cycle, wake-ups and inspection through sentinels, the
-CLI, nothing left open, the next connection after a failover going to the new
-master, and a failover while a lock is held (the key lost, the counter set back)."""
+checked at construction (and a ready ``slave_for()`` client refused), a lock cycle,
+wake-ups and inspection through sentinels, the CLI, nothing left open, the next
+connection after a failover going to the new master, and a failover while a lock is
+held (the key lost, the counter set back)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+import redis.asyncio.sentinel
+import valkey.asyncio.sentinel
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease, LockTimeoutError, QuorumUnavailableError
@@ -107,6 +110,25 @@ class TestURL:
     def test_the_same_master_twice_is_refused(self) -> None:
         with pytest.raises(ValueError, match="given twice"):
             AsyncRedlock(["redis-sentinel://h1,h2/svc", "redis-sentinel://h2:26379,h1/svc"])
+
+
+class TestReplicaClient:
+    @pytest.mark.parametrize("module", [redis.asyncio.sentinel, valkey.asyncio.sentinel])
+    async def test_a_slave_for_client_is_refused_at_construction(self, module: Any) -> None:
+        """A ``slave_for()`` client connects to a replica, where every SET fails with
+        READONLY: it is refused before any I/O (no sentinel listens on this port),
+        naming the master and the way to reach the primary."""
+        sentinel = module.Sentinel([("127.0.0.1", 26379)])
+        client = sentinel.slave_for("svc")
+        try:
+            with pytest.raises(ValueError, match="replica") as refused:
+                AsyncRedlock([client])
+            assert "'redis-sentinel://127.0.0.1:26379/svc'" in str(refused.value)
+            assert "master_for('svc')" in str(refused.value)
+        finally:
+            await client.aclose()
+            for each in sentinel.sentinels:
+                await each.aclose()
 
 
 class TestThroughSentinels:
