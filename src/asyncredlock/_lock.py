@@ -138,7 +138,8 @@ class Lock:
         return cls(core, spec, counters)
 
     def __repr__(self) -> str:
-        return f"<Lock {self.name!r} ttl={self.ttl:g}s timeout={self.timeout:g}s>"
+        side = " shared" if self.shared else ""  # a read lock, told from the write side
+        return f"<Lock {self.name!r}{side} ttl={self.ttl:g}s timeout={self.timeout:g}s>"
 
     async def acquire(self) -> Lease:
         """Take the lock on a quorum of masters, retrying until ``timeout``.

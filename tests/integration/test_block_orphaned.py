@@ -25,7 +25,7 @@ import pytest
 from asyncredlock import AsyncRedlock, Lease, Lock, LockTimeoutError
 from asyncredlock.testing import client_state
 
-from .conftest import Masters
+from .conftest import Heard, Masters
 
 pytestmark = pytest.mark.anyio
 
@@ -215,26 +215,39 @@ async def test_a_dropped_generator_stepped_by_wait_for_stays_held_until_the_clos
     assert await masters.keys() == [[]] * len(masters)
 
 
-async def test_only_the_ended_tasks_block_of_a_shared_lock_ends(masters: Masters) -> None:
+async def test_only_the_ended_tasks_block_of_a_shared_lock_ends(
+    masters: Masters, caplog: pytest.LogCaptureFixture
+) -> None:
     """Several blocks of one ``Lock`` (a reader's): the ended task's block, exited
     later by a task with a block of its own, releases its own lease (found by its
-    frame), not that task's."""
-    async with AsyncRedlock(masters.urls, ttl=1.0, timeout=0) as redlock:
-        reader = redlock.rwlock("orphan-shared").read()
-        leases: list[Lease] = []
-        agen = _rows(reader, leases)
-        async with reader as kept:
-            await asyncio.get_running_loop().create_task(anext(agen))
-            (orphaned,) = leases
-            assert orphaned.held
-            with anyio.fail_after(HANG_GUARD), pytest.raises(RuntimeError, match="released"):
-                await agen.aclose()  # by this task, which has a block of its own
-            assert not orphaned.held
-            assert kept.held  # the exit ended nothing else
-        assert not kept.held
-        assert not kept.lost
-        await redlock.settle()
-        assert redlock.statistics().releases == 2
+    frame), not that task's. The WARNING names the lock as a read lock."""
+    caplog.set_level(logging.WARNING, logger="asyncredlock")
+    warned = anyio.Event()
+    heard = Heard("keeping 'orphan-shared'", warned)
+    logging.getLogger("asyncredlock").addHandler(heard)
+    try:
+        async with AsyncRedlock(masters.urls, ttl=1.0, timeout=0) as redlock:
+            reader = redlock.rwlock("orphan-shared").read()
+            leases: list[Lease] = []
+            agen = _rows(reader, leases)
+            async with reader as kept:
+                await asyncio.get_running_loop().create_task(anext(agen))
+                (orphaned,) = leases
+                assert orphaned.held
+                with anyio.fail_after(HANG_GUARD):
+                    await warned.wait()  # (logged by the ended task's done callback)
+                (warning,) = _orphan_warnings(caplog, "orphan-shared")
+                assert "of <Lock 'orphan-shared' shared ttl=1s timeout=0s> open" in warning
+                with anyio.fail_after(HANG_GUARD), pytest.raises(RuntimeError, match="released"):
+                    await agen.aclose()  # by this task, which has a block of its own
+                assert not orphaned.held
+                assert kept.held  # the exit ended nothing else
+            assert not kept.held
+            assert not kept.lost
+            await redlock.settle()
+            assert redlock.statistics().releases == 2
+    finally:
+        logging.getLogger("asyncredlock").removeHandler(heard)
     assert await masters.keys() == [[]] * len(masters)
 
 

@@ -533,3 +533,12 @@ class TestValidation:
             redlock.rwlock("doc")
         with pytest.raises(RuntimeError, match="closed"):
             rw.read()
+
+    async def test_the_read_side_says_it_is_shared_in_its_repr(self, servers: ServerGroup) -> None:
+        """A read lock is told from a write lock (the exclusive lock) by its repr, as
+        in the WARNING of a block left open by its task."""
+        async with AsyncRedlock(servers.urls, ttl=5, timeout=2) as redlock:
+            rw = redlock.rwlock("doc")
+            assert repr(rw.read()) == "<Lock 'doc' shared ttl=5s timeout=2s>"
+            assert repr(rw.write()) == "<Lock 'doc' ttl=5s timeout=2s>"
+            assert repr(redlock.lock("doc")) == repr(rw.write())
