@@ -186,7 +186,7 @@ class Keeping(ABC):
             later = self._later.pop(number)  # the least expiry a round sent since may set
         if accepted(decision):
             self._expires_at, self._failing = min(expires_at, later), False
-            self._capped = capped
+            self._capped = capped and later >= expires_at  # (not if a later round cut it)
             core.counters.extensions += 1
             self._record.extensions += 1
             return None
@@ -224,7 +224,7 @@ class Keeping(ABC):
         if expires_at >= self._expires_at:
             return False
         due = self._expires_at - 2 * self.ttl / 3
-        self._expires_at = expires_at
+        self._expires_at, self._capped = expires_at, False  # (short of its bound now)
         if self._timer is not None:
             self._timer.cancel()
             self._extend_at(due)  # (no later than the new expiry)
@@ -269,7 +269,7 @@ class Keeping(ABC):
         core = self._core
         start = core.clock()
         if start >= self._expires_at:
-            if self._capped:  # extended as far as its bound allows
+            if self._capped and self._at_bound():  # extended as far as its bound allows
                 self._reach_bound()
             else:
                 self._lose(self._loss, EXPIRED)
