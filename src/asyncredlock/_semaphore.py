@@ -178,6 +178,8 @@ class _Acquisition:
         self.preferred = random.randrange(semaphore.limit)
         self.channels = tuple(channel(key) for key in semaphore.slot_keys)
         self.free_in = math.inf
+        self.round = 0.0  # how long the latest failed attempt took
+        self.splits = 0  # wake-ups by undos so far: each doubles the backoff's window
         self.acquired = False
         # a fair semaphore's place in the masters' queue (none for an unfair one)
         self.place = _Place.new(self.core, semaphore.key) if semaphore.fair else None
@@ -222,17 +224,38 @@ class _Acquisition:
                 # back before the subscriptions is seen by that attempt
                 with anyio.move_on_after(max(0.0, self.deadline - core.clock())):
                     self.ticket = await core.waker.enroll(self.channels)
+                if self.ticket is not None:
+                    self.ticket.freed = {}  # a semaphore's waiter (see `Waker._freed`)
                 continue
             await self._pause()
 
     async def _pause(self) -> None:
-        core = self.core
+        core, ticket = self.core, self.ticket
         pause = max(0.0, min(core.retry_pause(), self.free_in, self.deadline - core.clock()))
         core.note("waiting")
-        if self.ticket is None:
+        if ticket is None:
             await core.pause(pause)
-        elif await core.waker.wait(self.ticket, pause):
+            return
+        if ticket.freed_on(core.quorum):  # (found so while its attempt was out)
+            pause = min(pause, self._backoff(ticket))
+        if await core.waker.wait(ticket, pause):
             core.note("woken")
+            if not ticket.heeding:  # by an undo: other waiters may have been too
+                await core.waker.wait(ticket, self._backoff(ticket))
+
+    def _backoff(self, ticket: Ticket) -> float:
+        """How long to wait (a release still wakes it) before attempting again when
+        the slot was given back by attempts of other clients, which may go at once
+        too: a pause drawn at random, in a window of the last attempt's duration
+        doubled at each such wake-up (up to the retry delay), so that their
+        attempts stop splitting the masters' grants. What it knew of the slot free
+        is spent: a quorum of fresh undos wakes it again."""
+        core = self.core
+        self.splits += 1
+        if ticket.freed is not None:
+            ticket.freed.clear()
+        window = min(self.round * 2 ** min(self.splits, 16), core.settings.retry_delay)
+        return max(0.0, min(random.uniform(0, window), self.deadline - core.clock()))
 
     async def _attempt(self) -> Lease | Decision:
         """One round: a lease if a quorum granted one slot in time, else the decision."""
@@ -250,6 +273,8 @@ class _Acquisition:
         args: tuple[object, ...] = (value, ms(ttl), self.preferred + 1)
         if (place := self.place) is not None:
             args = (*args, place.waiter, place.arrival, self._entry_ms())
+        if self.ticket is not None:
+            self.ticket.attempting(value)  # its own undos tell it nothing
         rnd = core.fan_out(lambda _, node: node.call(SEM_ACQUIRE, keys, args), skip_silent=True)
         try:
             decision = await core.decide(rnd, classify_acquire)
@@ -264,13 +289,24 @@ class _Acquisition:
             acquired = self._give_back(rnd, undo_keys, value, slot)
             return self._lease(value, slot, expires_at, acquired)
         core.counters.failed_attempts += 1
-        self._give_back(rnd, undo_keys, value, None)
-        self.free_in = holder_expires_in(rnd.tasks)
-        if self.ticket is not None and any(behind(task) for task in rnd.tasks):
-            core.waker.pass_ahead(self.ticket)  # a waiter ahead, here, may be due it
+        self._give_back(rnd, undo_keys, value, None, announce=self.channels, failed=True)
+        self.free_in, self.round = holder_expires_in(rnd.tasks), core.clock() - start
+        self._failed(rnd)
         if slot is not None:
             self.preferred = slot  # where most masters put it: ask for that one next
         return decision
+
+    def _failed(self, rnd: Round) -> None:
+        """After a failed attempt: the masters that granted it a slot have it
+        free for this waiter (it gave it back); one queued behind an earlier
+        waiter passes its wake-up ahead."""
+        if (ticket := self.ticket) is None:
+            return
+        for index, task in enumerate(rnd.tasks):
+            if task.done() and (slot := _slot_of(task.result())) is not None:
+                ticket.free(self.channels[slot], index)
+        if any(behind(task) for task in rnd.tasks):
+            self.core.waker.pass_ahead(ticket)  # a waiter ahead, here, may be due it
 
     def _entry_ms(self) -> int:
         """How long a fair waiter's entry lives unless an attempt refreshes it."""
@@ -299,15 +335,18 @@ class _Acquisition:
         value: str,
         kept: int | None,
         announce: Sequence[str] = (),
+        failed: bool = False,
     ) -> list[asyncio.Future[Reply]]:
         """Give back, on each master, every slot of this attempt but ``kept``: at
         once behind the attempt on its connection, with a marker refusing it where
-        its outcome is unknown; a slot given back is announced as a release on its
-        channel in ``announce`` (an interrupted attempt's), else on none. Returns
-        each master's reply as the lease of slot ``kept`` sees it (granted or not)."""
+        its outcome is unknown; a slot given back is announced on its channel in
+        ``announce``: as an undo (a ``failed`` attempt's) or a release (an
+        interrupted one's). Returns each master's reply as slot ``kept``'s lease
+        sees it (granted or not)."""
         core = self.core
         acquired: list[asyncio.Future[Reply]] = []
         keep = 0 if kept is None else kept + 1
+        announce = (*announce, "1") if failed else tuple(announce)
         marked = (value, ms(self.semaphore.ttl), keep, *announce)  # with the marker
         for node, task in zip(core.nodes, rnd.tasks, strict=True):
             view: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()

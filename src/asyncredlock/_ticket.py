@@ -28,6 +28,7 @@ class Ticket:
         "channels",
         "event",
         "everyone",
+        "freed",
         "handed",
         "heard",
         "heeding",
@@ -73,6 +74,11 @@ class Ticket:
         self.using = False
         # woken while its attempt was out (nobody waiting to be woken instead)
         self.spare = False
+        # a semaphore's waiter: per slot channel, the masters (by index) that have
+        # that slot free for it since its latest attempt began, as far as it knows
+        # (they granted that attempt the slot, or announced another attempt's undo
+        # of it); None for a lock's
+        self.freed: dict[str, set[int]] | None = None
 
     def heeds(self, undone: bytes) -> bool:
         """Whether the announced undo of the attempt that held ``undone`` wakes
@@ -93,6 +99,22 @@ class Ticket:
         announcements heard so far from fewer than a quorum of masters."""
         self.heard.clear()
         keep_latest(self.own, (value.encode(),), OWN_KEPT)
+        if self.freed is not None:
+            self.freed.clear()
+
+    def free(self, channel: str, index: int) -> int:
+        """Master ``index`` has ``channel``'s slot free for this semaphore waiter
+        (0 for a lock's waiter): on how many masters it is, as far as it knows."""
+        if self.freed is None:
+            return 0
+        masters = self.freed.setdefault(channel, set())
+        masters.add(index)
+        return len(masters)
+
+    def freed_on(self, quorum: int) -> bool:
+        """Whether a quorum of masters has one slot free for this semaphore waiter
+        since its latest attempt began, as far as it knows."""
+        return self.freed is not None and any(len(m) >= quorum for m in self.freed.values())
 
     def owes(self, *, acquired: bool) -> int:
         """How many wake-ups it leaves unused, to pass on: a spare one; unless

@@ -44,6 +44,8 @@ It wakes no waiter whose own attempt it undoes, and a waiter at most once until 
 pause runs out or something else wakes it (`Ticket.heeds`): while a holder keeps a
 quorum, the masters that lost its key grant every waiter's attempt and undo it, and
 the waiters would otherwise wake each other (and themselves) for as long as it holds.
+A semaphore's failed attempt announces its give-back the same way; it also wakes a
+semaphore waiter once a quorum of masters has its slot free (`Waker._freed`).
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ class Waker:
         if channel == self.inbox:
             self._on_inbox(index, value)
         else:
-            self._on_release(channel, value)
+            self._on_release(index, channel, value)
 
     def _on_inbox(self, index: int, value: bytes) -> None:
         """A message for the first writer in the masters' queue: only it goes."""
@@ -302,13 +304,16 @@ class Waker:
             self.wakeups += 1
             ticket.wake()
 
-    def _on_release(self, channel: str, value: bytes) -> None:
-        """A release announced on a lock's channel: wake its first waiter (all
-        of them, when readers wait). An attempt's undo wakes only those that heed
-        it (`Ticket.heeds`)."""
+    def _on_release(self, index: int, channel: str, value: bytes) -> None:
+        """A release announced on a lock's channel by master ``index``: wake its
+        first waiter (all of them, when readers wait). An attempt's undo wakes only
+        those that heed it (`Ticket.heeds`), and the semaphore waiters for whom a
+        quorum of masters now has the slot free (`_freed`)."""
         queue = self.queues.get(channel)
         last = self.last.get(channel)
         undone = undone_by(value)
+        if undone is not None and queue:
+            self._freed(index, channel, queue)
         if last is not None and last[0] == value:
             # The same release, heard from another master: only the waiter it
             # woke may need it, if that waiter's attempt came too early. (Not
@@ -329,6 +334,20 @@ class Waker:
             self.last[channel] = (value, chosen)
         if chosen is not None:
             self.wakeups += 1
+
+    def _freed(self, index: int, channel: str, queue: Line[Ticket]) -> None:
+        """Master ``index`` announced an attempt's undo of a semaphore's slot on
+        ``channel``: the slot is free there. Wake each waiting semaphore waiter of
+        that slot for which a quorum of masters now has it free (this one, and those
+        that granted its latest attempt the slot or announced an undo of it since):
+        its attempt failed only because attempts of other clients split the masters'
+        grants, and no holder refuses it. Never for a holder keeping a quorum: only
+        the masters that lost its key grant attempts, and undo them."""
+        for ticket in queue:
+            freed = ticket.free(channel, index) >= self.quorum
+            if freed and not ticket.out and not ticket.event.is_set():
+                self.wakeups += 1
+                ticket.wake(undo=True)
 
     def _on_lost(self, channel: str | None) -> None:
         """Wake every waiter (of ``channel``, or of all): a release may have gone
