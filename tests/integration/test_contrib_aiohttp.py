@@ -471,6 +471,50 @@ class TestClientGone:
         assert await masters.keys() == [[]] * len(masters)
 
 
+class TestShutdown:
+    async def test_a_request_waiting_for_the_lock_when_the_redlock_closes_gets_503(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The app's ``AsyncRedlock`` closes (here by hand: aiohttp's runner cancels
+        the handlers before its cleanup closes it) while one request holds the
+        route's lock and another waits for it, queued behind it in the client: the
+        holder gets the loss's 503, the waiter the shutdown's 503 (it was a 500:
+        the acquisition's ``RuntimeError``), each with ``Retry-After``."""
+        app = app_with(servers.urls)
+        inside = asyncio.Event()
+
+        @locked("job:{job}", timeout=HANG_GUARD)
+        async def work(request: web.Request) -> web.Response:
+            inside.set()
+            await anyio.sleep_forever()
+            return web.Response()  # pragma: no cover
+
+        app.router.add_get("/job/{job}", work)
+        answers: list[tuple[int, str | None, Any]] = []
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+
+                async def get() -> None:
+                    async with client.get("/job/1") as response:
+                        retry = response.headers.get("Retry-After")
+                        answers.append((response.status, retry, await response.json()))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(get)
+                    await inside.wait()
+                    with Waits(client.app[REDLOCK]) as waits:
+                        tg.start_soon(get)
+                        await waits.reach(queued=1)  # behind the holder, in the client
+                    await client.app[REDLOCK].aclose()
+        lost = "lock lost while the handler ran: its work was cancelled"
+        down = "lock service shutting down"
+        assert sorted(answers, key=lambda a: a[2]["detail"]) == [
+            (503, "1", {"detail": lost, "resource": "job:1"}),
+            (503, "1", {"detail": down, "resource": "job:1"}),
+        ]
+        assert await masters.keys() == [[]] * len(masters)
+
+
 def test_importing_without_aiohttp_says_what_to_install() -> None:
     code = "import sys; sys.modules['aiohttp'] = None; import asyncredlock.contrib.aiohttp"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -35,7 +35,7 @@ from asyncredlock.contrib.fastapi import (
     locked,
     redlock_of,
 )
-from asyncredlock.testing import ServerGroup
+from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .apps.items import HANG_GUARD, LIMIT, REQUESTS, ROUNDS, fastapi_app
@@ -429,6 +429,54 @@ class TestShutdown:
                 await running.__aexit__(None, None, None)
         assert ends == ["cancelled"]
         assert got == [True]
+        assert await masters.keys() == [[]] * len(masters)
+        assert library_tasks() == []
+
+    async def test_a_request_waiting_for_the_lock_at_shutdown_gets_503_too(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """One request holds the route's lock, another waits for it (queued in the
+        app's ``AsyncRedlock``) when the lifespan exits: the holder gets the loss's
+        503, the waiter the shutdown's 503 (it was a 500: the acquisition's
+        ``RuntimeError``), each with ``Retry-After``; nothing is left."""
+        app = app_with(servers.urls)
+        inside = anyio.Event()
+
+        @app.get("/work/{job}")
+        async def work(
+            job: str, lease: Annotated[Lease, Depends(locked("work:{job}", timeout=HANG_GUARD))]
+        ) -> None:
+            inside.set()
+            await anyio.sleep_forever()
+
+        answers: list[tuple[int, str | None, dict[str, str]]] = []
+        with anyio.fail_after(HANG_GUARD):
+            transport = httpx.ASGITransport(app)
+            async with (
+                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+                anyio.create_task_group() as tg,
+            ):
+                running = app.router.lifespan_context(app)
+                await running.__aenter__()
+
+                async def get() -> None:
+                    response = await client.get("/work/1")
+                    retry = response.headers.get("Retry-After")
+                    answers.append((response.status_code, retry, response.json()))
+
+                tg.start_soon(get)
+                await inside.wait()
+                waits = Waits(app.state.redlock)
+                tg.start_soon(get)
+                await waits.reach(queued=1)  # behind the holder, in the client
+                waits.close()
+                await running.__aexit__(None, None, None)
+        lost = "lock lost while the handler ran: its work was cancelled"
+        down = "lock service shutting down"
+        assert sorted(answers, key=lambda a: a[2]["detail"]) == [
+            (503, "1", {"detail": lost, "resource": "work:1"}),
+            (503, "1", {"detail": down, "resource": "work:1"}),
+        ]
         assert await masters.keys() == [[]] * len(masters)
         assert library_tasks() == []
 

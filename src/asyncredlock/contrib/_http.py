@@ -3,7 +3,8 @@ the hint when a framework is missing."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from .._errors import (
     QuorumUnavailableError,
     RedlockError,
 )
+from .._lease import Lease
 from .._lock import Lock
 from .._redlock import AsyncRedlock
 from .._template import NameTemplate
@@ -26,6 +28,7 @@ __all__ = [
     "ErrorResponse",
     "HTTPErrors",
     "RequestLock",
+    "ShuttingDown",
     "answer",
     "check_redlock",
     "errors_or_default",
@@ -56,7 +59,9 @@ class HTTPErrors:
         busy: Status for `LockTimeoutError`, the lock held past the timeout
             (423 Locked): the client may try again.
         unavailable: Status for `QuorumUnavailableError`, a majority of masters
-            unreachable (503 Service Unavailable).
+            unreachable (503 Service Unavailable); also for a request whose lock
+            was refused because the app's ``AsyncRedlock`` was closing (the app
+            shuts down: another instance may serve it).
         lost: Status for `LockLostError`, the lease lost while the handler ran
             (503): the handler was cancelled and its work is not to be trusted; also
             for `LostLeaseError`, a handler's ``release()`` or ``extend()`` of a
@@ -120,11 +125,26 @@ BAD_LOCK_NAME = ErrorResponse(
 )
 
 
+class ShuttingDown(RuntimeError):
+    """The request's lock was refused because the app's ``AsyncRedlock`` was closing
+    (``aclose()`` began: the app shuts down), as it waited or as it came. A
+    `RuntimeError`, as the refusal it stands for (its cause): 503 with
+    ``Retry-After``, where an app not shutting down may serve the request."""
+
+    def __init__(self, resource: str) -> None:
+        super().__init__(f"the lock {resource!r} was refused: its AsyncRedlock is closing")
+        self.resource = resource
+
+
 def answer(errors: HTTPErrors, error: Exception) -> ErrorResponse | None:
     """The response for ``error``: `HTTPErrors.response` for a lock error, 400 for
-    `BadLockName`, ``None`` for anything else."""
+    `BadLockName`, the ``unavailable`` status for `ShuttingDown`, ``None`` for
+    anything else."""
     if isinstance(error, BadLockName):
         return BAD_LOCK_NAME
+    if isinstance(error, ShuttingDown):
+        body = {"detail": "lock service shutting down", "resource": error.resource}
+        return ErrorResponse(errors.unavailable, {"Retry-After": str(errors.retry_after)}, body)
     if isinstance(error, RedlockError):
         return errors.response(error)
     return None
@@ -183,3 +203,25 @@ class RequestLock:
             # The options were checked when made, and one name is never refused for
             # spanning slots or being fair: lock() refuses the name.
             raise BadLockName(f"lock name {name!r} refused: {exc}") from exc
+
+    @asynccontextmanager
+    async def held(
+        self, redlock: AsyncRedlock, params: Mapping[str, object]
+    ) -> AsyncIterator[Lease]:
+        """Hold the lock for a request with these path parameters (``async with``).
+
+        Raises:
+            ShuttingDown: ``redlock`` was closing when the lock was made or while it
+                was acquired (the `RuntimeError` it raised is the cause). One raised
+                later, by the block or the release, is raised as it is.
+            ValueError, BadLockName: As `lock` raises.
+        """
+        entered = False
+        try:
+            async with self.lock(redlock, params) as lease:
+                entered = True
+                yield lease
+        except RuntimeError as exc:
+            if entered or not redlock._core.closing:
+                raise
+            raise ShuttingDown(self.template.fill(params)) from exc

@@ -31,6 +31,7 @@ from ._http import (
     BadLockName,
     HTTPErrors,
     RequestLock,
+    ShuttingDown,
     answer,
     check_redlock,
     errors_or_default,
@@ -57,6 +58,9 @@ _PREPARED: Any = (
     else "asyncredlock.prepared"
 )
 
+#: What `setup`'s middleware answers (`answer` has a response for each).
+_ANSWERED = (LockTimeoutError, QuorumUnavailableError, LockLostError, BadLockName, ShuttingDown)
+
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
 Handle = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,7 +77,8 @@ def setup(
 
     A cleanup context makes the ``AsyncRedlock`` at startup (``app[REDLOCK]``)
     and closes it at cleanup; a middleware answers `LockTimeoutError` with 423,
-    `QuorumUnavailableError` and `LockLostError` with 503, each with
+    `QuorumUnavailableError` and `LockLostError` with 503, and a request whose
+    lock was refused because the ``AsyncRedlock`` was closing with 503, each with
     ``Retry-After`` and a JSON body (``errors``: other codes, see `HTTPErrors`),
     and a path that makes a lock name the library refuses (a NUL in it) with 400.
     A WebSocket the handler prepared is closed with code 1013 (Try Again Later)
@@ -107,7 +112,7 @@ def setup(
     async def answer_lock_errors(request: web.Request, handler: Handle) -> web.StreamResponse:
         try:
             return await handler(request)
-        except (LockTimeoutError, QuorumUnavailableError, LockLostError, BadLockName) as exc:
+        except _ANSWERED as exc:
             response = answer(mapping, exc)
             assert response is not None  # each of these has one
             started: web.StreamResponse | None = request.get(_PREPARED)
@@ -195,7 +200,7 @@ def locked(
         @functools.wraps(handler)
         async def run(arg: web.Request | web.View) -> web.StreamResponse:
             request = arg.request if isinstance(arg, web.View) else arg
-            async with request_lock.lock(_redlock_of(request), request.match_info):
+            async with request_lock.held(_redlock_of(request), request.match_info):
                 return await handler(arg)
 
         return run  # type: ignore[return-value]  # same signature as the handler

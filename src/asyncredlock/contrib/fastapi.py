@@ -32,6 +32,7 @@ from ._http import (
     BadLockName,
     HTTPErrors,
     RequestLock,
+    ShuttingDown,
     answer,
     check_redlock,
     errors_or_default,
@@ -182,7 +183,7 @@ def _lease_dependency(request_lock: RequestLock) -> Callable[..., Awaitable[Leas
     @asynccontextmanager
     async def holding(connection: HTTPConnection) -> AsyncIterator[Lease]:
         redlock = redlock_of(connection)
-        async with request_lock.lock(redlock, connection.path_params) as lease:
+        async with request_lock.held(redlock, connection.path_params) as lease:
             yield lease
 
     async def hold_stream(connection: HTTPConnection) -> AsyncIterator[Lease | None]:
@@ -258,8 +259,10 @@ def _unwrapped(call: Callable[..., Any]) -> Any:
 
 def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> None:
     """Answer the lock's errors with HTTP responses (see `HTTPErrors`):
-    `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503, each
-    with ``Retry-After`` and a JSON body ``{"detail": ..., "resource": ...}``; and a
+    `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503, and a
+    request whose lock was refused because the app shuts down (its ``AsyncRedlock``
+    closing: the `RuntimeError` of `locked`'s acquisition) 503, each with
+    ``Retry-After`` and a JSON body ``{"detail": ..., "resource": ...}``; and a
     path that makes a lock name the library refuses (a NUL in it) 400, with a JSON
     body ``{"detail": ...}``.
 
@@ -286,6 +289,12 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
             return None
         return JSONResponse(response.body, status_code=response.status, headers=response.headers)
 
-    for error in (LockTimeoutError, QuorumUnavailableError, LockLostError, BadLockName):
+    for error in (
+        LockTimeoutError,
+        QuorumUnavailableError,
+        LockLostError,
+        BadLockName,
+        ShuttingDown,
+    ):
         # handle() takes the Request or the WebSocket Starlette gives
         app.add_exception_handler(error, handle)  # type: ignore[arg-type]
