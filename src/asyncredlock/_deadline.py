@@ -42,12 +42,16 @@ class Waiter(Protocol):
 
     #: How many times its deadline was looked at again.
     looks: int
+    #: When it began to wait (the loop's time), once its deadline was looked at again.
+    started: float
     #: Done once the round is decided.
     decided: asyncio.Future[None]
 
     def on_silent(self) -> None: ...
 
-    def out_of_time(self) -> None: ...
+    def out_of_time(self, waited: float | None = None) -> None:
+        """Give up on the calls still out; ``waited``: how long it waited, if its
+        deadline was looked at again (longer than ``max_wait``)."""
 
     def unread(self) -> bool: ...
 
@@ -132,16 +136,18 @@ class Waiting:
         for waiter, due in self.waiting.items():
             if due > now + _EARLY:
                 break
-            expired.append(waiter)
+            expired.append((waiter, due))
         relook = now + _RELOOK  # before every deadline still to come: the order holds
-        for waiter in expired:
+        for waiter, due in expired:
             try:
                 if waiter.looks < _RELOOKS and (late or waiter.unread()):
+                    if not waiter.looks:
+                        waiter.started = due - self.max_wait
                     waiter.looks += 1  # replies may sit unread: read them first
                     self.waiting[waiter] = relook
                 else:
                     del self.waiting[waiter]
-                    waiter.out_of_time()
+                    waiter.out_of_time(now - waiter.started if waiter.looks else None)
             except Exception as exc:  # that round's bug: the others still end, re-armed
                 self._failed(waiter, exc)
         if self._timer is None and self.waiting:

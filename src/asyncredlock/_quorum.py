@@ -261,6 +261,7 @@ class _Tally:
     """Counts one round's replies as they arrive and says when it is decided."""
 
     looks = 0  # how many times its deadline was looked at again (`Waiting`)
+    started = 0.0  # when it began to wait, once looked at again (`Waiting`)
 
     def __init__(self, rnd: Round, quorum: int, classify: Classify, timing: Timing) -> None:
         self.rnd = rnd
@@ -344,10 +345,14 @@ class _Tally:
         nodes, replies = self.rnd.nodes, self.replies
         return any(replies[i] is None and node.unread() for i, node in enumerate(nodes))
 
-    def out_of_time(self) -> None:
-        """Give up on every call still out."""
+    def out_of_time(self, waited: float | None = None) -> None:
+        """Give up on every call still out; ``waited``: how long it waited, when its
+        deadline was looked at again (the loop busy past it), said in the outcomes."""
+        why = f"no reply within {self.timing.max_wait:g} s"
+        if waited is not None:
+            why += f" ({waited:.3g} s waited, the loop busy)"
         for i in range(len(self.replies)):
-            self.give_up(i, f"no reply within {self.timing.max_wait:g} s")
+            self.give_up(i, why)
         self.check()
 
     def decision(self) -> Decision:

@@ -1,11 +1,15 @@
 """The one deadline timer of a `Timing` ends every round waiting under it, even when
-one of those rounds raises as its deadline is handled (a bug of that round's).
+one of those rounds raises as its deadline is handled (a bug of that round's); a round
+given up on after a busy loop says how long it waited.
 
 Every test here runs on both loops (whatever ``ASYNCREDLOCK_TEST_LOOP`` says).
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -24,6 +28,7 @@ pytestmark = pytest.mark.anyio
 
 HANG_GUARD = 10  # seconds; only stops a hung test, never decides an outcome
 ACQUIRES = 4
+STALL = 0.6  # seconds the loop is kept busy (CPU-bound work in a callback)
 # db 1: the connection's handshake sends SELECT, and waits for its reply this long
 STUCK = "/1?socket_timeout=60&socket_connect_timeout=60"
 
@@ -65,10 +70,10 @@ async def test_a_round_that_raises_at_its_deadline_strands_no_other_round(
             if not first:
                 first.append(self)
 
-        def out_of_time(self) -> None:
+        def out_of_time(self, waited: float | None = None) -> None:
             if self is first[0]:
                 raise _Broken("a round's own fault")
-            super().out_of_time()
+            super().out_of_time(waited)
 
     monkeypatch.setattr(_quorum, "_Tally", Tally)
     outcomes: dict[int, RedlockError] = {}
@@ -134,6 +139,31 @@ async def test_a_round_that_raises_on_hearing_of_silence_strands_no_other_round(
                         tg.start_soon(acquire, redlock, i)
     _assert_ended(outcomes, "master silent for over 0.1 s")
     _assert_logged_once(caplog)
+
+
+async def test_a_round_given_up_after_a_busy_loop_says_how_long_it_waited(
+    servers: ServerGroup,
+) -> None:
+    """Every master is stuck in its connection's handshake, and the loop is kept busy
+    (``STALL`` seconds, CPU-bound) from before the round's deadline (0.3 s) to well
+    past it: the deadline is looked at again, then the round gives up. Each master's
+    outcome read ``no reply within 0.3 s`` though the round had waited over 0.8 s; it
+    now says how long it waited, and why."""
+    async with blackholed(servers) as proxies:
+        masters = [proxy.url + STUCK for proxy in proxies]
+        async with AsyncRedlock(masters, node_timeout=0.1, socket_timeout=0.3) as redlock:
+            # due before the round's deadline (the round starts after it is scheduled)
+            asyncio.get_running_loop().call_later(0.2, time.sleep, STALL)
+            with anyio.fail_after(HANG_GUARD), pytest.raises(QuorumUnavailableError) as caught:
+                await redlock.lock("robust:busy", timeout=0).acquire()
+    details = [o.detail for o in caught.value.outcomes]
+    found = [
+        re.fullmatch(r"no reply within 0\.3 s \(([\d.]+) s waited, the loop busy\)", d)
+        for d in details
+    ]
+    assert all(found), details
+    # the stall alone (from 0.2 s on) outlasts the round's deadline
+    assert [float(m[1]) > STALL for m in found if m] == [True] * len(details)
 
 
 def _assert_ended(outcomes: dict[int, RedlockError], why: str) -> None:
