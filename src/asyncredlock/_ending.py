@@ -93,6 +93,10 @@ class Ending(Generic[T]):
         if self.scope is not None:
             self.scope.cancel()
 
+    def block_cancelled(self) -> bool:
+        """Whether the running block's scope was cancelled (the lease lost)."""
+        return self.scope is not None and self.scope.cancel_called
+
     def exit_block(
         self,
         exc_type: type[BaseException] | None,

@@ -10,7 +10,7 @@ import anyio
 
 from ._config import LockSpec, check_ttl
 from ._core import Core
-from ._errors import HoldLimitError, LockLostError, QuorumUnavailableError
+from ._errors import HoldLimitError, LockLostError, LostLeaseError, QuorumUnavailableError
 from ._keeping import Keeping, State, lost_by
 from ._log import log_block_orphaned, log_release_short
 from ._node import Reply
@@ -323,7 +323,10 @@ class Lease(Keeping):
         tb: TracebackType | None,
     ) -> None:
         """End the block: release; `LockLostError` if the lease was lost (its scope
-        is cancelled only then, so what the scope swallows becomes that error)."""
+        is cancelled only then, so what the scope swallows becomes that error), a
+        `LostLeaseError` if the block's own call found the loss (it was not cancelled
+        for it, or that call's `LostLeaseError` ends the block)."""
+        cancelled = self._ending.block_cancelled()
         swallowed = self._ending.exit_block(exc_type, exc, tb)
         if isinstance(exc, asyncio.CancelledError) and not swallowed:
             with anyio.CancelScope(shield=True):
@@ -334,7 +337,11 @@ class Lease(Keeping):
                 # the loss came while the block handled an exception (its cleanup, or
                 # an except clause): shown in the chain, not made the cause
                 raise self._lost_error()
-            raise self._lost_error() from (None if swallowed else exc)
+            # found by the block's own release() (no cancellation), or extend()
+            found = not cancelled or (
+                isinstance(exc, LostLeaseError) and exc.resource == self.resource
+            )
+            raise self._lost_error(found=found) from (None if swallowed else exc)
         with anyio.CancelScope(shield=True):
             await self._release_quietly()
         if self.lost:  # the release found it gone on a majority
@@ -363,11 +370,19 @@ class Lease(Keeping):
         if not (decision.reached or decision.refuted):
             log_release_short(self, decision.outcomes)
 
-    def _lost_error(self) -> LockLostError:
+    def _lost_error(self, *, found: bool = False) -> LockLostError:
+        """The block's error for a lease that ended lost; ``found``: by the block's own
+        `release` or `extend` (a `LostLeaseError`: the block was not cancelled for it)."""
         outcomes = self._loss.outcomes if self._loss else ()
         if self._bounded_out:
             message = f"the lease on {self.resource!r} reached its max_hold while its block ran"
             return HoldLimitError(message, resource=self.resource, outcomes=outcomes)
+        if found:
+            message = (
+                f"the lease on {self.resource!r} was lost while its block ran"
+                " (found by the block's own release() or extend())"
+            )
+            return LostLeaseError(message, resource=self.resource, outcomes=outcomes)
         message = f"the lease on {self.resource!r} was lost while its block ran"
         return LockLostError(message, resource=self.resource, outcomes=outcomes)
 

@@ -177,6 +177,36 @@ class TestErrors:
         }
         assert await masters.keys() == [[]] * len(masters)
 
+    async def test_a_blocks_lost_lease_released_by_the_handler_says_it_found_it(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A ``locked()`` handler's own ``async with`` block (aiohttp's handler is not
+        given the route's lease) whose lease, gone from the masters behind its back,
+        it released: the block's exit turned the `LostLeaseError` into a plain
+        `LockLostError`, answered "its work was cancelled", though nothing was. It is
+        answered as the handler's own release of a lost lease is."""
+        app = app_with(servers.urls)
+
+        @locked("route:{job}")
+        async def run(request: web.Request) -> web.Response:
+            name = f"job:{request.match_info['job']}"
+            async with request.app[REDLOCK].lock(name) as lease:
+                for client in masters.clients:
+                    await client.delete(lease.key)
+                await lease.release()
+            return web.Response()
+
+        app.router.add_post("/jobs/{job}", run)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client, client.post("/jobs/9") as response:
+                body = await response.json()
+        assert (response.status, response.headers["Retry-After"]) == (503, "1")
+        assert body == {
+            "detail": "lock lost while the handler ran: it held it no longer",
+            "resource": "job:9",
+        }
+        assert await masters.keys() == [[]] * len(masters)
+
     async def test_releasing_a_lease_twice_stays_a_500(self, servers: ServerGroup) -> None:
         """Released already: the handler's bug, left to the framework."""
         app = app_with(servers.urls)

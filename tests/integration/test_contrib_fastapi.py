@@ -262,6 +262,38 @@ class TestErrors:
         }
         assert await masters.keys() == [[]] * len(masters)
 
+    @pytest.mark.parametrize("call", ["release", "extend"])
+    async def test_the_routes_lost_lease_found_by_the_handler_says_so(
+        self, servers: ServerGroup, masters: Masters, call: str
+    ) -> None:
+        """The lease of a ``locked()`` route, gone from the masters behind its back, and
+        released (or extended) by the handler: its `LostLeaseError` became, at the
+        block's exit, a plain `LockLostError` answered "its work was cancelled", though
+        the handler found the loss itself. It is answered as the handler's own release
+        of a lease it acquired is."""
+        app = app_with(servers.urls)
+        ran_on: list[bool] = []
+
+        @app.post("/jobs/{job}")
+        async def run(job: str, lease: Annotated[Lease, Depends(locked("job:{job}"))]) -> None:
+            for client in masters.clients:
+                await client.delete(lease.key)
+            try:
+                await (lease.release() if call == "release" else lease.extend())
+            finally:
+                ran_on.append(True)  # its own call raised
+
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                response = await client.post("/jobs/8")
+        assert (response.status_code, response.headers["retry-after"]) == (503, "1")
+        assert response.json() == {
+            "detail": "lock lost while the handler ran: it held it no longer",
+            "resource": "job:8",
+        }
+        assert ran_on == [True]
+        assert await masters.keys() == [[]] * len(masters)
+
     async def test_releasing_a_lease_twice_stays_a_500(self, servers: ServerGroup) -> None:
         """Released already: the handler's bug, left to the framework."""
         app = app_with(servers.urls)

@@ -313,6 +313,30 @@ class TestLease:
             assert lease.lost
             assert [o.detail for o in caught.value.outcomes].count("not held by this lease") >= 3
 
+    @pytest.mark.parametrize("caught", [False, True])
+    async def test_a_block_whose_own_release_found_the_loss_raises_a_lost_lease(
+        self, masters: Masters, caught: bool
+    ) -> None:
+        """A block's lease gone behind its back, found so by the block's own
+        ``release()``: the block was not cancelled, so its exit raises `LostLeaseError`
+        (a `LockLostError`, as documented), not the plain `LockLostError` of a block
+        cancelled by the loss; the call's error is its cause, unless the block caught
+        that error."""
+        async with AsyncRedlock(masters.given) as redlock:
+            with pytest.raises(LockLostError) as ended:
+                async with redlock.lock("gone-in-block") as lease:
+                    for client in masters.clients:
+                        await client.delete("gone-in-block")
+                    try:
+                        await lease.release()
+                    except LostLeaseError:
+                        if not caught:
+                            raise
+        assert type(ended.value) is LostLeaseError
+        assert "found by the block's own release() or extend()" in str(ended.value)
+        cause = ended.value.__cause__
+        assert (type(cause), lease.lost) == (type(None) if caught else LostLeaseError, True)
+
     async def test_explicit_extend_resets_the_ttl(self, masters: Masters) -> None:
         async with AsyncRedlock(masters.given) as redlock:
             lease = await redlock.lock("ext", ttl=1.0, auto_extend=False).acquire()
