@@ -148,11 +148,18 @@ class Keeping(ABC):
         kind = LostLeaseError if self._state is State.LOST else LockNotOwnedError
         return kind(message, resource=self.resource, outcomes=outcomes)
 
+    def _ended_as(self) -> str:
+        """How the lease ended, for an error: ``released``, or ``lost`` (with why, at
+        its bound)."""
+        if self._bounded_out:
+            return "lost: it reached its max_hold"
+        return self._state.value
+
     def _check_held(self, what: str) -> None:
         if self._state is State.HELD:
             return
         raise self._not_owned(
-            f"cannot {what} {self.resource!r}: the lease is already {self._state.value}",
+            f"cannot {what} {self.resource!r}: the lease is already {self._ended_as()}",
             self._loss.outcomes if self._loss else (),
         )
 

@@ -160,7 +160,8 @@ class Lease(Keeping):
         self._check_held("extend")
         decision = None if self._at_bound() else await self._extend_round(new_ttl)
         if self._at_bound():  # (also when it came while the round ran)
-            self._reach_bound()
+            self._reach_bound()  # (unless it ended meanwhile: then it says how)
+        if self._bounded_out:
             raise self._not_owned(f"cannot extend {self.resource!r}: it reached its max_hold", ())
         if decision is None:
             self.ttl = min(new_ttl, self._max_hold)
@@ -168,7 +169,7 @@ class Lease(Keeping):
             return
         gone = f"{self.resource!r} is no longer held by this lease"
         if not self.held:  # it ended (released, or lost) while the round ran
-            raise self._not_owned(gone, decision.outcomes)
+            raise self._not_owned(f"{gone} (already {self._ended_as()})", decision.outcomes)
         if not (decision.reached or decision.refuted):  # failures may pass
             why = f"could not extend {self.resource!r}: {why_unavailable(decision)}"
             raise self._error(QuorumUnavailableError, why, decision)

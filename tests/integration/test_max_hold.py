@@ -12,7 +12,14 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncredlock import AsyncRedlock, HoldLimitError, Lease, LockLostError, LockNotOwnedError
+from asyncredlock import (
+    AsyncRedlock,
+    HoldLimitError,
+    Lease,
+    LockLostError,
+    LockNotOwnedError,
+    LostLeaseError,
+)
 from asyncredlock.testing import Waits
 
 from .conftest import Masters
@@ -100,6 +107,48 @@ async def test_an_extension_at_the_bound_ends_the_lease(masters: Masters) -> Non
         assert lease.lost
         with anyio.fail_after(GUARD):
             assert await lease.wait_lost() is True
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_releasing_a_lease_ended_at_its_bound_says_so(masters: Masters) -> None:
+    """An explicit lease that reached its max_hold, then released: the
+    `LostLeaseError` said only "the lease is already lost"; it says why."""
+    async with AsyncRedlock(masters.urls) as redlock:
+        lease = await redlock.lock("mh:released-after", ttl=0.3, max_hold=0.5).acquire()
+        with anyio.fail_after(GUARD):
+            assert await lease.wait_lost() is True
+        with pytest.raises(LostLeaseError) as caught:
+            await lease.release()
+        assert "the lease is already lost: it reached its max_hold" in str(caught.value)
+        await redlock.settle()
+    assert await masters.keys() == [[] for _ in masters.urls]
+
+
+async def test_an_extension_released_meanwhile_at_the_bound_says_released(
+    masters: Masters,
+) -> None:
+    """extend() whose lease was released while its round ran, the bound come by then
+    (the lease's clock moved on): a plain `LockNotOwnedError` that said "it reached
+    its max_hold", though the lease was released (not lost); it says so."""
+    moved = 0.0
+
+    def clock() -> float:
+        return time.monotonic() + moved
+
+    async with AsyncRedlock(masters.urls, clock=clock) as redlock:
+        lock = redlock.lock("mh:released-meanwhile", ttl=30.0, max_hold=20.0, auto_extend=False)
+        lease = await lock.acquire()
+        extending = asyncio.create_task(lease.extend())
+        await asyncio.sleep(0)  # its round goes out
+        moved = 20.0  # at its bound
+        await lease.release()
+        with anyio.fail_after(GUARD), pytest.raises(LockNotOwnedError) as caught:
+            await extending
+        assert not isinstance(caught.value, LockLostError)  # released, not lost
+        assert "no longer held by this lease (already released)" in str(caught.value)
+        assert "max_hold" not in str(caught.value)
+        assert not lease.lost
         await redlock.settle()
     assert await masters.keys() == [[] for _ in masters.urls]
 
