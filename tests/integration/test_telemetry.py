@@ -247,6 +247,10 @@ class TestSpans:
             ]
             redlock = await stack.enter_async_context(AsyncRedlock([p.url for p in proxies]))
             lease = await redlock.lock("otel:minority", ttl=30, auto_extend=False).acquire()
+            # acquire() returns at a quorum: a SET may still be in a proxy, and land after
+            # the delete below. inspect() reads every master after it, in order.
+            state = await redlock.inspect("otel:minority")
+            assert [node.holder for node in state.nodes] == [lease.value] * 3
             await direct.clients[0].delete("otel:minority")
             proxies[1].refuse = True
             proxies[1].reset_connections()
