@@ -55,6 +55,14 @@ def lines(caplog: pytest.LogCaptureFixture, start: str) -> list[logging.LogRecor
     ]
 
 
+async def on_every_master(redlock: AsyncRedlock, lease: Lease) -> None:
+    """Every master holds ``lease``: acquire() returns at a quorum, and a SET still out
+    (in a proxy, say) could land after a test's DELETE, or be cut off by its fault.
+    inspect() reads every master after the SET, in order on each connection."""
+    state = await redlock.inspect(lease.resource)
+    assert [node.holder for node in state.nodes] == [lease.value] * len(state.nodes)
+
+
 def refuse(proxy: FaultProxy, refused: bool) -> None:
     proxy.refuse = refused
     if refused:
@@ -139,6 +147,7 @@ async def test_a_majority_not_held_is_still_a_loss(make_servers: MakeServers) ->
     ):
         with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError):
             async with redlock.lock("gone", ttl=30) as lease:
+                await on_every_master(redlock, lease)
                 for client in (masters.clients[0], masters.clients[2]):
                     await client.delete("gone")
                 await lease.extend()
@@ -165,6 +174,7 @@ async def test_a_minority_not_held_and_the_rest_silent_end_the_lease_at_its_vali
         async def holder() -> None:
             with pytest.raises(LockLostError):
                 async with redlock.lock("silent", ttl=1.5) as lease:
+                    await on_every_master(redlock, lease)
                     leases.append(lease)
                     for client in masters.clients[:2]:
                         await client.delete("silent")
@@ -209,6 +219,7 @@ async def test_a_quorum_refuting_with_the_rest_silent_ends_the_lease_at_once(
     ):
         with anyio.fail_after(HANG_GUARD), pytest.raises(LockLostError):
             async with redlock.lock("refuted", ttl=1.5) as lease:
+                await on_every_master(redlock, lease)
                 for client in masters.clients[:3]:
                     await client.delete("refuted")
                 for proxy in proxies[3:]:
