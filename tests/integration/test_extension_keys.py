@@ -15,6 +15,10 @@ pytestmark = pytest.mark.anyio
 async def test_a_key_gone_everywhere_is_not_recreated(masters: Masters) -> None:
     async with AsyncRedlock(masters.urls) as redlock:
         lease = await redlock.lock("ext:gone", ttl=30.0, auto_extend=False).acquire()
+        # acquire() returns at a quorum: a SET still out could land after the DELETE
+        # below. inspect() reads every master after it, in order on each connection.
+        state = await redlock.inspect("ext:gone")
+        assert [node.holder for node in state.nodes] == [lease.value] * len(masters.urls)
         for client in masters.clients:
             await client.delete(lease.key)  # as if it had expired on every master
         with pytest.raises(LockNotOwnedError):

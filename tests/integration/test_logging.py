@@ -71,6 +71,10 @@ class TestLeaseStory:
     ) -> None:
         async with AsyncRedlock(servers.urls, identity="web-1") as redlock:
             lease = await redlock.lock("gone", ttl=30, auto_extend=False).acquire()
+            # acquire() returns at a quorum: a SET still out could land after the DELETE
+            # below. inspect() reads every master after it, in order on each connection.
+            state = await redlock.inspect("gone")
+            assert [node.holder for node in state.nodes] == [lease.value] * 5
             for client in masters.clients[:3]:
                 await client.delete("gone")
             with pytest.raises(Exception, match="no longer held"):

@@ -74,6 +74,10 @@ class TestAllOrNone:
     ) -> None:
         async with AsyncRedlock(servers.urls) as redlock:
             lease = await redlock.lock(["x", "y"], auto_extend=False).acquire()
+            # acquire() returns at a quorum: a SET still out could land after the DELETE
+            # below. inspect() reads every master after it, in order on each connection.
+            state = await redlock.inspect("y")
+            assert [node.holder for node in state.nodes] == [lease.value] * 5
             for client in masters.clients[:3]:
                 await client.delete("y")  # y gone on a majority, x still everywhere
             with pytest.raises(LockNotOwnedError):
