@@ -193,6 +193,7 @@ class TestMinorityRestarted:
         try:
             async with AsyncRedlock(group.urls) as one, AsyncRedlock(group.urls) as two:
                 lease = await one.lock(["a", "b"], ttl=0.5).acquire()
+                await one.settle()  # on every master (acquire() returns at a quorum)
                 assert lease.tokens is not None
                 for server in list(group)[:2]:
                     server.restart()

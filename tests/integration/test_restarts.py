@@ -167,6 +167,8 @@ class TestSemaphoreAcrossARestart:
             ):
                 sem = [client.semaphore("sem", 2, timeout=0) for client in (a, b, c)]
                 held = [await sem[0].acquire(), await sem[1].acquire()]
+                for client in (a, b):  # on every master (acquire() returns at a quorum)
+                    await client.settle()
                 group[0].restart(kill=True)
                 await masters.clients[0].connection_pool.disconnect()
                 with pytest.raises(LockTimeoutError):
