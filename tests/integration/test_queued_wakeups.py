@@ -256,6 +256,7 @@ class TestDeadWaiter:
             AsyncRedlock(servers.urls, retry_delay=0.05) as redlock,
         ):
             held = await holder.lock("killed").acquire()
+            await holder.settle()  # on every master (acquire() returns at a quorum)
             async with await anyio.open_process(
                 [sys.executable, "-c", CHILD, *servers.urls], stdout=subprocess.PIPE
             ) as child:
@@ -267,6 +268,7 @@ class TestDeadWaiter:
             (dead,) = (await queues(masters, "killed"))[0]
             assert [len(q) for q in await queues(masters, "killed")] == [1] * 5
             await held.release()
+            await holder.settle()  # every master ran it (release() returns at a quorum)
             # the release handed the key to the dead waiter, for its entry's time only
             assert await masters.holding("killed") == 5
             assert all([0 < await c.pttl("killed") <= 1000 for c in masters.clients])
