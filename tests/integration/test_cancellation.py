@@ -424,6 +424,7 @@ class TestCancelledWaiter:
                     tg.start_soon(take)
                     await waiting.reach(2)
                     await held.release()  # hands the key to the deaf waiter
+                    await holder.settle()  # on every master (release() returns at a quorum)
                     handed = [await c.get("giveback") for c in masters.clients]
                     assert len(set(handed)) == 1
                     assert handed[0] is not None

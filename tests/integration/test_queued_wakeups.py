@@ -524,6 +524,7 @@ class TestHandOver:
                     tg.start_soon(take)
                     await waiting.reach(1)
                     await held.release()
+            await holder.settle()  # handed over on every master (release() returns at a quorum)
             (lease,) = leases
             # the key lives the waiter's entry TTL (3 x (retry_delay + node_timeout): 15.6 s
             # here, against a TTL of 30 s), counted from its last attempt; the lease
@@ -533,6 +534,7 @@ class TestHandOver:
             assert 0 < lease.validity <= entry
             assert lease.token is not None
             await lease.extend()
+            await redlock.settle()  # on every master (extend() returns at a quorum)
             assert lease.validity > 20
             assert all([await c.pttl("handed") > 20_000 for c in masters.clients])
             await lease.release()

@@ -71,6 +71,7 @@ class TestValidityUsedUp:
                     await slow.lock("freed", ttl=10.0, timeout=0).acquire()
                 await slow.settle()
                 lease = await other.lock("freed", timeout=0).acquire()
+                await other.settle()  # on every master (acquire() returns at a quorum)
                 assert await masters.holding("freed") == 5
                 await lease.release()
 
