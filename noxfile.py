@@ -81,7 +81,8 @@ def chaos(session: nox.Session) -> None:
     """The fault-injection suite; writes its results table to docs/guarantees-results.md."""
     session.install("-e", ".[test]")
     results = "docs/guarantees-results.md"
-    session.run("pytest", "tests/chaos", *session.posargs, env={"CHAOS_REPORT": results})
+    # -n 0: the report is written by the process that ran every scenario
+    session.run("pytest", "-n", "0", "tests/chaos", *session.posargs, env={"CHAOS_REPORT": results})
 
 
 @nox.session
