@@ -364,8 +364,9 @@ class TestLifespan:
         assert seen == ["api-1"]
         with pytest.raises(RuntimeError, match="is closed"):
             redlock.lock("after")
+        assert redlock_of(app) is redlock  # kept, closed, until the next startup
         with pytest.raises(RuntimeError, match=r"app.state.redlock is not set"):
-            redlock_of(app)
+            redlock_of(FastAPI(lifespan=redlock_lifespan))  # never started
         async with app.router.lifespan_context(app):  # a restart makes a fresh one
             assert redlock_of(app) is not redlock
 
@@ -511,6 +512,29 @@ class TestShutdown:
         ]
         assert await masters.keys() == [[]] * len(masters)
         assert library_tasks() == []
+
+    async def test_a_request_after_the_shutdown_gets_503_not_the_setup_error(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """A request served after the lifespan exited (its ``AsyncRedlock`` closed),
+        through ``app.state`` (no lifespan state in its scope): the shutdown's 503
+        with ``Retry-After`` (it was the 500 of an app never given the lifespan)."""
+        app = app_with(servers.urls)
+        ran: list[str] = []
+
+        @app.get("/work/{job}")
+        async def work(job: str, lease: Annotated[Lease, Depends(locked("work:{job}"))]) -> None:
+            ran.append(job)
+
+        async with app.router.lifespan_context(app):
+            pass
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            response = await client.get("/work/1")
+        assert (response.status_code, response.headers.get("Retry-After")) == (503, "1")
+        assert response.json() == {"detail": "lock service shutting down", "resource": "work:1"}
+        assert ran == []
+        assert await masters.keys() == [[]] * len(masters)
 
 
 class TestDependency:

@@ -60,7 +60,8 @@ Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]
 def lifespan(masters: Sequence[Any], /, **settings: Any) -> Lifespan:
     """A lifespan that makes the app's ``AsyncRedlock`` at startup, stores it as
     ``app.state.redlock`` and in the lifespan state it yields, and closes it at
-    shutdown.
+    shutdown (it stays there, closed, until the next startup: a request served
+    after the shutdown gets 503 with `add_exception_handlers`).
 
     ``masters`` and ``settings`` are those of `AsyncRedlock`, checked now: a bad
     one raises here, not when the app starts. Each startup makes a fresh
@@ -87,11 +88,10 @@ def lifespan(masters: Sequence[Any], /, **settings: Any) -> Lifespan:
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncRedlock(masters, **settings) as redlock:
+            # kept once closed, as in the lifespan state the requests hold: a request
+            # come after the shutdown is refused by it (503), not by a missing setup
             app.state.redlock = redlock
-            try:
-                yield {_STATE_KEY: redlock}
-            finally:
-                del app.state.redlock
+            yield {_STATE_KEY: redlock}
 
     return run
 
@@ -101,12 +101,13 @@ def redlock_of(app: FastAPI | HTTPConnection) -> AsyncRedlock:
 
     Given a request (or WebSocket), that of the app serving it, else the one the
     lifespan state brings to the request: in a route of a mounted sub-application,
-    the ``AsyncRedlock`` of the app the server runs.
+    the ``AsyncRedlock`` of the app the server runs. After the lifespan exited, the
+    one it closed (whose ``lock()`` raises `RuntimeError`), until the next startup.
 
     Raises:
         RuntimeError: There is none: the app the server runs was not given
             `lifespan` (a lifespan of its own that enters it did not yield its
-            state, for mounted apps), or is not running.
+            state, for mounted apps), or has not started.
     """
     state = app.app.state if isinstance(app, HTTPConnection) else app.state
     redlock = getattr(state, "redlock", None)
