@@ -544,6 +544,33 @@ class TestShutdown:
         ]
         assert await masters.keys() == [[]] * len(masters)
 
+    async def test_a_request_after_the_redlock_was_closed_gets_503(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The app's ``AsyncRedlock`` closed (``aclose()`` by hand) while the app still
+        serves: a request that comes then is refused by ``lock()`` ("this
+        AsyncRedlock is closed"), answered with the shutdown's 503 and
+        ``Retry-After``; its handler never runs."""
+        app = app_with(servers.urls)
+        ran: list[str] = []
+
+        @locked("job:{job}")
+        async def work(request: web.Request) -> web.Response:
+            ran.append(request.match_info["job"])
+            return web.Response()
+
+        app.router.add_get("/job/{job}", work)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                await client.app[REDLOCK].aclose()
+                async with client.get("/job/1") as response:
+                    retry = response.headers.get("Retry-After")
+                    answer = (response.status, retry, await response.json())
+        down = {"detail": "lock service shutting down", "resource": "job:1"}
+        assert answer == (503, "1", down)
+        assert ran == []
+        assert await masters.keys() == [[]] * len(masters)
+
 
 def test_importing_without_aiohttp_says_what_to_install() -> None:
     code = "import sys; sys.modules['aiohttp'] = None; import asyncredlock.contrib.aiohttp"

@@ -536,6 +536,28 @@ class TestShutdown:
         assert ran == []
         assert await masters.keys() == [[]] * len(masters)
 
+    async def test_a_request_after_the_redlock_was_closed_by_hand_gets_503(
+        self, servers: ServerGroup, masters: Masters
+    ) -> None:
+        """The app's ``AsyncRedlock`` closed (``aclose()`` by hand) while the app still
+        serves: a request that comes then is refused by ``lock()`` ("this
+        AsyncRedlock is closed"), answered with the shutdown's 503 and
+        ``Retry-After``; its handler never runs."""
+        app = app_with(servers.urls)
+        ran: list[str] = []
+
+        @app.get("/work/{job}")
+        async def work(job: str, lease: Annotated[Lease, Depends(locked("work:{job}"))]) -> None:
+            ran.append(job)
+
+        async with serving(app) as client:
+            await redlock_of(app).aclose()
+            response = await client.get("/work/1")
+        assert (response.status_code, response.headers.get("Retry-After")) == (503, "1")
+        assert response.json() == {"detail": "lock service shutting down", "resource": "work:1"}
+        assert ran == []
+        assert await masters.keys() == [[]] * len(masters)
+
 
 class TestDependency:
     async def test_released_before_the_response_starts(self, servers: ServerGroup) -> None:
