@@ -122,7 +122,9 @@ class LockNotOwnedError(RedlockError):
 class LostLeaseError(LockNotOwnedError, LockLostError):
     """``release()`` or ``extend()`` of a lease that was lost: found gone from a
     majority by that call, or lost before it (not extended in time, taken away,
-    forced free, held for its ``max_hold``).
+    forced free, held for its ``max_hold``). Raised too at the exit of an
+    ``async with`` block whose own call, or the release at its exit, found the loss
+    (the block was not cancelled for it).
 
     A `LockNotOwnedError`, as these calls raised before, and a `LockLostError`: the
     holder relied on a lease it no longer had, and whatever it did under that lease

@@ -326,7 +326,8 @@ class Lease(Keeping):
         """End the block: release; `LockLostError` if the lease was lost (its scope
         is cancelled only then, so what the scope swallows becomes that error), a
         `LostLeaseError` if the block's own call found the loss (it was not cancelled
-        for it, or that call's `LostLeaseError` ends the block)."""
+        for it, or that call's `LostLeaseError` ends the block), or the release here
+        did."""
         cancelled = self._ending.block_cancelled()
         swallowed = self._ending.exit_block(exc_type, exc, tb)
         if isinstance(exc, asyncio.CancelledError) and not swallowed:
@@ -345,8 +346,8 @@ class Lease(Keeping):
             raise self._lost_error(found=found) from (None if swallowed else exc)
         with anyio.CancelScope(shield=True):
             await self._release_quietly()
-        if self.lost:  # the release found it gone on a majority
-            raise self._lost_error() from exc
+        if self.lost:  # the release found it gone on a majority: nothing was cancelled
+            raise self._lost_error(found=True) from exc
 
     def _orphan(self, block: object, task: asyncio.Task[object]) -> None:
         """The task that entered this lease's ``async with`` block (of ``block``)
@@ -373,7 +374,8 @@ class Lease(Keeping):
 
     def _lost_error(self, *, found: bool = False) -> LockLostError:
         """The block's error for a lease that ended lost; ``found``: by the block's own
-        `release` or `extend` (a `LostLeaseError`: the block was not cancelled for it)."""
+        `release` or `extend`, or the release at its exit (a `LostLeaseError`: the
+        block was not cancelled for it)."""
         outcomes = self._loss.outcomes if self._loss else ()
         if self._bounded_out:
             message = f"the lease on {self.resource!r} reached its max_hold while its block ran"
@@ -381,7 +383,8 @@ class Lease(Keeping):
         if found:
             message = (
                 f"the lease on {self.resource!r} was lost while its block ran"
-                " (found by the block's own release() or extend())"
+                " (found by the block's own release() or extend(), or by the release"
+                " at its exit)"
             )
             return LostLeaseError(message, resource=self.resource, outcomes=outcomes)
         message = f"the lease on {self.resource!r} was lost while its block ran"

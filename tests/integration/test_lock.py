@@ -337,6 +337,34 @@ class TestLease:
         cause = ended.value.__cause__
         assert (type(cause), lease.lost) == (type(None) if caught else LostLeaseError, True)
 
+    @pytest.mark.parametrize("raised", [False, True])
+    async def test_a_block_whose_exits_release_found_the_loss_raises_a_lost_lease(
+        self, masters: Masters, raised: bool
+    ) -> None:
+        """A block's lease gone from every master behind its back, the block ending
+        without a call of its own: the release at its exit finds the loss, and nothing
+        was cancelled, so the exit raises `LostLeaseError` (a `LockLostError`), its
+        message saying who found it; an error the block raised is its cause."""
+        async with AsyncRedlock(masters.given) as redlock:
+            with pytest.raises(LockLostError) as ended:
+                async with redlock.lock("gone-at-exit", auto_extend=False) as lease:
+                    # acquire() returns at a quorum: a SET still out could land after the
+                    # DELETE below. inspect() reads every master after it.
+                    state = await redlock.inspect("gone-at-exit")
+                    assert [node.holder for node in state.nodes] == [lease.value] * len(
+                        masters.clients
+                    )
+                    for client in masters.clients:
+                        await client.delete("gone-at-exit")
+                    if raised:
+                        raise KeyError("the block's own")
+        assert type(ended.value) is LostLeaseError
+        assert isinstance(ended.value, LockLostError)
+        assert "or by the release at its exit" in str(ended.value)
+        cause = ended.value.__cause__
+        assert (type(cause), lease.lost) == (KeyError if raised else type(None), True)
+        assert await masters.keys() == [[]] * len(masters)
+
     async def test_explicit_extend_resets_the_ttl(self, masters: Masters) -> None:
         async with AsyncRedlock(masters.given) as redlock:
             lease = await redlock.lock("ext", ttl=1.0, auto_extend=False).acquire()

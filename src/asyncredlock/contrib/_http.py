@@ -65,7 +65,7 @@ class HTTPErrors:
         lost: Status for `LockLostError`, the lease lost while the handler ran
             (503): the handler was cancelled and its work is not to be trusted; also
             for `LostLeaseError`, a handler's ``release()`` or ``extend()`` of a
-            lease that was lost.
+            lease that was lost, or the release after the handler finding it lost.
         retry_after: Whole seconds sent in ``Retry-After`` with each of them (1).
     """
 
