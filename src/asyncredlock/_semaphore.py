@@ -240,8 +240,12 @@ class _Acquisition:
             pause = min(pause, self._backoff(ticket))
         if await core.waker.wait(ticket, pause):
             core.note("woken")
-            if not ticket.heeding:  # by an undo: other waiters may have been too
-                await core.waker.wait(ticket, self._backoff(ticket))
+            # woken by an undo (other waiters may have been too): a backoff first; if
+            # it runs out, not its pause: the undo that woke it stays spent (as a
+            # lock's), or waiters refused by a holder keeping a quorum would wake each
+            # other with their undos while it holds
+            if not ticket.heeding and not await core.waker.wait(ticket, self._backoff(ticket)):
+                ticket.heeding = False
 
     def _backoff(self, ticket: Ticket) -> float:
         """How long to wait (a release still wakes it) before attempting again when
