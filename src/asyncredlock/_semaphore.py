@@ -290,10 +290,12 @@ class _Acquisition:
         self.granted = count
         expires_at = core.expiry(start, ttl)
         if slot is not None and count >= core.quorum and core.clock() < expires_at:
-            acquired = self._give_back(rnd, undo_keys, value, slot)
+            # the other slots a minority granted it: announced as its undo (a waiter
+            # refused for one of them would sleep with it free); none, nothing sent
+            acquired = self._give_back(rnd, undo_keys, value, slot, self.channels, as_undo=True)
             return self._lease(value, slot, expires_at, acquired)
         core.counters.failed_attempts += 1
-        self._give_back(rnd, undo_keys, value, None, announce=self.channels, failed=True)
+        self._give_back(rnd, undo_keys, value, None, announce=self.channels, as_undo=True)
         self.free_in, self.round = holder_expires_in(rnd.tasks), core.clock() - start
         self._failed(rnd)
         if slot is not None:
@@ -339,18 +341,18 @@ class _Acquisition:
         value: str,
         kept: int | None,
         announce: Sequence[str] = (),
-        failed: bool = False,
+        as_undo: bool = False,
     ) -> list[asyncio.Future[Reply]]:
         """Give back, on each master, every slot of this attempt but ``kept``: at
         once behind the attempt on its connection, with a marker refusing it where
         its outcome is unknown; a slot given back is announced on its channel in
-        ``announce``: as an undo (a ``failed`` attempt's) or a release (an
-        interrupted one's). Returns each master's reply as slot ``kept``'s lease
-        sees it (granted or not)."""
+        ``announce``: ``as_undo`` (a failed attempt's, or the other slots of one
+        granted ``kept``) or as a release (an interrupted one's). Returns each
+        master's reply as slot ``kept``'s lease sees it (granted or not)."""
         core = self.core
         acquired: list[asyncio.Future[Reply]] = []
         keep = 0 if kept is None else kept + 1
-        announce = (*announce, "1") if failed else tuple(announce)
+        announce = (*announce, "1") if as_undo else tuple(announce)
         marked = (value, ms(self.semaphore.ttl), keep, *announce)  # with the marker
         for node, task in zip(core.nodes, rnd.tasks, strict=True):
             view: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()

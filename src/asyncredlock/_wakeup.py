@@ -44,8 +44,9 @@ It wakes no waiter whose own attempt it undoes, and a waiter at most once until 
 pause runs out or something else wakes it (`Ticket.heeds`): while a holder keeps a
 quorum, the masters that lost its key grant every waiter's attempt and undo it, and
 the waiters would otherwise wake each other (and themselves) for as long as it holds.
-A semaphore's failed attempt announces its give-back the same way; it also wakes a
-semaphore waiter once a quorum of masters has its slot free (`Waker._freed`).
+A semaphore's attempt announces its give-back the same way (a failed one's, and the
+slots a granted one got besides the one it keeps); it also wakes a semaphore waiter
+once a quorum of masters has its slot free (`Waker._freed`).
 """
 
 from __future__ import annotations

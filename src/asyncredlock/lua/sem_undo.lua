@@ -5,12 +5,13 @@
 -- channels are passed: an interrupted attempt's (cancelled, or its client closing),
 -- which a quorum may have granted, as a release (its value): a waiter of another
 -- client refused for that slot meanwhile would sleep with it free; a failed
--- attempt's as an undo ('undo <value>'): it wakes a waiter only as a lock's undo
--- does, or once a quorum of masters has the slot free for it (see _wakeup.py).
+-- attempt's, or one a granted attempt got besides the slot it keeps, as an undo
+-- ('undo <value>'): it wakes a waiter only as a lock's undo does, or once a quorum
+-- of masters has the slot free for it (see _wakeup.py).
 -- KEYS[1..n] the semaphore's slot keys, KEYS[n + 1] the attempt's undo marker
 -- ARGV[1] the attempt's value, ARGV[2] the marker's ttl in ms ('0': no marker),
 -- ARGV[3] the slot kept (1-based; '0': none); ARGV[4..n + 3] each slot's channel
--- (absent: nothing is announced), ARGV[n + 4] '1' for a failed attempt's undo
+-- (absent: nothing is announced), ARGV[n + 4] '1' to announce an undo
 -- Returns how many slots it gave back.
 local n = #KEYS - 1
 local keep = tonumber(ARGV[3])
