@@ -76,6 +76,18 @@ class TestSeed003:
         assert all(count > LIMIT for count in stored), stored
 
 
+async def answered(app: web.Application, path: str) -> tuple[int, str | None, Any]:
+    """Serve ``app`` and POST ``path`` to it: the status, Retry-After and JSON body."""
+    with anyio.fail_after(HANG_GUARD):
+        async with serving(app) as client, client.post(path) as response:
+            return response.status, response.headers.get("Retry-After"), await response.json()
+
+
+def lost_held(resource: str) -> dict[str, str]:
+    """The body of a loss the handler found itself (nothing was cancelled)."""
+    return {"detail": "lock lost while the handler ran: it held it no longer", "resource": resource}
+
+
 def app_with(masters: list[str], errors: HTTPErrors | None = None) -> web.Application:
     app = web.Application()
     setup(app, masters, errors=errors)
@@ -167,14 +179,7 @@ class TestErrors:
             return web.Response()
 
         app.router.add_post("/jobs/{job}", run)
-        with anyio.fail_after(HANG_GUARD):
-            async with serving(app) as client, client.post("/jobs/5") as response:
-                body = await response.json()
-        assert (response.status, response.headers["Retry-After"]) == (503, "1")
-        assert body == {
-            "detail": "lock lost while the handler ran: it held it no longer",
-            "resource": "job:5",
-        }
+        assert await answered(app, "/jobs/5") == (503, "1", lost_held("job:5"))
         assert await masters.keys() == [[]] * len(masters)
 
     async def test_a_blocks_lost_lease_released_by_the_handler_says_it_found_it(
@@ -197,14 +202,7 @@ class TestErrors:
             return web.Response()
 
         app.router.add_post("/jobs/{job}", run)
-        with anyio.fail_after(HANG_GUARD):
-            async with serving(app) as client, client.post("/jobs/9") as response:
-                body = await response.json()
-        assert (response.status, response.headers["Retry-After"]) == (503, "1")
-        assert body == {
-            "detail": "lock lost while the handler ran: it held it no longer",
-            "resource": "job:9",
-        }
+        assert await answered(app, "/jobs/9") == (503, "1", lost_held("job:9"))
         assert await masters.keys() == [[]] * len(masters)
 
     async def test_releasing_a_lease_twice_stays_a_500(self, servers: ServerGroup) -> None:

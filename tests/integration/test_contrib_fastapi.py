@@ -180,6 +180,34 @@ async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
+def answer(response: httpx.Response) -> tuple[int, str | None, Any]:
+    """A response's status, Retry-After and JSON body."""
+    return response.status_code, response.headers.get("Retry-After"), response.json()
+
+
+def lost_held(resource: str) -> dict[str, str]:
+    """The body of a loss the handler found itself (nothing was cancelled)."""
+    return {"detail": "lock lost while the handler ran: it held it no longer", "resource": resource}
+
+
+@asynccontextmanager
+async def shut_down_at_the_end(
+    app: FastAPI,
+) -> AsyncIterator[tuple[httpx.AsyncClient, anyio.abc.TaskGroup]]:
+    """``app`` started, a client of it and a task group for its requests; the
+    lifespan exits at the block's end, the requests still running."""
+    with anyio.fail_after(HANG_GUARD):
+        transport = httpx.ASGITransport(app)
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+            anyio.create_task_group() as tg,
+        ):
+            running = app.router.lifespan_context(app)
+            await running.__aenter__()
+            yield client, tg
+            await running.__aexit__(None, None, None)
+
+
 class TestErrors:
     async def test_contended_past_the_timeout_is_423_with_retry_after(
         self, servers: ServerGroup
@@ -255,11 +283,7 @@ class TestErrors:
         with anyio.fail_after(HANG_GUARD):
             async with in_uvicorn(app) as port, httpx.AsyncClient() as client:
                 response = await client.post(f"http://127.0.0.1:{port}/jobs/5")
-        assert (response.status_code, response.headers["retry-after"]) == (503, "1")
-        assert response.json() == {
-            "detail": "lock lost while the handler ran: it held it no longer",
-            "resource": "job:5",
-        }
+        assert answer(response) == (503, "1", lost_held("job:5"))
         assert await masters.keys() == [[]] * len(masters)
 
     @pytest.mark.parametrize("call", ["release", "extend"])
@@ -286,11 +310,7 @@ class TestErrors:
         with anyio.fail_after(HANG_GUARD):
             async with serving(app) as client:
                 response = await client.post("/jobs/8")
-        assert (response.status_code, response.headers["retry-after"]) == (503, "1")
-        assert response.json() == {
-            "detail": "lock lost while the handler ran: it held it no longer",
-            "resource": "job:8",
-        }
+        assert answer(response) == (503, "1", lost_held("job:8"))
         assert ran_on == [True]
         assert await masters.keys() == [[]] * len(masters)
 
@@ -321,11 +341,7 @@ class TestErrors:
         with anyio.fail_after(HANG_GUARD):
             async with serving(app) as client:
                 response = await client.post("/jobs/9")
-        assert (response.status_code, response.headers["retry-after"]) == (503, "1")
-        assert response.json() == {
-            "detail": "lock lost while the handler ran: it held it no longer",
-            "resource": "job:9",
-        }
+        assert answer(response) == (503, "1", lost_held("job:9"))
         assert returned == ["9"]
         assert await masters.keys() == [[]] * len(masters)
 
@@ -433,22 +449,14 @@ class TestShutdown:
                 ends.append("cancelled")
                 raise
 
-        with anyio.fail_after(HANG_GUARD):
-            transport = httpx.ASGITransport(app)
-            async with (
-                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
-                anyio.create_task_group() as tg,
-            ):
-                running = app.router.lifespan_context(app)
-                await running.__aenter__()
+        async with shut_down_at_the_end(app) as (client, tg):
 
-                async def post() -> None:
-                    response = await client.post("/work/1")
-                    answers.append((response.status_code, response.json()["resource"]))
+            async def post() -> None:
+                response = await client.post("/work/1")
+                answers.append((response.status_code, response.json()["resource"]))
 
-                tg.start_soon(post)
-                await inside.wait()
-                await running.__aexit__(None, None, None)
+            tg.start_soon(post)
+            await inside.wait()
         assert ends == ["cancelled"]
         assert answers == [(503, "work:1")]
         assert await masters.keys() == [[]] * len(masters)
@@ -474,27 +482,19 @@ class TestShutdown:
             yield "unprotected"
 
         got: list[object] = []
-        with anyio.fail_after(HANG_GUARD):
-            transport = httpx.ASGITransport(app)
-            async with (
-                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
-                anyio.create_task_group() as tg,
-            ):
-                running = app.router.lifespan_context(app)
-                await running.__aenter__()
+        async with shut_down_at_the_end(app) as (client, tg):
 
-                async def get() -> None:
-                    try:
-                        await client.get("/export/1")
-                    except Exception as exc:  # the status went out: the stream is cut
-                        # with add_exception_handlers, Starlette's RuntimeError("response
-                        # already started") from the LockLostError
-                        chain = [exc, exc.__cause__, exc.__context__]
-                        got.append(any(isinstance(e, LockLostError) for e in chain))
+            async def get() -> None:
+                try:
+                    await client.get("/export/1")
+                except Exception as exc:  # the status went out: the stream is cut
+                    # with add_exception_handlers, Starlette's RuntimeError("response
+                    # already started") from the LockLostError
+                    chain = [exc, exc.__cause__, exc.__context__]
+                    got.append(any(isinstance(e, LockLostError) for e in chain))
 
-                tg.start_soon(get)
-                await inside.wait()
-                await running.__aexit__(None, None, None)
+            tg.start_soon(get)
+            await inside.wait()
         assert ends == ["cancelled"]
         assert got == [True]
         assert await masters.keys() == [[]] * len(masters)
@@ -518,27 +518,17 @@ class TestShutdown:
             await anyio.sleep_forever()
 
         answers: list[tuple[int, str | None, dict[str, str]]] = []
-        with anyio.fail_after(HANG_GUARD):
-            transport = httpx.ASGITransport(app)
-            async with (
-                httpx.AsyncClient(transport=transport, base_url="http://app") as client,
-                anyio.create_task_group() as tg,
-            ):
-                running = app.router.lifespan_context(app)
-                await running.__aenter__()
+        async with shut_down_at_the_end(app) as (client, tg):
 
-                async def get() -> None:
-                    response = await client.get("/work/1")
-                    retry = response.headers.get("Retry-After")
-                    answers.append((response.status_code, retry, response.json()))
+            async def get() -> None:
+                answers.append(answer(await client.get("/work/1")))
 
-                tg.start_soon(get)
-                await inside.wait()
-                waits = Waits(app.state.redlock)
-                tg.start_soon(get)
-                await waits.reach(queued=1)  # behind the holder, in the client
-                waits.close()
-                await running.__aexit__(None, None, None)
+            tg.start_soon(get)
+            await inside.wait()
+            waits = Waits(app.state.redlock)
+            tg.start_soon(get)
+            await waits.reach(queued=1)  # behind the holder, in the client
+            waits.close()
         lost = "lock lost while the handler ran: its work was cancelled"
         down = "lock service shutting down"
         assert sorted(answers, key=lambda a: a[2]["detail"]) == [
