@@ -13,18 +13,18 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 
 import anyio
 import pytest
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease, LockTimeoutError, QuorumUnavailableError
-from asyncredlock.testing import FaultProxy, ServerGroup, Waits, hold_calls
+from asyncredlock.testing import ServerGroup, Waits, hold_calls
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters, assert_every_key_expires
+from .test_semaphore_split import proxied, slot_exists
 
 pytestmark = pytest.mark.anyio
 
@@ -239,36 +239,6 @@ async def test_a_waiter_gets_the_slot_of_a_killed_or_frozen_holder_when_it_expir
     assert await masters.keys() == [[] for _ in masters.urls]
 
 
-@asynccontextmanager
-async def _proxied(
-    group: ServerGroup, direct: int, delay: float
-) -> AsyncIterator[tuple[list[str], list[FaultProxy]]]:
-    """The masters' URLs with every one but ``direct`` behind a proxy adding ``delay``,
-    and those proxies."""
-    async with AsyncExitStack() as stack:
-        urls, proxies = [], []
-        for i, server in enumerate(group):
-            if i == direct:
-                urls.append(server.url)
-                continue
-            proxy = await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
-            proxy.delay = delay
-            urls.append(proxy.url)
-            proxies.append(proxy)
-        yield urls, proxies
-
-
-async def _slot_exists(group: ServerGroup, key: str) -> list[bool]:
-    found = []
-    for server in group:
-        client = Redis.from_url(server.url)
-        try:
-            found.append(bool(await client.exists(key)))
-        finally:
-            await client.aclose()
-    return found
-
-
 async def test_a_grant_whose_reply_was_lost_is_given_back_before_its_ttl(
     make_servers: MakeServers,
 ) -> None:
@@ -280,7 +250,7 @@ async def test_a_grant_whose_reply_was_lost_is_given_back_before_its_ttl(
     name = "sem:review-lost-reply"
     key = f"{{{name}}}:sem:0"
     async with (
-        _proxied(group, 0, 0.0) as (urls, proxies),
+        proxied(group, 0, 0.0) as (urls, proxies),
         AsyncRedlock(urls, socket_timeout=1.0) as redlock,
     ):
         semaphore = redlock.semaphore(name, 1, ttl=60, timeout=0)
@@ -292,14 +262,14 @@ async def test_a_grant_whose_reply_was_lost_is_given_back_before_its_ttl(
             with pytest.raises((LockTimeoutError, QuorumUnavailableError)):
                 await semaphore.acquire()
             with anyio.fail_after(GUARD):
-                while await _slot_exists(group, key) != [True] * 3:  # noqa: ASYNC110
+                while await slot_exists(group, key) != [True] * 3:  # noqa: ASYNC110
                     await anyio.sleep(0.025)
             for proxy in proxies:
                 proxy.forget_connections()  # the replies (and what follows) are lost
                 proxy.delay = 0.0
             undos.let_go()
         with anyio.fail_after(GUARD):  # the marked give-back, once the calls fail
-            while any(await _slot_exists(group, key)):  # noqa: ASYNC110
+            while any(await slot_exists(group, key)):  # noqa: ASYNC110
                 await anyio.sleep(0.025)
         async with AsyncRedlock(group.urls) as other:
             lease = await other.semaphore(name, 1, timeout=0).acquire()

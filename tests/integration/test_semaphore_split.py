@@ -27,10 +27,13 @@ PATIENT = 120.0  # a retry delay no test waits out: only a wake-up moves a waite
 
 
 @asynccontextmanager
-async def _proxied(group: ServerGroup, direct: int, delay: float) -> AsyncIterator[list[str]]:
-    """The masters' URLs with every one but ``direct`` behind a proxy adding ``delay``."""
+async def proxied(
+    group: ServerGroup, direct: int, delay: float
+) -> AsyncIterator[tuple[list[str], list[FaultProxy]]]:
+    """The masters' URLs with every one but ``direct`` behind a proxy adding ``delay``,
+    and those proxies."""
     async with AsyncExitStack() as stack:
-        urls = []
+        urls, proxies = [], []
         for i, server in enumerate(group):
             if i == direct:
                 urls.append(server.url)
@@ -38,10 +41,11 @@ async def _proxied(group: ServerGroup, direct: int, delay: float) -> AsyncIterat
             proxy = await stack.enter_async_context(FaultProxy("127.0.0.1", server.port))
             proxy.delay = delay
             urls.append(proxy.url)
-        yield urls
+            proxies.append(proxy)
+        yield urls, proxies
 
 
-async def _slot_exists(group: ServerGroup, key: str) -> list[bool]:
+async def slot_exists(group: ServerGroup, key: str) -> list[bool]:
     found = []
     for server in group:
         client = Redis.from_url(server.url)
@@ -64,7 +68,7 @@ async def test_waiters_whose_attempts_split_the_grants_are_not_left_asleep(
     async with AsyncExitStack() as stack:
         waiters = []
         for i in range(3):
-            urls = await stack.enter_async_context(_proxied(group, i, 0.2))
+            urls, _ = await stack.enter_async_context(proxied(group, i, 0.2))
             waiters.append(
                 await stack.enter_async_context(
                     AsyncRedlock(urls, retry_delay=PATIENT, node_timeout=1.0)
@@ -86,7 +90,7 @@ async def test_waiters_whose_attempts_split_the_grants_are_not_left_asleep(
             with anyio.move_on_after(GUARD):
                 await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if not any(task.done() for task in tasks):  # the slot is free all along
-                assert await _slot_exists(group, f"{{{name}}}:sem:0") == [False] * 3
+                assert await slot_exists(group, f"{{{name}}}:sem:0") == [False] * 3
             assert sum(task.done() for task in tasks) == 1
             left = set(tasks)
             while left:  # each release wakes the next waiter
