@@ -371,27 +371,15 @@ async def test_a_lease_call_interrupted_leaves_nothing(
 async def test_inspect_with_its_round_out_is_interrupted_promptly(rig: Rig, how: str) -> None:
     before = await rig.connections()
     waiter = AsyncRedlock(rig.proxied, node_timeout=NODE_TIMEOUT)
-    ended: list[object] = []
     try:
         lease = await waiter.lock("i", ttl=30.0).acquire()
         await lease.release()
-        rig.delay(DELAY)
-        scope = anyio.CancelScope()
-
-        with anyio.fail_after(GUARD):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_record, ended, scope, lambda: waiter.inspect("i"))
-                assert await polled(lambda: any(client_state(waiter).in_flight))
-                if how == "cancel":
-                    scope.cancel()
-                else:
-                    await waiter.aclose()
+        ended = await _interrupt(how, "round out", rig, lambda r: r.inspect("i"), waiter)
     finally:
         rig.delay(0.0)
         with anyio.fail_after(GUARD):
             await waiter.aclose()
-    assert len(ended) == 1, ended
-    assert ended[0] == "cancelled" if how == "cancel" else isinstance(ended[0], LockState)
+    assert ended == "cancelled" if how == "cancel" else isinstance(ended, LockState)
     await _check_nothing_left(rig, before)
 
 
