@@ -76,20 +76,10 @@ async def test_a_round_that_raises_at_its_deadline_strands_no_other_round(
             super().out_of_time(waited)
 
     monkeypatch.setattr(_quorum, "_Tally", Tally)
-    outcomes: dict[int, RedlockError] = {}
-
-    async def acquire(redlock: AsyncRedlock, i: int) -> None:
-        with pytest.raises(RedlockError) as caught:
-            await redlock.lock(f"robust:{i}", timeout=0).acquire()
-        outcomes[i] = caught.value
-
     async with blackholed(servers) as proxies:
         masters = [proxy.url + STUCK for proxy in proxies]
         async with AsyncRedlock(masters, node_timeout=0.1, socket_timeout=0.3) as redlock:
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-                    for i in range(ACQUIRES):
-                        tg.start_soon(acquire, redlock, i)
+            outcomes = await _acquire_all(redlock)
     # the first round's decided as it stood (its calls still out), the others out of time
     _assert_ended(outcomes, "no reply within 0.3 s")
     _assert_logged_once(caplog)
@@ -117,13 +107,6 @@ async def test_a_round_that_raises_on_hearing_of_silence_strands_no_other_round(
                 raise _Broken("a round's own fault")  # told by the watcher, not at start
             super().on_silent()
 
-    outcomes: dict[int, RedlockError] = {}
-
-    async def acquire(redlock: AsyncRedlock, i: int) -> None:
-        with pytest.raises(RedlockError) as caught:
-            await redlock.lock(f"robust:{i}", timeout=0).acquire()
-        outcomes[i] = caught.value
-
     async with blackholed(servers) as proxies:
         for proxy in proxies:
             proxy.heal()
@@ -133,10 +116,7 @@ async def test_a_round_that_raises_on_hearing_of_silence_strands_no_other_round(
             for proxy in proxies:
                 proxy.blackhole = True
             monkeypatch.setattr(_quorum, "_Tally", Tally)
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-                    for i in range(ACQUIRES):
-                        tg.start_soon(acquire, redlock, i)
+            outcomes = await _acquire_all(redlock)
     _assert_ended(outcomes, "master silent for over 0.1 s")
     _assert_logged_once(caplog)
 
@@ -164,6 +144,22 @@ async def test_a_round_given_up_after_a_busy_loop_says_how_long_it_waited(
     assert all(found), details
     # the stall alone (from 0.2 s on) outlasts the round's deadline
     assert [float(m[1]) > STALL for m in found if m] == [True] * len(details)
+
+
+async def _acquire_all(redlock: AsyncRedlock) -> dict[int, RedlockError]:
+    """``ACQUIRES`` acquisitions at once, none waiting, each failing: how, by number."""
+    outcomes: dict[int, RedlockError] = {}
+
+    async def acquire(i: int) -> None:
+        with pytest.raises(RedlockError) as caught:
+            await redlock.lock(f"robust:{i}", timeout=0).acquire()
+        outcomes[i] = caught.value
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            for i in range(ACQUIRES):
+                tg.start_soon(acquire, i)
+    return outcomes
 
 
 def _assert_ended(outcomes: dict[int, RedlockError], why: str) -> None:
