@@ -88,6 +88,16 @@ class Masters:
         for i, client in enumerate(self.clients):
             await client.set(f"{{{name}}}:fence", top + 1 + i)
 
+    async def delete_held(self, redlock: AsyncRedlock, lease: Lease) -> None:
+        """Delete ``lease``'s key on every master, behind its back, once sure every
+        master holds it: ``acquire()`` returns at a quorum, and a SET still out would
+        put the key back after its DELETE. ``inspect()`` reads every master after the
+        earlier calls, in order on each connection."""
+        state = await redlock.inspect(lease.resource)
+        assert [node.holder for node in state.nodes] == [lease.value] * len(self), state
+        for client in self.clients:
+            await client.delete(lease.key)
+
     async def holding(self, key: str) -> int:
         """On how many masters ``key`` exists."""
         return sum([await client.exists(key) for client in self.clients])

@@ -173,8 +173,7 @@ class TestErrors:
             if how == "forced free":  # by this client: it knows its lease lost
                 await redlock.force_release(lease.resource)
             else:  # behind its back: its release finds it gone
-                for client in masters.clients:
-                    await client.delete(lease.key)
+                await masters.delete_held(redlock, lease)
             await lease.release()
             return web.Response()
 
@@ -196,8 +195,7 @@ class TestErrors:
         async def run(request: web.Request) -> web.Response:
             name = f"job:{request.match_info['job']}"
             async with request.app[REDLOCK].lock(name) as lease:
-                for client in masters.clients:
-                    await client.delete(lease.key)
+                await masters.delete_held(request.app[REDLOCK], lease)
                 await lease.release()
             return web.Response()
 

@@ -276,8 +276,7 @@ class TestErrors:
             if how == "forced free":  # by this client: it knows its lease lost
                 await redlock_of(app).force_release(lease.resource)
             else:  # behind its back: its release finds it gone
-                for client in masters.clients:
-                    await client.delete(lease.key)
+                await masters.delete_held(redlock_of(app), lease)
             await lease.release()
 
         with anyio.fail_after(HANG_GUARD):
@@ -300,8 +299,7 @@ class TestErrors:
 
         @app.post("/jobs/{job}")
         async def run(job: str, lease: Annotated[Lease, Depends(locked("job:{job}"))]) -> None:
-            for client in masters.clients:
-                await client.delete(lease.key)
+            await masters.delete_held(redlock_of(app), lease)
             try:
                 await (lease.release() if call == "release" else lease.extend())
             finally:
@@ -330,12 +328,7 @@ class TestErrors:
             request: Request,
             lease: Annotated[Lease, Depends(locked("job:{job}", auto_extend=False))],
         ) -> None:
-            # acquire() returns at a quorum: a SET still out could land after the
-            # DELETE below. inspect() reads every master after it.
-            state = await redlock_of(request).inspect(lease.resource)
-            assert [node.holder for node in state.nodes] == [lease.value] * len(masters)
-            for client in masters.clients:
-                await client.delete(lease.key)
+            await masters.delete_held(redlock_of(request), lease)
             returned.append(job)
 
         with anyio.fail_after(HANG_GUARD):
