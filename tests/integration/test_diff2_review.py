@@ -30,18 +30,6 @@ pytestmark = pytest.mark.anyio
 PATIENT = 120.0  # a retry delay no test waits out: only a wake-up moves a waiter
 
 
-async def _gone_everywhere(masters: Masters, key: str) -> None:
-    """Delete ``key`` on every master, once every master has it (acquire() returns at
-    a quorum: the last SET may still be on its way)."""
-    for _ in range(400):
-        if await masters.holding(key) == len(masters):
-            break
-        await anyio.sleep(0.025)
-    assert await masters.holding(key) == len(masters)
-    for client in masters.clients:
-        await client.delete(key)
-
-
 async def test_a_release_in_the_block_that_finds_the_loss_ends_it_with_lost_lease_error(
     servers: ServerGroup, masters: Masters
 ) -> None:
@@ -52,7 +40,7 @@ async def test_a_release_in_the_block_that_finds_the_loss_ends_it_with_lost_leas
         lock = redlock.lock("diff2:release", ttl=10.0)
         with pytest.raises(LostLeaseError) as raised:
             async with lock as lease:
-                await _gone_everywhere(masters, lock.key)
+                await masters.delete_held(redlock, lease)
                 await lease.release()
         assert isinstance(raised.value, LockNotOwnedError)
         assert "found by the block's own release() or extend()" in str(raised.value)
@@ -74,7 +62,7 @@ async def test_a_caught_extend_loss_ends_the_block_as_the_loss_that_cancelled_it
         lock = redlock.lock("diff2:extend", ttl=10.0, auto_extend=False)
         with pytest.raises(LockLostError) as raised:
             async with lock as lease:
-                await _gone_everywhere(masters, lock.key)
+                await masters.delete_held(redlock, lease)
                 with pytest.raises(LostLeaseError):
                     await lease.extend()
         assert lease.lost
@@ -89,7 +77,7 @@ async def test_an_uncaught_extend_loss_ends_the_block_with_lost_lease_error(
         lock = redlock.lock("diff2:extend2", ttl=10.0, auto_extend=False)
         with pytest.raises(LostLeaseError) as raised:
             async with lock as lease:
-                await _gone_everywhere(masters, lock.key)
+                await masters.delete_held(redlock, lease)
                 await lease.extend()
         assert isinstance(raised.value.__cause__, LostLeaseError)
         assert lease.lost
@@ -109,7 +97,7 @@ async def test_a_singleton_whose_job_finds_its_lease_lost_leads_again(
         async def job(lease: Lease) -> str:
             runs.append(lease)
             if len(runs) == 1:
-                await _gone_everywhere(masters, lock.key)
+                await masters.delete_held(redlock, lease)
                 await lease.release()
             return "done"
 
@@ -133,7 +121,7 @@ async def test_a_singleton_job_raising_another_leases_loss_propagates_it(
             nonlocal runs
             runs += 1
             inner = await other.acquire()
-            await _gone_everywhere(masters, other.key)
+            await masters.delete_held(redlock, inner)
             await inner.release()
 
         with anyio.fail_after(30), pytest.raises(LostLeaseError) as raised:
@@ -219,10 +207,8 @@ async def test_semaphore_waiters_do_not_wake_each_other_while_a_holder_keeps_a_q
         holder = await stack.enter_async_context(AsyncRedlock(group.urls))
         held = await holder.semaphore(name, 1, ttl=60.0, timeout=0).acquire()
         key = f"{{{name}}}:sem:0"
-        for _ in range(400):
-            if await direct.holding(key) == 5:
-                break
-            await anyio.sleep(0.025)
+        await holder.settle()  # acquire() returned at a quorum: its last SETs landed
+        assert await direct.holding(key) == 5
         for client in direct.clients[3:]:
             assert await client.delete(key) == 1
         waiters = await stack.enter_async_context(clients(group.urls, n, retry_delay=PATIENT))
