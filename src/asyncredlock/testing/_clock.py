@@ -137,8 +137,10 @@ class FakeClock:
             seconds: The new offset; fractions of a second are kept to the microsecond.
 
         Raises:
+            TypeError: `seconds` is not an int or a float (a bool is refused).
             ValueError: `seconds` is not finite.
         """
+        _check_number(seconds)
         if not math.isfinite(seconds):
             raise ValueError(f"a clock offset must be finite, got {seconds}")
         self._offset = float(seconds)
@@ -151,8 +153,10 @@ class FakeClock:
             seconds: The step, added to the current offset.
 
         Raises:
+            TypeError: `seconds` is not an int or a float (a bool is refused).
             ValueError: The resulting offset is not finite.
         """
+        _check_number(seconds)  # before it is added: True would step 1 s
         self.set_offset(self._offset + seconds)
 
     def reset(self) -> None:
@@ -226,3 +230,13 @@ class FakeClock:
         staged = self._path.with_name(f".{self._path.name}.tmp")
         staged.write_text(f"{self._offset:+.6f}\n")
         staged.replace(self._path)
+
+
+def _check_number(seconds: object) -> None:
+    """Refuse an offset that is no int or float (``True`` would move the clock 1 s).
+
+    Raises:
+        TypeError: It is not an int or a float, or it is a bool.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"a clock offset must be a number of seconds, not {type(seconds).__name__}")

@@ -34,7 +34,9 @@ from ._support import (
     STOP_GRACE,
     RespError,
     ServerStartError,
+    check_count,
     check_server_args,
+    check_start_args,
     find_server_binary,
 )
 
@@ -76,7 +78,8 @@ class ServerCluster:
     Raises:
         ValueError: ``shards`` is below 1, ``replicas`` below 0, or
             ``node_timeout`` not above 0.
-        TypeError: ``extra_args`` is a str (each argument must be an item of its own).
+        TypeError: ``shards`` or ``replicas`` is not an int (a bool is no count), or
+            ``extra_args`` is a str (each argument must be an item of its own).
         ServerBinaryNotFoundError: ``binary`` is None and no server binary is found.
     """
 
@@ -90,9 +93,9 @@ class ServerCluster:
         workdir: str | Path | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
-        if shards < 1:
+        if check_count("shards", shards, minimum=None) < 1:
             raise ValueError(f"a cluster needs at least one shard, got shards={shards}")
-        if replicas < 0:
+        if check_count("replicas", replicas, minimum=None) < 0:
             raise ValueError(f"replicas must be 0 or more, got {replicas}")
         if not node_timeout > 0:
             raise ValueError(f"node_timeout must be above 0 s, got {node_timeout}")
@@ -160,7 +163,10 @@ class ServerCluster:
                 become ready in time; the message says what was last seen.
             RuntimeError: `close()` was called (on the cluster or one of its nodes);
                 nothing is started.
+            TypeError, ValueError: `timeout` is no number of seconds above 0 (nothing
+                is started).
         """
+        check_start_args(timeout)
         if any(node._closed for node in self._nodes):
             raise RuntimeError(f"{self!r} is closed")
         pending = [node for node in self._nodes if not node.running]

@@ -12,6 +12,8 @@ from ._support import (
     STOP_GRACE,
     PortInUseError,
     check_count,
+    check_server_args,
+    check_start_args,
     find_server_binary,
 )
 
@@ -34,8 +36,8 @@ class ServerGroup:
     Raises:
         ValueError: `n` is less than 1.
         TypeError: `n` is not an int (nor a bool: ``ServerGroup(True)`` is no count).
-        TypeError: `appendonly` is not a bool, or `extra_args` is a str (as for
-            `ServerProcess`; no server is made).
+        TypeError: `appendonly` or `fake_clock` is not a bool, or `extra_args` is a
+            str (as for `ServerProcess`; no server is made).
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
         FakeClockUnavailableError: `fake_clock` is set and libfaketime is unavailable.
     """
@@ -52,6 +54,7 @@ class ServerGroup:
     ) -> None:
         if check_count("n (the number of servers)", n, minimum=None) < 1:
             raise ValueError(f"a server group needs at least one server, got n={n}")
+        check_server_args(appendonly=appendonly, extra_args=extra_args, fake_clock=fake_clock)
         binary = binary or find_server_binary()
         self._servers = [
             ServerProcess(
@@ -93,7 +96,10 @@ class ServerGroup:
             ServerStartError: A server did not come up.
             RuntimeError: `close()` was called (on the group or one of its servers);
                 nothing is started.
+            TypeError, ValueError: `timeout` is no number of seconds above 0 (nothing
+                is started).
         """
+        check_start_args(timeout)
         if any(server._closed for server in self._servers):
             raise RuntimeError(f"{self!r} is closed")
         pending = [server for server in self._servers if not server.running]

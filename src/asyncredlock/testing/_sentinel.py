@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ._servers import ServerProcess
-from ._support import HOST, resp_call
+from ._support import HOST, check_count, resp_call
 
 __all__ = ["SentinelProcess"]
 
@@ -29,8 +29,9 @@ class SentinelProcess(ServerProcess):
         workdir: As for `ServerProcess`.
 
     Raises:
-        ValueError: ``monitor`` is empty, or ``down_after`` is not above 0.
-        TypeError: ``port`` is not an int.
+        ValueError: ``monitor`` is empty, ``quorum`` is below 1, or ``down_after``
+            is not above 0.
+        TypeError: ``port`` or ``quorum`` is not an int (a bool is no count).
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class SentinelProcess(ServerProcess):
     ) -> None:
         if not monitor:
             raise ValueError("monitor names no server to watch")
+        check_count("quorum", quorum, minimum=1)  # else only the started sentinel fails
         if not down_after > 0:
             raise ValueError(f"down_after must be above 0 s, got {down_after}")
         super().__init__(binary=binary, port=port, workdir=workdir)

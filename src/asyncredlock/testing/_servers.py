@@ -36,6 +36,7 @@ from ._support import (
     ServerStartError,
     answering_pid,
     check_server_args,
+    check_start_args,
     dataset_loaded,
     find_server_binary,
     in_group,
@@ -76,8 +77,9 @@ class ServerProcess:
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
         FakeClockUnavailableError: `fake_clock` is set and the platform is not Linux
             or no ``libfaketime.so.1`` is found.
-        TypeError: `port` is not an int, `appendonly` not a bool, or `extra_args` a str.
-        ValueError: `port` is out of range.
+        TypeError: `port` is not an int, `appendonly` or `fake_clock` not a bool,
+            `password` neither None nor a str, or `extra_args` a str (nothing is made).
+        ValueError: `port` is out of range, or `password` is empty.
     """
 
     def __init__(
@@ -91,9 +93,7 @@ class ServerProcess:
         password: str | None = None,
         fake_clock: bool = False,
     ) -> None:
-        check_server_args(port, appendonly, extra_args)  # before anything is made
-        if password == "":
-            raise ValueError("password must not be empty (None: no password)")
+        check_server_args(port, appendonly, extra_args, password=password, fake_clock=fake_clock)
         self._binary = binary or find_server_binary()
         library = faketime_library() if fake_clock else None  # before making a workdir
         self._auto_port = port == 0
@@ -189,7 +189,9 @@ class ServerProcess:
             ServerStartError: The process exited or did not answer in time; the message
                 holds the tail of its log.
             RuntimeError: `close()` was called.
+            TypeError, ValueError: `timeout` is no number of seconds above 0.
         """
+        check_start_args(timeout)  # before anything is spawned
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         if self.running:
@@ -262,10 +264,12 @@ class ServerProcess:
             timeout: Seconds to wait for the restarted server to answer.
 
         Raises:
-            TypeError: `appendonly` is neither None nor a bool (nothing is stopped).
+            TypeError: `appendonly` is neither None nor a bool, or `kill` not a bool.
+            TypeError, ValueError: `timeout` is no number of seconds above 0.
             ServerStartError: The restarted server did not come up.
         """
-        check_server_args(appendonly=False if appendonly is None else appendonly)
+        on = False if appendonly is None else appendonly
+        check_start_args(timeout, appendonly=on, kill=kill)  # before anything is stopped
         if kill:
             self.kill()
         else:
@@ -444,6 +448,3 @@ class ServerProcess:
             registry.processes.pop(self._proc.pid, None)
         self._proc = None
         self._paused = False
-
-
-# --- N servers ------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from .._config import check_seconds
+
 __all__ = ["ServerBinaryNotFoundError", "ServerStartError", "find_server_binary"]
 
 HOST = "127.0.0.1"
@@ -235,23 +237,47 @@ def pick_port() -> int:
 
 
 def check_server_args(
-    port: object = 0, appendonly: object = False, extra_args: object = ()
+    port: object = 0,
+    appendonly: object = False,
+    extra_args: object = (),
+    *,
+    password: object = None,
+    fake_clock: object = False,
 ) -> None:
     """Refuse what a server would misread, before anything starts or is made.
 
     Raises:
-        TypeError: ``port`` is not an int, ``appendonly`` not a bool, or
-            ``extra_args`` a str or bytes (not a sequence of str).
-        ValueError: ``port`` is out of range.
+        TypeError: ``port`` is not an int, ``appendonly`` or ``fake_clock`` not a
+            bool, ``password`` neither None nor a str, or ``extra_args`` a str or
+            bytes (not a sequence of str).
+        ValueError: ``port`` is out of range, or ``password`` is empty.
     """
     check_port("port", port)
     check_switch("appendonly", appendonly)
+    check_switch("fake_clock", fake_clock)  # a truthy "no" must not preload libfaketime
+    if password is not None and not isinstance(password, str):
+        raise TypeError(f"password must be a str or None, not {type(password).__name__}")
+    if password == "":
+        raise ValueError("password must not be empty (None: no password)")
     if isinstance(extra_args, str | bytes) or not isinstance(extra_args, Sequence):
         raise TypeError(
             f"extra_args must be a sequence of str (one per argument), got {extra_args!r}"
         )
     if not all(isinstance(each, str) for each in extra_args):
         raise TypeError(f"extra_args must hold str only, got {extra_args!r}")
+
+
+def check_start_args(timeout: object, *, appendonly: object = False, kill: object = False) -> None:
+    """Refuse a start's or restart's arguments, before any process is stopped or spawned.
+
+    Raises:
+        TypeError: ``timeout`` is not a number, or ``appendonly`` or ``kill`` not a
+            bool (a truthy ``"no"`` must not crash a server).
+        ValueError: ``timeout`` is NaN, not above 0, or infinite.
+    """
+    check_seconds("timeout", timeout)
+    check_switch("appendonly", appendonly)
+    check_switch("kill", kill)
 
 
 def check_port(name: str, port: object) -> int:
