@@ -381,7 +381,7 @@ class FaultProxy:
         self.blackhole = False
 
     async def start(self) -> None:
-        """Start listening.
+        """Start listening; cancelled, it leaves nothing listening.
 
         Raises:
             RuntimeError: The proxy was already started or closed.
@@ -390,12 +390,20 @@ class FaultProxy:
         if self._server is not None or self._closing:
             raise RuntimeError(f"{self!r} was already started or closed")
         loop = asyncio.get_running_loop()
-        host, port = self._listen
         timeout = 5.0 if self._ssl else None  # the loop's, out of aclose()'s reach: 60 s
-        self._server = await loop.create_server(
-            lambda: _Side(self), host, port, ssl=self._ssl, ssl_handshake_timeout=timeout
+        self._server = server = await loop.create_server(
+            lambda: _Side(self),
+            *self._listen,
+            ssl=self._ssl,
+            ssl_handshake_timeout=timeout,
+            start_serving=False,  # asyncio yields once serving: held before, aclose() has it
         )
-        self._port = self._server.sockets[0].getsockname()[1]
+        self._port = server.sockets[0].getsockname()[1]
+        try:
+            await server.start_serving()
+        except BaseException:  # cancelled there: stop listening (no aclose() may follow)
+            server.close()
+            raise
 
     async def aclose(self) -> None:
         """Stop listening, reset every connection, wait for the proxy's tasks (idempotent)."""
