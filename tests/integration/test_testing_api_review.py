@@ -201,6 +201,85 @@ def test_a_clock_offset_of_true_is_refused(tmp_path: Path) -> None:
         clock.jump(True)
 
 
+@pytest.mark.parametrize(
+    ("period", "error"), [(True, TypeError), (math.inf, ValueError)], ids=["true", "inf"]
+)
+@pytest.mark.parametrize("kind", ["cluster node_timeout", "sentinel down_after"])
+def test_a_period_that_is_no_number_of_seconds_is_refused_when_made(
+    kind: str, period: Any, error: type[Exception]
+) -> None:
+    """``node_timeout=True`` / ``down_after=True`` are taken as 1 s (only ``not x > 0``
+    was checked), and an infinite one fails with an OverflowError from ``round()``."""
+    server = ServerProcess()
+    makers: dict[str, Callable[[], object]] = {
+        "cluster node_timeout": lambda: ServerCluster(1, node_timeout=period),
+        "sentinel down_after": lambda: SentinelProcess({"svc": server}, down_after=period),
+    }
+    try:
+        assert refused(makers[kind], error)
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def terminations_counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Counts the SIGTERMs sent inside the block (`ServerProcess._terminate`)."""
+    signalled: list[int] = []
+    original = ServerProcess._terminate
+
+    def counting(self: ServerProcess) -> None:
+        signalled.append(self.port)
+        original(self)
+
+    with monkeypatch.context() as patched:  # until the block ends: close() signals
+        patched.setattr(ServerProcess, "_terminate", counting)
+        yield signalled
+
+
+@pytest.mark.parametrize(
+    ("grace", "error"),
+    [("5", TypeError), (True, TypeError), (math.nan, ValueError), (-1.0, ValueError)],
+    ids=["str", "true", "nan", "negative"],
+)
+@pytest.mark.parametrize("target", ["process", "group", "cluster"])
+def test_a_bad_stop_grace_signals_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    make_servers: MakeServers,
+    target: str,
+    grace: Any,
+    error: type[Exception],
+) -> None:
+    """``stop(grace="5")`` sends SIGTERM and then fails in ``Popen.wait``; ``True``
+    waits 1 s, NaN until the exit, and -1 SIGKILLs at once: each must be refused
+    before any server is signalled."""
+    group = make_servers(1, start=target == "process")
+    pid = group[0].pid
+    with contextlib.closing(ServerCluster(1)) as cluster:  # unstarted: stop() still terminates
+        stops = {"process": group[0].stop, "group": group.stop, "cluster": cluster.stop}
+        with terminations_counted(monkeypatch) as signalled, pytest.raises(error):
+            stops[target](grace=grace)
+    assert (signalled, group[0].pid) == ([], pid), "a server was signalled"
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(True, TypeError), (0, ValueError), (math.nan, ValueError)],
+    ids=["true", "zero", "nan"],
+)
+@pytest.mark.parametrize("call", ["ping", "flushall"])
+def test_a_ping_or_flushall_timeout_is_checked_before_connecting(
+    make_servers: MakeServers, call: str, timeout: Any, error: type[Exception]
+) -> None:
+    """``ping(timeout=True)`` / ``flushall(timeout=True)`` wait up to 1 s (and flush);
+    ``ping(timeout=0)`` says False of a live server (a non-blocking connect) and
+    ``flushall(timeout=0)`` raises BlockingIOError: each must be refused, unsent."""
+    server = make_servers(1)[0]
+    direct(server).set("kept", "1")
+    with pytest.raises(error):
+        getattr(server, call)(timeout=timeout)
+    assert direct(server).get("kept") == b"1"
+
+
 # --- FaultProxy: cancelled start() / aclose() ------------------------------------------
 
 

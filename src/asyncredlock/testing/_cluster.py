@@ -12,6 +12,8 @@ from typing import Any, Self
 from redis.asyncio import RedisCluster
 from redis.asyncio.cluster import ClusterNode
 
+from .._config import check_seconds
+from ._checks import check_count, check_period, check_server_args, check_start_args
 from ._group import ServerGroup
 from ._servers import ServerProcess
 from ._slots import (
@@ -34,9 +36,6 @@ from ._support import (
     STOP_GRACE,
     RespError,
     ServerStartError,
-    check_count,
-    check_server_args,
-    check_start_args,
     find_server_binary,
 )
 
@@ -77,8 +76,9 @@ class ServerCluster:
 
     Raises:
         ValueError: ``shards`` is below 1, ``replicas`` below 0, or
-            ``node_timeout`` not above 0.
-        TypeError: ``shards`` or ``replicas`` is not an int (a bool is no count), or
+            ``node_timeout`` not above 0 (NaN included) or infinite.
+        TypeError: ``shards`` or ``replicas`` is not an int (a bool is no count),
+            ``node_timeout`` not an int or a float (a bool is no 1 s), or
             ``extra_args`` is a str (each argument must be an item of its own).
         ServerBinaryNotFoundError: ``binary`` is None and no server binary is found.
     """
@@ -97,8 +97,7 @@ class ServerCluster:
             raise ValueError(f"a cluster needs at least one shard, got shards={shards}")
         if check_count("replicas", replicas, minimum=None) < 0:
             raise ValueError(f"replicas must be 0 or more, got {replicas}")
-        if not node_timeout > 0:
-            raise ValueError(f"node_timeout must be above 0 s, got {node_timeout}")
+        check_period("node_timeout", node_timeout)  # True is no 1 s
         check_server_args(extra_args=extra_args)  # not spread per character below
         binary = binary or find_server_binary()
         timeout_ms = str(max(1, round(node_timeout * 1000)))
@@ -318,8 +317,13 @@ class ServerCluster:
         """Stop every node, in parallel (ports and directories are kept).
 
         Args:
-            grace: Seconds each node has after SIGTERM before SIGKILL.
+            grace: Seconds each node has after SIGTERM before SIGKILL (0: at once).
+
+        Raises:
+            TypeError, ValueError: `grace` is no finite number of seconds, or below 0 (no
+                node is signalled).
         """
+        check_seconds("grace", grace, allow_zero=True)
         self._stop(self._nodes, grace)
 
     def close(self) -> None:

@@ -7,13 +7,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from .._config import check_seconds
+from ._checks import check_count, check_server_args, check_start_args
 from ._servers import ServerProcess
 from ._support import (
     STOP_GRACE,
     PortInUseError,
-    check_count,
-    check_server_args,
-    check_start_args,
     find_server_binary,
 )
 
@@ -129,8 +128,13 @@ class ServerGroup:
         """Stop every server, in parallel (ports and directories are kept).
 
         Args:
-            grace: Seconds each server has after SIGTERM before SIGKILL.
+            grace: Seconds each server has after SIGTERM before SIGKILL (0: at once).
+
+        Raises:
+            TypeError, ValueError: `grace` is no finite number of seconds, or below 0 (no
+                server is signalled).
         """
+        check_seconds("grace", grace, allow_zero=True)
         for server in self._servers:
             server._terminate()
         for server in self._servers:

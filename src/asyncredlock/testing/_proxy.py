@@ -30,8 +30,8 @@ from types import TracebackType
 from typing import Self, cast
 
 from .._config import check_seconds
+from ._checks import check_host, check_port, check_switch
 from ._forward import Chunk, reset_transport, until
-from ._support import check_host, check_port, check_switch
 
 __all__ = ["FaultProxy"]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ._checks import check_count, check_period
 from ._servers import ServerProcess
-from ._support import HOST, check_count, resp_call
+from ._support import HOST, resp_call
 
 __all__ = ["SentinelProcess"]
 
@@ -30,8 +31,9 @@ class SentinelProcess(ServerProcess):
 
     Raises:
         ValueError: ``monitor`` is empty, ``quorum`` is below 1, or ``down_after``
-            is not above 0.
-        TypeError: ``port`` or ``quorum`` is not an int (a bool is no count).
+            is not above 0 (NaN included) or infinite.
+        TypeError: ``port`` or ``quorum`` is not an int (a bool is no count), or
+            ``down_after`` not an int or a float (a bool is no 1 s).
     """
 
     def __init__(
@@ -47,8 +49,7 @@ class SentinelProcess(ServerProcess):
         if not monitor:
             raise ValueError("monitor names no server to watch")
         check_count("quorum", quorum, minimum=1)  # else only the started sentinel fails
-        if not down_after > 0:
-            raise ValueError(f"down_after must be above 0 s, got {down_after}")
+        check_period("down_after", down_after)  # True is no 1 s
         super().__init__(binary=binary, port=port, workdir=workdir)
         self._monitor = dict(monitor)
         self._quorum = quorum

@@ -22,12 +22,13 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
+from .._config import check_seconds
+from ._checks import check_server_args, check_start_args
 from ._clock import CLOCK_NAME, FakeClock, faketime_library
 from ._support import (
     ADDRESS_IN_USE,
     HOST,
     LOG_NAME,
-    LOG_TAIL_LINES,
     POLL_INTERVAL,
     PORT_ATTEMPTS,
     STOP_GRACE,
@@ -35,11 +36,10 @@ from ._support import (
     RespError,
     ServerStartError,
     answering_pid,
-    check_server_args,
-    check_start_args,
     dataset_loaded,
     find_server_binary,
     in_group,
+    log_tail,
     pick_port,
     registry,
     resp_call,
@@ -106,9 +106,8 @@ class ServerProcess:
         self._workdir.mkdir(parents=True, exist_ok=True)
         if self._own_workdir:
             registry.tempdirs.add(self._workdir)
-        self._clock = (
-            None if library is None else FakeClock(self.workdir / CLOCK_NAME, library=library)
-        )
+        clock_file = self.workdir / CLOCK_NAME
+        self._clock = None if library is None else FakeClock(clock_file, library=library)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
         self._paused = False
@@ -214,8 +213,12 @@ class ServerProcess:
         and working directory are kept for a restart.
 
         Args:
-            grace: Seconds to wait after SIGTERM before SIGKILL.
+            grace: Seconds to wait after SIGTERM before SIGKILL (0: at once).
+
+        Raises:
+            TypeError, ValueError: `grace` is no finite number of seconds, or below 0.
         """
+        check_seconds("grace", grace, allow_zero=True)  # before any signal
         self._terminate()
         self._reap(grace)
 
@@ -283,13 +286,16 @@ class ServerProcess:
 
         Args:
             timeout: Seconds for connecting and for the reply.
+
+        Raises:
+            TypeError, ValueError: `timeout` is no number of seconds above 0.
         """
+        check_seconds("timeout", timeout)  # before connecting
         try:
-            return (
-                resp_call(self._port, "PING", timeout=timeout, password=self._password) == b"PONG"
-            )
+            reply = resp_call(self._port, "PING", timeout=timeout, password=self._password)
         except (OSError, RespError):
             return False
+        return reply == b"PONG"
 
     def flushall(self, timeout: float = 5.0) -> None:
         """Delete every key (``FLUSHALL``).
@@ -299,7 +305,9 @@ class ServerProcess:
 
         Raises:
             OSError: The server is not reachable or did not answer in time.
+            TypeError, ValueError: `timeout` is no number of seconds above 0.
         """
+        check_seconds("timeout", timeout)  # before connecting
         resp_call(self._port, "FLUSHALL", timeout=timeout, password=self._password)
 
     def close(self) -> None:
@@ -390,25 +398,17 @@ class ServerProcess:
         if self._clock is None:
             return
         server = f"server {self._binary} on port {self._port}"
-        error = self._clock.problem(server, pid, self._log_tail(), answered=answered)
+        tail = log_tail(self.log_path, self._log_offset)
+        error = self._clock.problem(server, pid, tail, answered=answered)
         if error is not None:
             self.kill()
             raise error
 
     def _start_error(self, what: str) -> ServerStartError:
-        tail = self._log_tail()
+        tail = log_tail(self.log_path, self._log_offset)
         kind = PortInUseError if ADDRESS_IN_USE in tail else ServerStartError
         text = tail.decode(errors="replace")
         return kind(f"server {self._binary} on port {self._port} {what}; log tail:\n{text}")
-
-    def _log_tail(self) -> bytes:
-        try:
-            with self.log_path.open("rb") as log:
-                log.seek(self._log_offset)
-                lines = log.read().splitlines()
-        except OSError:
-            return b""
-        return b"\n".join(lines[-LOG_TAIL_LINES:])
 
     def _may_change_port(self) -> bool:
         """A port we picked may change until the first successful start, never after."""

@@ -7,7 +7,7 @@ from types import TracebackType
 from typing import Self
 
 from .._redlock import AsyncRedlock
-from ._support import check_count
+from ._checks import check_count
 
 __all__ = ["Waits"]
 
