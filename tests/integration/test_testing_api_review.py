@@ -38,7 +38,7 @@ from asyncredlock.testing import (
     ServerGroup,
     ServerProcess,
 )
-from asyncredlock.testing._support import registry
+from asyncredlock.testing._support import registry, resp_call
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .. import loops
@@ -278,6 +278,100 @@ def test_a_ping_or_flushall_timeout_is_checked_before_connecting(
     with pytest.raises(error):
         getattr(server, call)(timeout=timeout)
     assert direct(server).get("kept") == b"1"
+
+
+BAD_TIMEOUTS = [
+    pytest.param("5", TypeError, id="str"),
+    pytest.param(True, TypeError, id="true"),
+    pytest.param(math.nan, ValueError, id="nan"),
+    pytest.param(0, ValueError, id="zero"),
+    pytest.param(math.inf, ValueError, id="inf"),
+]
+
+
+@contextlib.contextmanager
+def commands_counted(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[list[object]]:
+    """Counts the commands ``asyncredlock.testing.<module>`` sends inside the block
+    (its ``resp_call``)."""
+    sent: list[object] = []
+    target = f"asyncredlock.testing.{module}.resp_call"
+    original = resp_call
+
+    def counting(port: int, *args: str | bytes, **options: Any) -> object:
+        sent.append(args)
+        return original(port, *args, **options)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(target, counting)
+        yield sent
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ServerCluster]:
+    """Two shards, a replica each (nodes[2] replicates nodes[0], which serves slot 0),
+    formed once for the module: the tests below must send it nothing."""
+    with ServerCluster(2, replicas=1) as made:
+        yield made
+
+
+@pytest.mark.parametrize(("timeout", "error"), BAD_TIMEOUTS)
+@pytest.mark.parametrize("call", ["wait_ready", "move_slot", "end_move", "failover"])
+def test_a_bad_cluster_timeout_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    cluster: ServerCluster,
+    call: str,
+    timeout: Any,
+    error: type[Exception],
+) -> None:
+    """``wait_ready(True)`` waits 1 s, ``0`` / NaN time out unasked and ``inf`` may
+    wait for ever; ``move_slot`` migrates the slot's keys and ``failover`` promotes the
+    replica before a bad timeout fails: each must be refused before any command."""
+    to, replica = cluster.nodes[1], cluster.nodes[2]
+    calls: dict[str, Callable[[], object]] = {
+        "wait_ready": lambda: cluster.wait_ready(timeout),
+        "move_slot": lambda: cluster.move_slot(0, to, timeout),
+        "end_move": lambda: cluster.end_move(0, to, timeout),
+        "failover": lambda: cluster.failover(replica, timeout),
+    }
+    with commands_counted(monkeypatch, "_slots") as sent, pytest.raises(error):
+        calls[call]()
+    assert sent == [], "a command was sent"
+
+
+@pytest.mark.parametrize("slot", [True, 0.0], ids=repr)
+@pytest.mark.parametrize("call", ["primary_for", "begin_move", "move_slot", "end_move"])
+def test_a_slot_that_is_no_int_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    cluster: ServerCluster,
+    call: str,
+    slot: Any,
+) -> None:
+    """``begin_move(True, to)`` moves slot 1, and ``primary_for(0.0)`` answers for
+    slot 0 (``begin_move(0.0, to)`` fails only at ``CLUSTER SETSLOT 0.0``)."""
+    to = cluster.nodes[1]
+    calls: dict[str, Callable[[], object]] = {
+        "primary_for": lambda: cluster.primary_for(slot),
+        "begin_move": lambda: cluster.begin_move(slot, to),
+        "move_slot": lambda: cluster.move_slot(slot, to),
+        "end_move": lambda: cluster.end_move(slot, to),
+    }
+    with commands_counted(monkeypatch, "_slots") as sent, pytest.raises(TypeError):
+        calls[call]()
+    assert sent == [], "a command was sent"
+
+
+@pytest.mark.parametrize(("timeout", "error"), BAD_TIMEOUTS)
+def test_a_bad_master_address_timeout_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch, make_servers: MakeServers, timeout: Any, error: type[Exception]
+) -> None:
+    """``master_address("svc", timeout=True)`` waits up to 1 s and ``0`` connects
+    without blocking: the timeout must be refused before anything is sent."""
+    server = make_servers(1)[0]
+    with SentinelProcess({"svc": server}) as sentinel:
+        with commands_counted(monkeypatch, "_sentinel") as sent, pytest.raises(error):
+            sentinel.master_address("svc", timeout=timeout)
+        assert sent == [], "a command was sent"
+        assert sentinel.master_address("svc") == (server.host, server.port)
 
 
 # --- FaultProxy: cancelled start() / aclose() ------------------------------------------

@@ -196,8 +196,10 @@ class ServerCluster:
 
         Raises:
             TimeoutError: Not ready in time; the message says what was last seen.
+            TypeError, ValueError: ``timeout`` is no number of seconds above 0, or
+                infinite (no node is asked).
         """
-        self._wait_ready(timeout, _any)
+        self._wait_ready(check_seconds("timeout", timeout), _any)
 
     def keyslot(self, key: str) -> int:
         """The slot of ``key``, as a running node computes it (``CLUSTER KEYSLOT``).
@@ -217,10 +219,11 @@ class ServerCluster:
             slot: A slot, 0 to 16383.
 
         Raises:
+            TypeError: ``slot`` is not an int (a bool is no slot).
             ValueError: ``slot`` is out of range.
             LookupError: No node serves it (the cluster is not ready).
         """
-        if not 0 <= slot < SLOTS:
+        if not 0 <= check_count("slot", slot, minimum=None) < SLOTS:
             raise ValueError(f"slot must be in 0..{SLOTS - 1}, got {slot}")
         port = view(self._live()[0].port).primary_for(slot)
         if port is None:
@@ -248,7 +251,10 @@ class ServerCluster:
         Raises:
             ValueError: ``to`` is not a primary of this cluster, or serves ``slot``.
             TimeoutError: The nodes did not agree in time.
+            TypeError, ValueError: ``slot`` or ``timeout`` is refused as by `begin_move` or
+                `end_move` (nothing is sent).
         """
+        check_seconds("timeout", timeout)  # before begin_move moves any key
         self.begin_move(slot, to)
         self.end_move(slot, to, timeout)
 
@@ -265,6 +271,7 @@ class ServerCluster:
 
         Raises:
             ValueError: ``to`` is not a primary of this cluster, or serves ``slot``.
+            TypeError, ValueError: ``slot`` is refused as by `primary_for` (nothing is sent).
         """
         source = self._source(slot, to)
         begin_move(slot, source.port, to.port)
@@ -280,7 +287,10 @@ class ServerCluster:
 
         Raises:
             TimeoutError: The nodes did not agree in time.
+            TypeError, ValueError: ``slot`` is refused as by `primary_for`, or ``timeout``
+                as by `wait_ready` (nothing is sent).
         """
+        check_seconds("timeout", timeout)
         source = self.primary_for(slot)
         others = [node.port for node in self._primaries() if node not in (source, to)]
         end_move(slot, source.port, to.port, others)
@@ -298,7 +308,10 @@ class ServerCluster:
         Raises:
             ValueError: ``replica`` is not a replica.
             TimeoutError: The failover did not complete in time.
+            TypeError, ValueError: ``timeout`` is refused as by `wait_ready` (nothing
+                is sent).
         """
+        check_seconds("timeout", timeout)
         if fields(replica.port, "INFO", "replication").get("role") != "slave":
             raise ValueError(f"{replica!r} is not a replica")
         call(replica.port, "CLUSTER", "FAILOVER")

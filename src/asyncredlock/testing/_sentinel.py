@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .._config import check_seconds
 from ._checks import check_count, check_period
 from ._servers import ServerProcess
 from ._support import HOST, resp_call
@@ -64,7 +65,18 @@ class SentinelProcess(ServerProcess):
         return f"redis-sentinel://{HOST}:{self.port}/{service}"
 
     def master_address(self, service: str, timeout: float = 1.0) -> tuple[str, int] | None:
-        """Where this sentinel says the master of ``service`` is now."""
+        """Where this sentinel says the master of ``service`` is now (None: it names none).
+
+        Args:
+            service: A service name of ``monitor``.
+            timeout: Seconds for the connection, and for each read of the reply.
+
+        Raises:
+            TypeError, ValueError: ``timeout`` is no number of seconds above 0, or
+                infinite (nothing is sent; ``True`` is no 1 s).
+            OSError: The sentinel did not answer.
+        """
+        check_seconds("timeout", timeout)  # 0 would connect without blocking
         reply = resp_call(
             self.port, "SENTINEL", "get-master-addr-by-name", service, timeout=timeout
         )
