@@ -31,6 +31,8 @@ ACQUIRES = 4
 STALL = 0.6  # seconds the loop is kept busy (CPU-bound work in a callback)
 # db 1: the connection's handshake sends SELECT, and waits for its reply this long
 STUCK = "/1?socket_timeout=60&socket_connect_timeout=60"
+# a master's detail in a round decided before it was given up on
+NOT_YET = "not answered yet (the round was decided without it)"
 
 
 @asynccontextmanager
@@ -163,14 +165,20 @@ async def _acquire_all(redlock: AsyncRedlock) -> dict[int, RedlockError]:
 
 
 def _assert_ended(outcomes: dict[int, RedlockError], why: str) -> None:
-    """Every acquisition failed, all but one (the faulty round's) for ``why`` on every
-    master (QuorumUnavailableError)."""
+    """Every acquisition failed, all but one (the faulty round's) for ``why`` on a
+    majority of masters, the rest not heard yet when that decided it
+    (QuorumUnavailableError)."""
     assert sorted(outcomes) == list(range(ACQUIRES))
     assert not any(o.ok for outcome in outcomes.values() for o in outcome.outcomes)
-    others = [
-        outcome for outcome in outcomes.values() if {o.detail for o in outcome.outcomes} == {why}
-    ]
+    others = [outcome for outcome in outcomes.values() if _ended_for(outcome, why)]
     assert [type(outcome) for outcome in others] == [QuorumUnavailableError] * (ACQUIRES - 1)
+
+
+def _ended_for(outcome: RedlockError, why: str) -> bool:
+    """Whether ``why`` decided ``outcome``: a majority of the masters gave up for it, and
+    any other was not heard yet (its watchdog may fire just after the decision)."""
+    details = [o.detail for o in outcome.outcomes]
+    return details.count(why) * 2 > len(details) and set(details) <= {why, NOT_YET}
 
 
 def _assert_logged_once(caplog: pytest.LogCaptureFixture) -> None:
