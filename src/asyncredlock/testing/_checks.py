@@ -60,11 +60,10 @@ def check_port(name: str, port: object) -> int:
         TypeError: It is not an int (a bool, a float or a str is refused).
         ValueError: It is out of 0..65535.
     """
-    if not isinstance(port, int) or isinstance(port, bool):
-        raise TypeError(f"{name} must be an int, not {type(port).__name__}")
-    if not 0 <= port <= 65535:
-        raise ValueError(f"{name} must be in 0..65535, got {port}")
-    return port
+    number = check_count(name, port, minimum=None)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"{name} must be in 0..65535, got {number}")
+    return number
 
 
 def check_switch(name: str, on: object) -> bool:
