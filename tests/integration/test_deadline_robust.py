@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import ClassVar
 
 import anyio
 import pytest
@@ -54,6 +55,22 @@ class _Broken(RuntimeError):
     pass
 
 
+class _FirstRound(_quorum._Tally):
+    """A round that records, in its class's ``first``, the first round of that class
+    made: the one a test makes raise (each subclass, a test's, has a list of its own)."""
+
+    first: ClassVar[list[_quorum._Tally]]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.first = []
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if not self.first:
+            self.first.append(self)
+
+
 async def test_a_round_that_raises_at_its_deadline_strands_no_other_round(
     servers: ServerGroup, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -64,16 +81,10 @@ async def test_a_round_that_raises_at_its_deadline_strands_no_other_round(
     loop's exception handler) and the timer was never armed again: no acquisition
     returned. Now each returns; the three others fail as out of time
     (QuorumUnavailableError), and the fault is logged once, at ERROR."""
-    first: list[_quorum._Tally] = []
 
-    class Tally(_quorum._Tally):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            if not first:
-                first.append(self)
-
+    class Tally(_FirstRound):
         def out_of_time(self, waited: float | None = None) -> None:
-            if self is first[0]:
+            if self is self.first[0]:
                 raise _Broken("a round's own fault")
             super().out_of_time(waited)
 
@@ -96,16 +107,10 @@ async def test_a_round_that_raises_on_hearing_of_silence_strands_no_other_round(
     the master's watchdog left unarmed) and the rounds after it never heard of the
     silence. Now each of the others gives the masters up as silent, the first ends
     (its deadline handled), and the fault is logged once, at ERROR."""
-    first: list[_quorum._Tally] = []
 
-    class Tally(_quorum._Tally):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            if not first:
-                first.append(self)
-
+    class Tally(_FirstRound):
         def on_silent(self) -> None:
-            if self is first[0] and any(node.silent for node in self.rnd.nodes):
+            if self is self.first[0] and any(node.silent for node in self.rnd.nodes):
                 raise _Broken("a round's own fault")  # told by the watcher, not at start
             super().on_silent()
 

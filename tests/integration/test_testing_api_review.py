@@ -42,6 +42,7 @@ from asyncredlock.testing._support import registry, resp_call
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .. import loops
+from .conftest import polled
 
 BOTH_LOOPS = [pytest.param(loops.BACKENDS[name], id=name) for name in sorted(loops.BACKENDS)]
 HANG_GUARD = 30  # seconds; only stops a hung test, never decides an outcome
@@ -438,21 +439,13 @@ async def add_traffic(proxy: FaultProxy) -> list[asyncio.StreamWriter]:
         writer.write(b"*1\r\n$4\r\nPING\r\n")
         await writer.drain()
         writers.append(writer)
-    assert await polled_async(lambda: proxy.connections == 2)
+    assert await polled(lambda: proxy.connections == 2)
     return writers
 
 
 def close_all(writers: list[asyncio.StreamWriter]) -> None:
     for writer in writers:
         writer.close()
-
-
-async def polled_async(condition: Callable[[], bool]) -> bool:
-    for _ in range(400):
-        if condition():
-            return True
-        await anyio.sleep(0.025)
-    return condition()
 
 
 @pytest.mark.anyio
