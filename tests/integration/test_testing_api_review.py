@@ -361,6 +361,38 @@ def test_a_slot_that_is_no_int_sends_nothing(
     assert sent == [], "a command was sent"
 
 
+@pytest.mark.parametrize("to", [0, 2], ids=["the-slot's-primary", "a-replica"])
+@pytest.mark.parametrize("call", ["begin_move", "end_move"])
+def test_a_move_to_no_other_primary_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, cluster: ServerCluster, call: str, to: int
+) -> None:
+    """``end_move(0, replica)`` told every node that a replica serves slot 0, and
+    ``end_move(0, its_primary)`` waited for nothing: both are refused, as ``begin_move``
+    refuses them, after reading the cluster's shape and before changing anything."""
+    target = cluster.nodes[to]
+    calls: dict[str, Callable[[], object]] = {
+        "begin_move": lambda: cluster.begin_move(0, target),
+        "end_move": lambda: cluster.end_move(0, target),
+    }
+    refused = pytest.raises(ValueError, match=r"is not a primary|serves slot 0 already")
+    with commands_counted(monkeypatch, "_slots") as sent, refused:
+        calls[call]()
+    changes = [args for args in sent if "SETSLOT" in args or "MIGRATE" in args]
+    assert changes == [], "the slot was changed"
+    assert cluster.primary_for(0) is cluster.nodes[0]
+
+
+@pytest.mark.parametrize("key", [b"x", 7, None], ids=repr)
+def test_a_keyslot_of_no_str_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch, cluster: ServerCluster, key: Any
+) -> None:
+    """``keyslot(7)`` failed inside the encoder, connected already."""
+    with commands_counted(monkeypatch, "_slots") as sent, pytest.raises(TypeError, match="key"):
+        cluster.keyslot(key)
+    assert sent == [], "a command was sent"
+    assert cluster.keyslot("x") == cluster.keyslot("{x}:y")
+
+
 @pytest.mark.parametrize(("timeout", "error"), BAD_TIMEOUTS)
 def test_a_bad_master_address_timeout_sends_nothing(
     monkeypatch: pytest.MonkeyPatch, make_servers: MakeServers, timeout: Any, error: type[Exception]
@@ -373,6 +405,19 @@ def test_a_bad_master_address_timeout_sends_nothing(
             sentinel.master_address("svc", timeout=timeout)
         assert sent == [], "a command was sent"
         assert sentinel.master_address("svc") == (server.host, server.port)
+
+
+@pytest.mark.parametrize("service", [b"svc", 1, None], ids=repr)
+def test_a_master_address_of_no_str_service_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch, make_servers: MakeServers, service: Any
+) -> None:
+    """``master_address(None)`` failed in the encoder after connecting, and
+    ``master_address(b"svc")`` answered, against its signature."""
+    server = make_servers(1)[0]
+    with SentinelProcess({"svc": server}) as sentinel:
+        with commands_counted(monkeypatch, "_sentinel") as sent, pytest.raises(TypeError):
+            sentinel.master_address(service)
+        assert sent == [], "a command was sent"
 
 
 # --- FaultProxy: cancelled start() / aclose() ------------------------------------------

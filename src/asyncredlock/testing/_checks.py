@@ -91,15 +91,15 @@ def check_count(name: str, count: object, *, minimum: int | None = 0) -> int:
     return count
 
 
-def check_host(name: str, host: object) -> str:
-    """``host`` if it is a str.
+def check_str(name: str, value: object) -> str:
+    """``value`` if it is a str (a host, a service name, a key).
 
     Raises:
         TypeError: It is not a str.
     """
-    if not isinstance(host, str):
-        raise TypeError(f"{name} must be a str, not {type(host).__name__}")
-    return host
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    return value
 
 
 def check_period(name: str, seconds: object) -> float:

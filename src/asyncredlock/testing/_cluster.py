@@ -13,7 +13,7 @@ from redis.asyncio import RedisCluster
 from redis.asyncio.cluster import ClusterNode
 
 from .._config import check_seconds
-from ._checks import check_count, check_period, check_server_args, check_start_args
+from ._checks import check_count, check_period, check_server_args, check_start_args, check_str
 from ._group import ServerGroup
 from ._servers import ServerProcess
 from ._slots import (
@@ -204,10 +204,10 @@ class ServerCluster:
     def keyslot(self, key: str) -> int:
         """The slot of ``key``, as a running node computes it (``CLUSTER KEYSLOT``).
 
-        Args:
-            key: The key.
+        Raises:
+            TypeError: ``key`` is not a str (nothing is sent).
         """
-        reply = call(self._live()[0].port, "CLUSTER", "KEYSLOT", key)
+        reply = call(self._live()[0].port, "CLUSTER", "KEYSLOT", check_str("key", key))
         if not isinstance(reply, int):
             raise TypeError(f"CLUSTER KEYSLOT answered {reply!r}")
         return reply
@@ -286,12 +286,13 @@ class ServerCluster:
             timeout: Seconds for the nodes to agree.
 
         Raises:
+            ValueError: ``to`` is not a primary of this cluster, or serves ``slot``.
             TimeoutError: The nodes did not agree in time.
             TypeError, ValueError: ``slot`` is refused as by `primary_for`, or ``timeout``
                 as by `wait_ready` (nothing is sent).
         """
         check_seconds("timeout", timeout)
-        source = self.primary_for(slot)
+        source = self._source(slot, to)
         others = [node.port for node in self._primaries() if node not in (source, to)]
         end_move(slot, source.port, to.port, others)
         self._wait_ready(timeout, lambda agreed: self._served_by(agreed, slot, to))

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Self, cast
 
 from .._config import check_seconds
-from ._checks import check_host, check_port, check_switch
+from ._checks import check_port, check_str, check_switch
 from ._forward import Chunk, reset_transport, until
 
 __all__ = ["FaultProxy"]
@@ -255,9 +255,9 @@ class FaultProxy:
         listen_port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        check_host("target_host", target_host)
+        check_str("target_host", target_host)
         check_port("target_port", target_port)
-        check_host("listen_host", listen_host)
+        check_str("listen_host", listen_host)
         check_port("listen_port", listen_port)
         if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
             raise TypeError(f"ssl_context must be an ssl.SSLContext, not {ssl_context!r}")

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._config import check_seconds
-from ._checks import check_count, check_period
+from ._checks import check_count, check_period, check_str
 from ._servers import ServerProcess
 from ._support import HOST, resp_call
 
@@ -72,10 +72,12 @@ class SentinelProcess(ServerProcess):
             timeout: Seconds for the connection, and for each read of the reply.
 
         Raises:
+            TypeError: ``service`` is not a str (nothing is sent).
             TypeError, ValueError: ``timeout`` is no number of seconds above 0, or
                 infinite (nothing is sent; ``True`` is no 1 s).
             OSError: The sentinel did not answer.
         """
+        check_str("service", service)
         check_seconds("timeout", timeout)  # 0 would connect without blocking
         reply = resp_call(
             self.port, "SENTINEL", "get-master-addr-by-name", service, timeout=timeout
