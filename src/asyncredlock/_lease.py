@@ -87,7 +87,10 @@ class Lease(Keeping):
             self._extend_at(expires_at - 2 * ttl / 3 if extend_at is None else extend_at)
 
     def __repr__(self) -> str:
-        return f"<Lease {self.resource!r} {self._state.value} validity={self.validity:.3f}s>"
+        shared = " shared" if self.shared else ""
+        return (
+            f"<Lease {self.resource!r}{shared} {self._state.value} validity={self.validity:.3f}s>"
+        )
 
     @property
     def held(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -542,3 +543,13 @@ class TestValidation:
             assert repr(rw.read()) == "<Lock 'doc' shared ttl=5s timeout=2s>"
             assert repr(rw.write()) == "<Lock 'doc' ttl=5s timeout=2s>"
             assert repr(redlock.lock("doc")) == repr(rw.write())
+
+    async def test_a_reader_lease_says_it_is_shared_in_its_repr(self, servers: ServerGroup) -> None:
+        """A reader's lease is told from a writer's by its repr, as its lock is."""
+        async with AsyncRedlock(servers.urls, ttl=5, timeout=2) as redlock:
+            rw = redlock.rwlock("doc")
+            async with rw.read() as reading:
+                assert re.fullmatch(r"<Lease 'doc' shared held validity=[\d.]+s>", repr(reading))
+            assert repr(reading).startswith("<Lease 'doc' shared released ")
+            async with rw.write() as writing:
+                assert re.fullmatch(r"<Lease 'doc' held validity=[\d.]+s>", repr(writing))
