@@ -24,7 +24,7 @@ library reported at the acquisition, then the one each successful extension gran
 (``extended``, reported as it takes effect), each in force from when it was granted.
 A lease extending itself is thus measured over its whole hold, not its first TTL; an
 extension granted only after the validity before it had ended leaves the time between
-not valid.
+not valid. A holder whose process was SIGKILLed (`Worker.kill`) held until the kill.
 
 Every process is bounded: a worker that does not report within `EVENT_GUARD` seconds
 fails the test, and `Worker.close()` kills what remains.
@@ -168,8 +168,10 @@ class Worker:
         self.events.append(Event(self.index, kind, time.monotonic(), {}))
 
     async def kill(self) -> None:
-        """SIGKILL the process, wherever it is (a client that crashed)."""
+        """SIGKILL the process, wherever it is (a client that crashed); its history
+        gets ``killed``."""
         os.kill(self.pid, signal.SIGKILL)
+        self._note("killed")
         with anyio.fail_after(EVENT_GUARD):
             await self.process.wait()
 
@@ -245,7 +247,8 @@ def meet(a: tuple[Stretch, ...], b: tuple[Stretch, ...]) -> bool:
 def holds(events: list[Event]) -> list[Hold]:
     """Every acquisition. The critical section runs from the acquisition to the
     holder's last access to the resource (its write, or its read when it did not
-    write); its release comes after and is not part of it."""
+    write); its release comes after and is not part of it. A holder killed holds
+    until the kill: it may have been using the resource up to then."""
     found = []
     start: dict[int, Event] = {}
     last: dict[int, float] = {}
@@ -258,8 +261,9 @@ def holds(events: list[Event]) -> list[Hold]:
             grants[event.worker].append((event.t, event.fields["until"]))
         elif event.kind in ("read", "wrote") and event.worker in start:
             last[event.worker] = event.t
-        elif event.kind in ("released", "lost") and event.worker in start:
+        elif event.kind in ("released", "lost", "killed") and event.worker in start:
             began, end = start.pop(event.worker), last.pop(event.worker)
+            end = event.t if event.kind == "killed" else end
             valid = valid_parts(grants.pop(event.worker), end)
             found.append(Hold(event.worker, began.t, valid, end, began.fields.get("shared", False)))
     return found

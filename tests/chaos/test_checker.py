@@ -89,3 +89,18 @@ def test_an_unexpected_late_write_is_not_as_expected() -> None:
     assert not matches(quiet, Outcome(late_writes=1, acknowledged=1, final=1))
     assert matches(late, Outcome(late_writes=1, acknowledged=1, final=1))
     assert not matches(late, Outcome(late_writes=0, acknowledged=1, final=1))
+
+
+def test_a_killed_holder_holds_until_its_kill() -> None:
+    """A lock holder killed after its read holds (valid) until the kill: B taking
+    the lock before then, while A's lease is valid, overlaps it."""
+    events = [
+        ev(0, "acquired", 0.0, token=None, until=2.0),
+        ev(0, "read", 0.1, value=0, ok=True),
+        ev(0, "killed", 1.0),
+        *held_by_b(0.5),
+    ]
+    (a_hold,) = [h for h in holds(events) if h.worker == 0]
+    assert (a_hold.end, a_hold.valid) == (1.0, ((0.0, 1.0),))
+    outcome = check(events, final=1)
+    assert (outcome.overlaps, outcome.believed) == (1, 1)
