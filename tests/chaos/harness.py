@@ -9,7 +9,10 @@ the machine, so the history of all workers can be merged and checked:
   last access to the resource) overlapped while both leases were *valid*: the
   guarantee Redlock makes; and two holders whose critical sections overlapped at all,
   as each *believed* it held the lock. Readers of a read-write lock may overlap each
-  other, never a writer;
+  other, never a writer. Holders of a counting semaphore's slots may overlap up to its
+  ``limit`` (their ``acquired`` says it): each group of ``limit + 1`` of them holding
+  at one moment is an overlap, valid or believed, and the most at once of each kind is
+  reported (`most_valid`, `most_believed`);
 - **lost updates**: increments the resource acknowledged, minus what the counter holds;
 - **late writes**: writes the resource accepted after the writer's validity ended;
 - **token order**: tokens of the accepted writes, in time order, never going back;
@@ -191,8 +194,10 @@ class Worker:
 class Outcome:
     """What the checker found in one scenario's history."""
 
-    overlaps: int = 0  # pairs of holders whose validity intervals overlap
-    believed: int = 0  # pairs of holders who believed they held the lock at once
+    # pairs of holders whose validity intervals overlap; a semaphore's holders: groups
+    # of limit + 1 valid at one moment
+    overlaps: int = 0
+    believed: int = 0  # the same, as the holders believed they held it (valid or not)
     lost_updates: int = 0
     late_writes: int = 0
     token_regressions: int = 0
@@ -202,6 +207,9 @@ class Outcome:
     orphans: int = 0  # keys left on the masters with no expiry (fence counters aside)
     detection: list[float] = field(default_factory=list)  # seconds to report a loss
     handover: list[float] = field(default_factory=list)  # seconds to the next holder
+    limit: int | None = None  # a semaphore's (None for a lock)
+    most_valid: int = 0  # a semaphore's: the most leases valid at one moment
+    most_believed: int = 0  # and the most holders who believed they held a slot at once
 
     @property
     def violated(self) -> bool:
@@ -224,6 +232,7 @@ class Hold(NamedTuple):
     valid: tuple[Stretch, ...]  # the parts of its critical section while valid
     end: float  # the end of its critical section
     shared: bool  # a reader's (readers may overlap each other)
+    limit: int | None = None  # a semaphore slot's: the semaphore's limit
 
 
 def valid_parts(grants: list[tuple[float, float]], end: float) -> tuple[Stretch, ...]:
@@ -265,13 +274,43 @@ def holds(events: list[Event]) -> list[Hold]:
             began, end = start.pop(event.worker), last.pop(event.worker)
             end = event.t if event.kind == "killed" else end
             valid = valid_parts(grants.pop(event.worker), end)
-            found.append(Hold(event.worker, began.t, valid, end, began.fields.get("shared", False)))
+            shared, limit = began.fields.get("shared", False), began.fields.get("limit")
+            found.append(Hold(event.worker, began.t, valid, end, shared, limit))
     return found
 
 
 def excluded(a: Hold, b: Hold) -> bool:
-    """Whether two acquisitions must not overlap: not of one worker, not both readers."""
-    return a.worker != b.worker and not (a.shared and b.shared)
+    """Whether two acquisitions must not overlap: not of one worker, not both readers,
+    not semaphore slots (see `crowds`)."""
+    slots = a.limit is not None or b.limit is not None
+    return a.worker != b.worker and not (a.shared and b.shared) and not slots
+
+
+def crowds(parts: list[tuple[Stretch, ...]], size: int) -> tuple[int, int]:
+    """How many groups of ``size`` of ``parts`` (each a holder's stretches) have a
+    moment in common, and the most that do. A group's moments in common begin at the
+    latest start of its stretches there, so the starts are the moments to look at.
+    Each part is another holder's (a worker holds one slot at a time)."""
+    found: set[frozenset[int]] = set()
+    most = 0
+    for t in sorted({since for part in parts for since, _ in part}):
+        here = [i for i, part in enumerate(parts) if any(s <= t < e for s, e in part)]
+        most = max(most, len(here))
+        found.update(frozenset(group) for group in itertools.combinations(here, size))
+    return len(found), most
+
+
+def judge_slots(outcome: Outcome, slots: list[Hold]) -> None:
+    """A semaphore's bound: groups of ``limit + 1`` holders at one moment, while
+    their leases were valid and as they believed, and the most at once."""
+    (limit,) = {hold.limit for hold in slots}  # one semaphore per history
+    assert limit is not None
+    outcome.limit = limit
+    valid, outcome.most_valid = crowds([hold.valid for hold in slots], limit + 1)
+    spans = [((hold.start, hold.end),) for hold in slots]
+    believed, outcome.most_believed = crowds(spans, limit + 1)
+    outcome.overlaps += valid
+    outcome.believed += believed
 
 
 def in_force(events: list[Event], worker: int, t: float) -> float | None:
@@ -310,6 +349,8 @@ def check(events: list[Event], final: int, orphans: int = 0) -> Outcome:
     """The checker: see the module's docstring."""
     outcome = Outcome(final=final, orphans=orphans, detection=detections(events))
     intervals = holds(events)
+    if slots := [hold for hold in intervals if hold.limit is not None]:
+        judge_slots(outcome, slots)
     for i, a in enumerate(intervals):
         for b in intervals[i + 1 :]:
             if excluded(a, b):

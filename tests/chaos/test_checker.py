@@ -91,6 +91,51 @@ def test_an_unexpected_late_write_is_not_as_expected() -> None:
     assert not matches(late, Outcome(late_writes=0, acknowledged=1, final=1))
 
 
+def slot_held(worker: int, start: float, until: float, wrote: float) -> list[Event]:
+    """``worker`` takes a slot of a semaphore of limit 2 at ``start`` (valid until
+    ``until``), reads, increments at ``wrote`` and releases."""
+    return [
+        ev(worker, "acquired", start, token=None, until=until, shared=False, limit=2),
+        ev(worker, "read", start + 0.01, value=0, ok=True),
+        ev(worker, "wrote", wrote, ok=True, value=1, token=None),
+        ev(worker, "released", wrote + 0.01, lost=False),
+    ]
+
+
+def test_a_semaphore_holds_its_limit_at_once() -> None:
+    """Limit 2: A and B hold at once, C takes a slot once A is done, with B still
+    holding. Two at once at most, valid and believed: no overlap."""
+    events = slot_held(0, 0.0, 2.0, 0.5) + slot_held(1, 0.1, 2.1, 1.5)
+    events += slot_held(2, 0.6, 2.6, 1.0)
+    outcome = check(events, final=3)
+    assert (outcome.overlaps, outcome.believed) == (0, 0)
+    assert (outcome.limit, outcome.most_valid, outcome.most_believed) == (2, 2, 2)
+    assert matches(Expected(violation=False, lost_updates=False, rejected=False), outcome)
+
+
+def test_a_semaphore_over_its_limit() -> None:
+    """Limit 2, four holders whose valid leases share a moment: every group of three
+    of them is an overlap (four groups), valid and believed; the bound is broken."""
+    events = [e for w in range(4) for e in slot_held(w, 0.1 * w, 2.0, 0.5 + 0.1 * w)]
+    outcome = check(events, final=4)
+    assert (outcome.overlaps, outcome.believed) == (4, 4)
+    assert (outcome.most_valid, outcome.most_believed) == (4, 4)
+    assert outcome.violated
+
+
+def test_a_semaphore_believed_over_its_limit() -> None:
+    """Limit 2: A's validity ends at 0.5 while it is stalled; C takes a slot at 0.6
+    with B holding; A writes at 1.2, late. Three believed they held a slot at once,
+    never three valid leases: the bound holds, the belief does not."""
+    events = slot_held(0, 0.0, 0.5, 1.2) + slot_held(1, 0.1, 5.0, 1.1)
+    events += slot_held(2, 0.6, 5.0, 0.7)
+    outcome = check(events, final=3)
+    assert (outcome.overlaps, outcome.believed, outcome.late_writes) == (0, 1, 1)
+    assert (outcome.most_valid, outcome.most_believed) == (2, 3)
+    expected = Expected(violation=False, lost_updates=False, rejected=False, late_writes=True)
+    assert matches(expected, outcome)
+
+
 def test_a_killed_holder_holds_until_its_kill() -> None:
     """A lock holder killed after its read holds (valid) until the kill: B taking
     the lock before then, while A's lease is valid, overlaps it."""
