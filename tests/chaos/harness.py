@@ -113,16 +113,18 @@ class Worker:
         role: str = "exclusive",
         fair: bool = False,
         extend: bool = False,
+        limit: int | None = None,
     ) -> None:
         """Start one lock cycle, whose ``acquire()`` waits up to ``wait`` seconds (it
         reports as it goes: see `expect`); with ``hold``, inside ``async with``, the
-        lease extending itself. ``role``, ``fair`` and ``extend`` (a cycle's lease
-        extending itself) are described in ``worker.py``."""
+        lease extending itself. ``role``, ``fair``, ``extend`` (a cycle's lease
+        extending itself) and ``limit`` (a semaphore's slot instead of a lock, with
+        ``fencing`` false) are described in ``worker.py``."""
         spec = {"fencing": fencing, "ttl": ttl, "timeout": wait, "pause": pause}
         if hold:
             await self.send(json.dumps({"cmd": "hold", **spec}))
             return
-        options = {"role": role, "fair": fair, "extend": extend}
+        options = {"role": role, "fair": fair, "extend": extend, "limit": limit}
         await self.send(json.dumps({"cmd": "cycle", **spec, **options}))
 
     async def expect(self, kind: str) -> Event:

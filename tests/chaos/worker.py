@@ -12,7 +12,11 @@ Commands come on stdin, one JSON object per line:
   ``role`` (``"exclusive"``, the default: ``lock(NAME)``; ``"writer"`` or ``"reader"``:
   the sides of ``rwlock(NAME)``; a reader has no token, reads the counter without one,
   moving no fence, and reads it again instead of writing), ``fair`` (``fair=True``),
-  ``extend`` (the lease extends itself, ``auto_extend=True``; otherwise it does not).
+  ``extend`` (the lease extends itself, ``auto_extend=True``; otherwise it does not),
+  ``limit`` (a slot of ``semaphore(NAME, limit)`` instead of a lock: no token, so
+  ``fencing`` must be false; the counter is read with ``GET`` and incremented with
+  ``INCR``, so that holders at once, as many as the limit lets in, lose none of each
+  other's increments).
 - ``{"cmd": "hold", "fencing": bool, "ttl": s, "timeout": s, "pause": bool}``: the
   same inside ``async with`` (the lease extends itself); after reading (and the pause,
   if any: ``resumed``), the job goes on for five TTLs before it writes, so that a lost
@@ -26,10 +30,11 @@ Commands come on stdin, one JSON object per line:
 Events: ``waiting`` (a cycle's ``acquire()`` failed its first attempt and waits: a
 fair lock's waiter is queued on the masters by then), ``acquired`` (``token``;
 ``until``: the end of the validity the library reported at the acquisition;
-``shared``: a reader's; ``source``: how it was taken, ``lease.statistics().source``),
+``shared``: a reader's; ``source``: how it was taken, ``lease.statistics().source``;
+``limit``: a semaphore's, else null; ``key``: the key held, a semaphore's slot's),
 ``extended`` (``until``: the end of the validity a successful extension, automatic or
 explicit, granted, reported as it takes effect: see `report_extensions`), ``read``
-(``value``), ``paused``, ``wrote`` (``ok``: whether the resource took it),
+(``value``), ``paused``, ``wrote`` (``ok``: whether the resource took it; ``value``),
 ``released`` (``lost``: whether the release found the lease gone), ``failed``
 (``error``: an acquisition that failed). Times are ``time.monotonic()``, which every
 process on the machine shares and the library measures validity with (its default
@@ -100,13 +105,17 @@ def report_extensions() -> None:
 
 
 def make_lock(redlock: AsyncRedlock, name: str, spec: dict[str, Any]) -> Lock:
-    """The lock a cycle takes: see ``role``, ``fair`` and ``extend`` above."""
+    """The lock a cycle takes: see ``role``, ``fair``, ``extend`` and ``limit`` above."""
     role, fair = spec.get("role", "exclusive"), bool(spec.get("fair"))
     options: dict[str, Any] = {
         "ttl": spec["ttl"],
         "timeout": spec["timeout"],
         "auto_extend": bool(spec.get("extend")),
     }
+    if (limit := spec.get("limit")) is not None:
+        if spec["fencing"]:
+            raise ValueError("a semaphore's leases carry no fencing token")
+        return redlock.semaphore(name, int(limit), fair=fair, **options)
     if role == "reader":
         return redlock.rwlock(name, fair=fair).read(**options)
     fencing = bool(spec["fencing"])
@@ -139,8 +148,16 @@ async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
     lease = await acquire(redlock, make_lock(redlock, name, spec))
     if lease is None:
         return
-    until, source = deadline(lease), lease.statistics().source
-    emit("acquired", token=lease.token, until=until, shared=lease.shared, source=source)
+    until, source, limit = deadline(lease), lease.statistics().source, spec.get("limit")
+    emit(
+        "acquired",
+        token=lease.token,
+        until=until,
+        shared=lease.shared,
+        source=source,
+        limit=limit,
+        key=lease.key,
+    )
     fencing = bool(spec["fencing"])
     value = await read(resource, fencing, lease.token)
     if value >= 0:
@@ -149,6 +166,8 @@ async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
             sys.stdin.readline()  # blocks the process, event loop and all, until "go"
         if lease.shared:
             await read(resource, fencing, lease.token)  # its reading spans the pause
+        elif limit is not None:
+            await count(resource)
         else:
             await write(resource, fencing, lease.token, value + 1)
     try:
@@ -224,6 +243,12 @@ async def write(resource: Redis, fencing: bool, token: int | None, value: int) -
     else:
         await resource.set(COUNTER, value)
     emit("wrote", ok=ok, value=value, token=token)
+
+
+async def count(resource: Redis) -> None:
+    """A semaphore holder's write: ``INCR`` the plain counter (reported)."""
+    value = await resource.incr(COUNTER)
+    emit("wrote", ok=True, value=value, token=None)
 
 
 async def main(masters: list[str], resource_url: str, name: str) -> None:
