@@ -21,8 +21,9 @@ REPORT_ENV = "CHAOS_REPORT"
 
 @dataclass(frozen=True)
 class Expected:
-    """What a scenario expects: mutual exclusion broken (validity overlapping),
-    updates lost, stale writes refused by the fence, and writes the resource accepted
+    """What a scenario expects: mutual exclusion broken (validity overlapping; for a
+    semaphore, its bound: more than ``limit`` valid leases at once), updates lost,
+    stale writes refused by the fence, and writes the resource accepted
     after the writer's validity (late writes: none unless said). A late write is
     outside what the overlap of valid leases can see, so one a scenario does not
     expect fails it as an unexpected overlap would."""
@@ -60,14 +61,23 @@ def _seconds(values: list[float]) -> str:
     return ", ".join(f"{v:.3f}" for v in values) or "-"
 
 
+def _at_once(o: Outcome) -> str:
+    """A semaphore's limit and the most holders at once, valid / believed."""
+    if o.limit is None:
+        return "-"
+    return f"limit {o.limit}: {o.most_valid} / {o.most_believed}"
+
+
 def table() -> str:
     lines = [
-        "| scenario | client | expected: exclusion broken / updates lost / late writes "
-        "/ stale write refused "
+        "| scenario | client | expected: exclusion (a semaphore's bound) broken / updates "
+        "lost / late writes / stale write refused "
         "| observed: validity overlaps / believed overlaps / lost updates / late writes "
-        "/ refused / acknowledged, final | orphan keys | loss reported after (s) "
+        "/ refused / acknowledged, final "
+        "| semaphore: most holders at once, valid / believed "
+        "| orphan keys | loss reported after (s) "
         "| hand-over after (s) | as expected |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario, mode, expected, o in sorted(RESULTS, key=lambda r: (r[0], r[1] != "plain")):
         wanted = " / ".join(
@@ -84,7 +94,8 @@ def table() -> str:
             f"{o.rejected_writes} / {o.acknowledged}, {o.final}"
         )
         lines.append(
-            f"| {scenario} | {mode} | {wanted} | {seen} | {o.orphans} | {_seconds(o.detection)} "
+            f"| {scenario} | {mode} | {wanted} | {seen} | {_at_once(o)} | {o.orphans} "
+            f"| {_seconds(o.detection)} "
             f"| {_seconds(o.handover)} | {_yes(matches(expected, o))} |"
         )
     return "\n".join(lines)
@@ -107,7 +118,12 @@ def write(path: Path) -> None:
         " A lease is *valid* until the end of validity in force: the one reported at"
         " its acquisition, then the one each successful extension granted, from when"
         " it was granted (a lease extending itself is measured over its whole hold);"
-        " *late writes*: writes the resource accepted after that.\n\n"
+        " *late writes*: writes the resource accepted after that. *Semaphore* rows:"
+        " clients holding slots of `semaphore(name, 2)`, plain only (a slot's lease"
+        " carries no token), each incrementing the counter with `INCR` (holders at once"
+        " lose nothing of each other's); there an overlap is a group of limit + 1"
+        " holders at one moment (each such group counted), valid or believed, and the"
+        " semaphore column gives the most holders at once.\n\n"
         f"Run {when}, Python {platform.python_version()}, {platform.platform()}.\n\n"
         + table()
         + "\n"
