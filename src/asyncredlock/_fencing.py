@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import ResponseError
 
 from ._config import check_text, plain_str
 from ._errors import StaleTokenError
@@ -172,6 +175,11 @@ class FencedStore:
     A write cancelled while its call is out may or may not have been applied;
     repeating it with the same token is safe, an equal token is accepted.
 
+    On a lock master, keep the records apart from the lock keys (a ``prefix`` that no
+    lock name starts with): a record at a lock's key is refused while the lock is held
+    (``ValueError``), and one written there first keeps that master from granting the
+    lock.
+
     Args:
         client: A ``redis.asyncio`` ``Redis`` or ``RedisCluster`` client; the caller
             keeps ownership and closes it.
@@ -205,7 +213,9 @@ class FencedStore:
             TypeError: ``key`` is not a ``str``, ``value`` not ``bytes``, ``str``,
                 ``int`` or ``float``, or ``token`` not an ``int``.
             ValueError: ``key`` is empty or not UTF-8, a ``str`` ``value`` is not
-                UTF-8, or ``token`` is negative or over ``2**63 - 1``.
+                UTF-8, or ``token`` is negative or over ``2**63 - 1``; or ``prefix +
+                key`` holds another type of value than a record (a lock's key, on a
+                lock master), and nothing was written.
         """
         name = self._key(key)
         token = check_int64(token)
@@ -237,19 +247,22 @@ class FencedStore:
                 record's fence; nothing was read or changed.
             TypeError: ``key`` is not a ``str``, or ``token`` not an ``int``.
             ValueError: ``key`` is empty or not UTF-8, or ``token`` is negative or over
-                ``2**63 - 1``.
+                ``2**63 - 1``; or ``prefix + key`` holds another type of value than a
+                record (a lock's key, on a lock master).
         """
         name = self._key(key)
         if token is not None:
             return await self._fenced_read(key, name, check_int64(token))
-        value, writer, fence = await self._client.hmget(name, ["value", "writer", "fence"])
+        with _a_record(name):
+            value, writer, fence = await self._client.hmget(name, ["value", "writer", "fence"])
         # A hash without a fence was not written here; writes to it are not refused.
         if value is None or fence is None:
             return None
         return _found(value, writer or fence)
 
     async def _fenced_read(self, key: str, name: str, token: int) -> FencedValue | None:
-        reply = await evalsha(self._client, FENCED_READ, [name], [str(token)])
+        with _a_record(name):
+            reply = await evalsha(self._client, FENCED_READ, [name], [str(token)])
         if int(reply[0]) != 1:
             raise stale(key, token, int(reply[1]))
         value, writer = reply[1], reply[2]
@@ -270,7 +283,8 @@ class FencedStore:
                 deleted.
             TypeError: ``key`` is not a ``str``, or ``token`` not an ``int``.
             ValueError: ``key`` is empty or not UTF-8, or ``token`` is negative or over
-                ``2**63 - 1``.
+                ``2**63 - 1``; or ``prefix + key`` holds another type of value than a
+                record (a lock's key, on a lock master), and nothing was deleted.
         """
         name = self._key(key)
         await self._fenced(key, name, check_int64(token))
@@ -282,9 +296,25 @@ class FencedStore:
         return self._prefix + check_text("key", text)
 
     async def _fenced(self, key: str, name: str, token: int, *value: object) -> None:
-        reply = await evalsha(self._client, FENCED_WRITE, [name], [str(token), *value])
+        with _a_record(name):
+            reply = await evalsha(self._client, FENCED_WRITE, [name], [str(token), *value])
         if int(reply[0]) != 1:
             raise stale(key, token, int(reply[1]))
+
+
+@contextmanager
+def _a_record(name: str) -> Iterator[None]:
+    """Say what a WRONGTYPE reply for the record ``name`` means: its key holds a value
+    that is not a hash, most likely a lock's key on a lock master."""
+    try:
+        yield
+    except ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        raise ValueError(
+            f"FencedStore: the key {name!r} holds another type of value, not a record (a hash):"
+            " a lock's key? On a lock master, give the store a prefix no lock name starts with"
+        ) from exc
 
 
 def _found(value: bytes | str, writer: bytes | str | int) -> FencedValue:

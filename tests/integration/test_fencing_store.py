@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
 
+from asyncredlock import AsyncRedlock
 from asyncredlock._scripts import FENCED_WRITE
 from asyncredlock.fencing import FencedStore, FencedValue, StaleTokenError
 from asyncredlock.testing import ServerGroup
@@ -208,6 +209,26 @@ class TestClients:
             assert caught.value.newest == 2**60
         finally:
             await client.aclose()
+
+    async def test_a_record_at_a_lock_key_says_so(
+        self, servers: ServerGroup, client: Redis
+    ) -> None:
+        """A store on a lock master whose prefix makes record "42" the key of the held
+        lock "orders:42": each call is a ``ValueError`` naming the key and why (the
+        server's bare ``WRONGTYPE`` before), and the lock's key is left as it was."""
+        store = FencedStore(client, prefix="orders:")
+        async with AsyncRedlock(servers.urls) as redlock, redlock.lock("orders:42") as lease:
+            calls: list[Callable[[], Awaitable[object]]] = [
+                lambda: store.write("42", "paid", 1),
+                lambda: store.read("42"),
+                lambda: store.read("42", 1),
+                lambda: store.delete("42", 1),
+            ]
+            for call in calls:
+                with pytest.raises(ValueError, match=r"'orders:42' holds another type") as said:
+                    await call()
+                assert "a lock's key?" in str(said.value)
+            assert await client.get("orders:42") == lease.value.encode()
 
 
 BAD_TOKENS = [
