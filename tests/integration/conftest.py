@@ -260,11 +260,16 @@ def masters_in(body: str, urls: list[str]) -> list[str]:
 
 
 def documented(function: Callable[..., object]) -> str:
-    """``function``'s signature as the docs write it: no annotations, no ``/``."""
+    """``function``'s signature as the docs write it: no annotations, its ``/`` and
+    ``*`` as the code has them."""
     shown: list[str] = []
+    previous = None
     for param in inspect.signature(function).parameters.values():
+        if previous is param.POSITIONAL_ONLY and param.kind is not param.POSITIONAL_ONLY:
+            shown.append("/")
         if param.kind is param.KEYWORD_ONLY and "*" not in shown:
             shown.append("*")
+        previous = param.kind
         default = "" if param.default is param.empty else f"={param.default!r}"
         shown.append(param.name + default)
     return f"{function.__name__}({', '.join(shown)})"

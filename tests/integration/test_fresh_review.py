@@ -36,6 +36,8 @@ from asyncredlock import (
     RedlockError,
     StaleTokenError,
 )
+from asyncredlock.contrib import aiohttp as contrib_aiohttp
+from asyncredlock.contrib import fastapi as contrib_fastapi
 from asyncredlock.fencing import FencedStore, FencedValue, FenceGuard, SQLFence, check_token
 from asyncredlock.testing import ServerGroup, ServerProcess, Waits, whole_retry_delay
 from asyncredlock.testing.pytest_plugin import MakeServers
@@ -731,26 +733,12 @@ SIGNATURES = [
     ("docs/usage.md", "`redlock.lock(name", AsyncRedlock.lock),
     ("docs/usage.md", "`redlock.semaphore(name", AsyncRedlock.semaphore),
     ("docs/singleton.md", "`run_singleton(name", AsyncRedlock.run_singleton),
-    pytest.param(
-        "docs/rwlock.md",
-        "`rwlock(name",
-        AsyncRedlock.rwlock,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="doc error: rwlock.md writes rwlock(name, fair=False, patience=1.0);"
-            " fair and patience are keyword-only",
-        ),
-    ),
-    pytest.param(
-        "docs/usage.md",
-        "`redlock.locked(name",
-        AsyncRedlock.locked,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="doc error: usage.md writes locked(name, *, ...); name is positional-only"
-            " (locked(name=...) is a TypeError)",
-        ),
-    ),
+    ("docs/rwlock.md", "`rwlock(name", AsyncRedlock.rwlock),
+    ("docs/usage.md", "`redlock.locked(name", AsyncRedlock.locked),
+    ("docs/fastapi.md", "`locked(name", contrib_fastapi.locked),
+    ("docs/fastapi.md", "`lifespan(masters", contrib_fastapi.lifespan),
+    ("docs/aiohttp.md", "`@locked(name", contrib_aiohttp.locked),
+    ("docs/aiohttp.md", "`setup(app", contrib_aiohttp.setup),
 ]
 
 
@@ -774,7 +762,8 @@ def test_signatures_as_written_with_their_markers(
         if param.kind is param.KEYWORD_ONLY and "*" not in shown:
             shown.append("*")
         default = "" if param.default is param.empty else f"={param.default!r}"
-        shown.append(param.name + default)
+        stars = "**" if param.kind is param.VAR_KEYWORD else ""
+        shown.append(stars + param.name + default)
         previous = param.kind
     assert written == shown
 
