@@ -159,9 +159,16 @@ def _forget(connection: Any, *, close: bool) -> None:
     connection._reader = connection._writer = None
 
 
+#: Said to a caller who gave one URL where a list of them belongs.
+_ONE_URL = ": pass the URLs in a list ([url] for one master)"
+
+
 def make_nodes(masters: object, settings: Settings) -> list[Node]:
     if isinstance(masters, str | bytes) or not isinstance(masters, Sequence):
-        raise TypeError("masters must be a sequence of URLs or redis.asyncio clients")
+        raise TypeError(
+            "masters must be a sequence of URLs or redis.asyncio/valkey.asyncio clients,"
+            f" not {type(masters).__name__}{_ONE_URL if isinstance(masters, str) else ''}"
+        )
     if not masters:
         raise ValueError("masters must name at least one Redis/Valkey master")
     nodes: list[Node] = []

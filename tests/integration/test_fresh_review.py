@@ -649,7 +649,7 @@ async def test_a_ready_client_as_a_master(servers: ServerGroup) -> None:
 
 
 BAD_CONFIGS: list[tuple[Any, dict[str, Any], type[Exception], str]] = [
-    ("redis://h1", {}, TypeError, "sequence of URLs"),  # one URL, not a list of them
+    ("redis://h1", {}, TypeError, "not str: pass the URLs in a list ([url] for one"),
     ([], {}, ValueError, "at least one"),
     (["http://h1"], {}, ValueError, "must start with redis://"),
     (["h1:6379"], {}, ValueError, "must start with redis://"),

@@ -69,10 +69,15 @@ class TestMasters:
         [
             ([], ValueError, "at least one"),
             ((), ValueError, "at least one"),
-            ("redis://127.0.0.1:6379", TypeError, "sequence of URLs"),
-            (b"redis://127.0.0.1:6379", TypeError, "sequence of URLs"),
-            ({"redis://127.0.0.1:6379"}, TypeError, "sequence of URLs"),
-            (None, TypeError, "sequence of URLs"),
+            # one URL given as masters: the message says what to pass instead
+            (
+                "redis://127.0.0.1:6379",
+                TypeError,
+                r"sequence of URLs .*, not str: pass the URLs in a list \(\[url\] for one",
+            ),
+            (b"redis://127.0.0.1:6379", TypeError, "sequence of URLs .*, not bytes$"),
+            ({"redis://127.0.0.1:6379"}, TypeError, "sequence of URLs .*, not set$"),
+            (None, TypeError, "sequence of URLs .*, not NoneType$"),
             ([b"redis://127.0.0.1:6379"], TypeError, "not bytes"),
             ([6379], TypeError, "not int"),
             (["http://x"], ValueError, r"'http://x' must start with redis://"),
