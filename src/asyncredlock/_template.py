@@ -54,11 +54,13 @@ class NameTemplate:
     def __repr__(self) -> str:
         return f"NameTemplate({self.text!r})"
 
-    def require_fields(self, available: Iterable[str], what: str) -> None:
-        """Raise `ValueError` unless every field is one of ``available`` (``what``
-        says where they come from, for the message)."""
+    def require_fields(self, available: Iterable[str], kind: str, where: str) -> None:
+        """Raise `ValueError` unless every field is one of ``available``: ``kind``
+        names one of them, ``where`` where they come from, for the message ("not a
+        parameter of f()", "not parameters of f()")."""
         missing = sorted(self.fields - set(available))
         if missing:
+            what = f"a {kind} {where}" if len(missing) == 1 else f"{kind}s {where}"
             raise ValueError(
                 f"lock name template {self.text!r} uses {', '.join(missing)},"
                 f" which {'is' if len(missing) == 1 else 'are'} not {what}"
@@ -139,7 +141,8 @@ def serialize(
         if not inspect.iscoroutinefunction(function):
             raise TypeError(f"locked() decorates coroutine functions (async def), not {function!r}")
         signature = inspect.signature(function)
-        template.require_fields(signature.parameters, f"parameters of {function.__qualname__}()")
+        where = f"of {function.__qualname__}()"
+        template.require_fields(signature.parameters, "parameter", where)
 
         @functools.wraps(function)
         async def locked(*args: P.args, **kwargs: P.kwargs) -> T:

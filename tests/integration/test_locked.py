@@ -173,7 +173,19 @@ class TestBadInput:
     def test_a_field_that_is_not_a_parameter(self) -> None:
         redlock = AsyncRedlock(["redis://127.0.0.1:1"])
         decorate = redlock.locked("jobs:{job}")
-        with pytest.raises(ValueError, match=r"uses job, which is not .*run_job\(\)"):
+        with pytest.raises(
+            ValueError, match=r"uses job, which is not a parameter of .*run_job\(\)$"
+        ):
+
+            @decorate
+            async def run_job(job_id: int) -> None: ...
+
+    def test_fields_that_are_not_parameters_are_named_in_the_plural(self) -> None:
+        redlock = AsyncRedlock(["redis://127.0.0.1:1"])
+        decorate = redlock.locked("jobs:{job}:{step}")
+        with pytest.raises(
+            ValueError, match=r"uses job, step, which are not parameters of .*run_job\(\)$"
+        ):
 
             @decorate
             async def run_job(job_id: int) -> None: ...

@@ -195,7 +195,7 @@ class RequestLock:
             BadLockName: The library refuses the name the path made (the
                 client's: a 400).
         """
-        self.template.require_fields(params, "a path parameter of this route")
+        self.template.require_fields(params, "path parameter", "of this route")
         name = self.template.fill(params)
         try:
             return redlock.lock(name, **self.options.kwargs())
