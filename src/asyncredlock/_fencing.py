@@ -172,6 +172,9 @@ class FencedStore:
     A delete removes the value and keeps the fence (a tombstone), so a stale writer
     cannot write after it. Tombstones are never removed by the store.
 
+    A refused call's `StaleTokenError` names the record by its full key, ``prefix +
+    key`` (its ``resource``), as the server has it.
+
     A write cancelled while its call is out may or may not have been applied;
     repeating it with the same token is safe, an equal token is accepted.
 
@@ -223,7 +226,7 @@ class FencedStore:
             raise TypeError(f"value must be bytes, str, int or float, not {type(value).__name__}")
         if isinstance(value, str):
             check_text("value", value)
-        await self._fenced(key, name, token, value)
+        await self._fenced(name, token, value)
 
     async def read(self, key: str, token: int | None = None) -> FencedValue | None:
         """The value at ``key`` and the token that wrote it.
@@ -252,7 +255,7 @@ class FencedStore:
         """
         name = self._key(key)
         if token is not None:
-            return await self._fenced_read(key, name, check_int64(token))
+            return await self._fenced_read(name, check_int64(token))
         with _a_record(name):
             value, writer, fence = await self._client.hmget(name, ["value", "writer", "fence"])
         # A hash without a fence was not written here; writes to it are not refused.
@@ -260,11 +263,11 @@ class FencedStore:
             return None
         return _found(value, writer or fence)
 
-    async def _fenced_read(self, key: str, name: str, token: int) -> FencedValue | None:
+    async def _fenced_read(self, name: str, token: int) -> FencedValue | None:
         with _a_record(name):
             reply = await evalsha(self._client, FENCED_READ, [name], [str(token)])
         if int(reply[0]) != 1:
-            raise stale(key, token, int(reply[1]))
+            raise stale(name, token, int(reply[1]))
         value, writer = reply[1], reply[2]
         return None if value is None or writer is None else _found(value, writer)
 
@@ -287,7 +290,7 @@ class FencedStore:
                 record (a lock's key, on a lock master), and nothing was deleted.
         """
         name = self._key(key)
-        await self._fenced(key, name, check_int64(token))
+        await self._fenced(name, check_int64(token))
 
     def _key(self, key: object) -> str:
         text = check_str(key, "key")
@@ -295,11 +298,11 @@ class FencedStore:
             raise ValueError("key must not be empty")
         return self._prefix + check_text("key", text)
 
-    async def _fenced(self, key: str, name: str, token: int, *value: object) -> None:
+    async def _fenced(self, name: str, token: int, *value: object) -> None:
         with _a_record(name):
             reply = await evalsha(self._client, FENCED_WRITE, [name], [str(token), *value])
         if int(reply[0]) != 1:
-            raise stale(key, token, int(reply[1]))
+            raise stale(name, token, int(reply[1]))
 
 
 @contextmanager

@@ -74,7 +74,9 @@ class Guards:
             self.sql.upsert(self.db, 42, {"status": "late"}, token)
         for caught in (memory, store, read, delete, update, upsert):
             assert (caught.value.token, caught.value.newest) == (token, top)
-        assert (store.value.resource, update.value.resource) == ("42", "42")
+        assert (store.value.resource, update.value.resource) == ("data:42", "42")
+        for caught in (store, read, delete):  # the store's full key, as the server has it
+            assert f"for 'data:42': the guard has seen {top}" in str(caught.value)
         assert await self.store.read("42") == FencedValue(b"current", top)
         assert self.db.execute("SELECT status, fence FROM orders").fetchall() == [("current", top)]
 

@@ -189,6 +189,10 @@ class TestClients:
         assert await client.keys("*") == [b"app:k"]
         assert await store.read("k") == FencedValue(b"v", 1)
         assert await FencedStore(client).read("k") is None
+        with pytest.raises(StaleTokenError) as caught:  # named by its full key
+            await store.write("k", "late", 0)
+        assert caught.value.resource == "app:k"
+        assert str(caught.value) == "stale fencing token 0 for 'app:k': the guard has seen 1"
 
     async def test_script_not_cached(self, store: FencedStore, client: Redis) -> None:
         """After SCRIPT FLUSH the script is sent again (EVAL), and cached for EVALSHA."""

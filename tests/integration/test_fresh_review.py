@@ -461,7 +461,7 @@ async def test_fenced_store_refuses_a_deposed_holder(
     with ``token`` and ``newest``, nothing written; the read-modify-write example."""
     (data_server,) = make_servers(1)
     client = Redis.from_url(data_server.url)
-    store = FencedStore(client, prefix="orders:")
+    store = FencedStore(client, prefix="data:orders:")
     try:
         async with workers(servers.urls, 2) as (web0, web1):
             async with web0.lock("orders:42") as lease:
@@ -480,9 +480,10 @@ async def test_fenced_store_refuses_a_deposed_holder(
                 await store.write("42", b"late", check_token(old.token))
             assert (stale.value.token, stale.value.newest) == (old.token, newer.token)
             assert stale.value.outcomes == ()  # errors.md: the fencing errors' are empty
-            assert stale.value.resource == "42"  # the store's key, without its prefix
+            assert stale.value.resource == "data:orders:42"  # the full key, as stored
             assert re.fullmatch(
-                rf"stale fencing token {old.token} for '42': the guard has seen {newer.token}",
+                rf"stale fencing token {old.token} for 'data:orders:42':"
+                rf" the guard has seen {newer.token}",
                 str(stale.value),
             ), str(stale.value)
             assert (await store.read("42")) == FencedValue(b"new", check_token(newer.token))
