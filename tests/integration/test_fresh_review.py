@@ -9,8 +9,10 @@ import asyncio
 import gc
 import inspect
 import math
+import os
 import re
 import sqlite3
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -688,9 +690,6 @@ async def test_operator_inspect_from_the_environment(servers: ServerGroup) -> No
     """usage.md: the command line reads its masters from ``REDLOCK_MASTERS`` (the
     library documents no environment settings of its own); ``inspect`` exits 1 for a
     free lock, 0 for a held one, and names the holder's identity."""
-    import os
-    import sys
-
     env = dict(os.environ)
     env["REDLOCK_MASTERS"] = ",".join(servers.urls)
     env["PYTHONPATH"] = str(ROOT / "src")
@@ -728,6 +727,37 @@ def test_documented_settings_warn_or_refuse() -> None:
         redlock.rwlock("doc").read(fencing=True)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="patience"):
         redlock.rwlock("doc", patience=-1)
+
+
+def test_configuration_masters_names_what_usage_passes() -> None:
+    """configuration.md's ``masters`` and usage.md's "Masters: URLs or ready clients"
+    agree: every URL scheme of usage.md's example, and the client kinds it passes
+    (Valkey's too), are named in configuration.md."""
+    usage = (ROOT / "docs/usage.md").read_text()
+    example = usage[usage.index("## Masters: URLs or ready clients") :].split("```")[1]
+    schemes = set(re.findall(r'"([a-z-]+)://', example))
+    assert {"redis", "rediss", "unix", "redis-sentinel"} <= schemes
+    config = (ROOT / "docs/configuration.md").read_text()
+    section = config[config.index("## `masters`") :].split("\n#")[0]  # to its first subsection
+    assert [s for s in sorted(schemes) if f"`{s}://`" not in section] == []
+    for kind in ("Redis", "RedisCluster", "Valkey", "ValkeyCluster"):
+        assert f"`{kind}`" in section, kind
+
+
+@pytest.mark.timeout(60)
+async def test_readme_usage_runs_as_a_program(servers: ServerGroup) -> None:
+    """README.md's Usage block is a whole program: run as it is, with the masters'
+    URLs in place of h1..h3, it exits 0 (no top-level ``await``, no name left for the
+    reader to define)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python\n", text.index("## Usage")) + len("```python\n")
+    code = text[start : text.index("```", start)]
+    for i, url in enumerate(servers.urls[:3]):
+        code = code.replace(f"redis://h{i + 1}:6379", url)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    with anyio.fail_after(GUARD):
+        done = await anyio.run_process([sys.executable, "-c", code], env=env, check=False)
+    assert done.returncode == 0, done.stderr.decode()
 
 
 SIGNATURES = [
