@@ -9,10 +9,11 @@ the machine, so the history of all workers can be merged and checked:
   last access to the resource) overlapped while both leases were *valid*: the
   guarantee Redlock makes; and two holders whose critical sections overlapped at all,
   as each *believed* it held the lock. Readers of a read-write lock may overlap each
-  other, never a writer. Holders of a counting semaphore's slots may overlap up to its
-  ``limit`` (their ``acquired`` says it): each group of ``limit + 1`` of them holding
-  at one moment is an overlap, valid or believed, and the most at once of each kind is
-  reported (`most_valid`, `most_believed`);
+  other, never a writer; the most readers holding at one moment, valid and believed,
+  is reported (`most_valid`, `most_believed`), showing they did. Holders of a counting
+  semaphore's slots may overlap up to its ``limit`` (their ``acquired`` says it): each
+  group of ``limit + 1`` of them holding at one moment is an overlap, valid or
+  believed, and the most at once of each kind is reported (the same fields);
 - **lost updates**: increments the resource acknowledged, minus what the counter holds;
 - **late writes**: writes the resource accepted after the writer's validity ended;
 - **token order**: tokens of the accepted writes, in time order, never going back;
@@ -210,8 +211,9 @@ class Outcome:
     detection: list[float] = field(default_factory=list)  # seconds to report a loss
     handover: list[float] = field(default_factory=list)  # seconds to the next holder
     limit: int | None = None  # a semaphore's (None for a lock)
-    most_valid: int = 0  # a semaphore's: the most leases valid at one moment
-    most_believed: int = 0  # and the most holders who believed they held a slot at once
+    # a semaphore's: the most leases valid at one moment (a read-write lock's: readers')
+    most_valid: int = 0
+    most_believed: int = 0  # and the most holders who believed they held at once
 
     @property
     def violated(self) -> bool:
@@ -315,6 +317,13 @@ def judge_slots(outcome: Outcome, slots: list[Hold]) -> None:
     outcome.believed += believed
 
 
+def count_readers(outcome: Outcome, readers: list[Hold]) -> None:
+    """A read-write lock's readers may overlap each other: no overlap, but the most of
+    them holding at one moment, valid and as they believed."""
+    _, outcome.most_valid = crowds([hold.valid for hold in readers], 2)
+    _, outcome.most_believed = crowds([((hold.start, hold.end),) for hold in readers], 2)
+
+
 def in_force(events: list[Event], worker: int, t: float) -> float | None:
     """The end of worker ``worker``'s validity in force at ``t``: the latest granted
     (acquisition or extension) by then; None if it had none."""
@@ -353,6 +362,8 @@ def check(events: list[Event], final: int, orphans: int = 0) -> Outcome:
     intervals = holds(events)
     if slots := [hold for hold in intervals if hold.limit is not None]:
         judge_slots(outcome, slots)
+    elif readers := [hold for hold in intervals if hold.shared]:
+        count_readers(outcome, readers)
     for i, a in enumerate(intervals):
         for b in intervals[i + 1 :]:
             if excluded(a, b):

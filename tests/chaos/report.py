@@ -62,10 +62,11 @@ def _seconds(values: list[float]) -> str:
 
 
 def _at_once(o: Outcome) -> str:
-    """A semaphore's limit and the most holders at once, valid / believed."""
-    if o.limit is None:
-        return "-"
-    return f"limit {o.limit}: {o.most_valid} / {o.most_believed}"
+    """A semaphore's limit and the most holders at once, valid / believed; a
+    read-write lock's most readers at once."""
+    if o.limit is not None:
+        return f"limit {o.limit}: {o.most_valid} / {o.most_believed}"
+    return f"readers: {o.most_valid} / {o.most_believed}" if o.most_believed else "-"
 
 
 def table() -> str:
@@ -74,7 +75,7 @@ def table() -> str:
         "lost / late writes / stale write refused "
         "| observed: validity overlaps / believed overlaps / lost updates / late writes "
         "/ refused / acknowledged, final "
-        "| semaphore: most holders at once, valid / believed "
+        "| most at once, valid / believed: a semaphore's holders, a read-write lock's readers "
         "| orphan keys | loss reported after (s) "
         "| hand-over after (s) | as expected |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -123,7 +124,11 @@ def write(path: Path) -> None:
         " carries no token), each incrementing the counter with `INCR` (holders at once"
         " lose nothing of each other's); there an overlap is a group of limit + 1"
         " holders at one moment (each such group counted), valid or believed, and the"
-        " semaphore column gives the most holders at once.\n\n"
+        " most-at-once column gives the most holders at once. *Read-write lock* rows:"
+        " clients holding `rwlock(name).read()` (they read the counter, and read it"
+        " again instead of writing) or `.write()` (they increment it); readers may"
+        " overlap each other, so an overlap is a writer's with anyone, and the"
+        " most-at-once column gives the most readers holding at once.\n\n"
         f"Run {when}, Python {platform.python_version()}, {platform.platform()}.\n\n"
         + table()
         + "\n"

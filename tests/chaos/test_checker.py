@@ -149,3 +149,28 @@ def test_a_killed_holder_holds_until_its_kill() -> None:
     assert (a_hold.end, a_hold.valid) == (1.0, ((0.0, 1.0),))
     outcome = check(events, final=1)
     assert (outcome.overlaps, outcome.believed) == (1, 1)
+
+
+def read_held(worker: int, start: float, until: float, read: float) -> list[Event]:
+    """Reader ``worker`` of a read-write lock takes the read lock at ``start`` (valid
+    until ``until``), reads, reads again at ``read`` and releases."""
+    return [
+        ev(worker, "acquired", start, token=None, until=until, shared=True, limit=None),
+        ev(worker, "read", start + 0.01, value=0, ok=True),
+        ev(worker, "read", read, value=0, ok=True),
+        ev(worker, "released", read + 0.01, lost=False),
+    ]
+
+
+def test_readers_overlap_each_other_never_a_writer() -> None:
+    """Three readers hold at once, A's validity ending before the others read again;
+    B (a writer) takes the lock after them: no overlap, and the most readers at once
+    is three believed, two valid after A's validity ended. B taking the lock while
+    the readers hold overlaps each of them."""
+    readers = read_held(2, 0.0, 0.5, 0.9) + read_held(3, 0.1, 5.0, 1.0)
+    readers += read_held(4, 0.6, 5.0, 0.8)
+    outcome = check(readers + held_by_b(1.5), final=1)
+    assert (outcome.overlaps, outcome.believed, outcome.acknowledged) == (0, 0, 1)
+    assert (outcome.limit, outcome.most_valid, outcome.most_believed) == (None, 2, 3)
+    outcome = check(readers + held_by_b(0.7), final=1)
+    assert (outcome.overlaps, outcome.believed) == (2, 3)
