@@ -122,11 +122,9 @@ class Worker:
         extending itself) and ``limit`` (a semaphore's slot instead of a lock, with
         ``fencing`` false) are described in ``worker.py``."""
         spec = {"fencing": fencing, "ttl": ttl, "timeout": wait, "pause": pause}
-        if hold:
-            await self.send(json.dumps({"cmd": "hold", **spec}))
-            return
         options = {"role": role, "fair": fair, "extend": extend, "limit": limit}
-        await self.send(json.dumps({"cmd": "cycle", **spec, **options}))
+        command = "hold" if hold else "cycle"
+        await self.send(json.dumps({"cmd": command, **spec, **options}))
 
     async def expect(self, kind: str) -> Event:
         """Read events until one of ``kind``; fails on ``failed`` or a hang."""

@@ -20,7 +20,7 @@ from asyncredlock._keys import aux_key  # the slots' keys, {K}:sem:<i>
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .deployment import NAME, Run, run, take_turns, verdict
-from .harness import Event, Worker
+from .harness import EVENT_GUARD, Event, Worker, handover
 from .report import Expected
 
 pytestmark = pytest.mark.anyio
@@ -36,10 +36,10 @@ def scenario(what: str) -> str:
     return f"semaphore (limit {LIMIT}): {what}"
 
 
-async def hold_paused(worker: Worker, ttl: float, wait: float = 10.0) -> Event:
+async def hold_paused(worker: Worker, ttl: float, wait: float = 10.0, fair: bool = False) -> Event:
     """``worker`` takes a slot, reads the counter and freezes (its event loop
     blocked) until sent ``go``; returns its ``acquired``."""
-    await worker.cycle(ttl=ttl, wait=wait, pause=True, **SLOT)
+    await worker.cycle(ttl=ttl, wait=wait, pause=True, fair=fair, **SLOT)
     acquired = await worker.expect("acquired")
     await worker.expect("paused")
     return acquired
@@ -158,3 +158,67 @@ async def test_semaphore_holder_killed(make_servers: MakeServers) -> None:
     assert outcome.most_valid == LIMIT
     expected = Expected(violation=False, lost_updates=False, rejected=False)
     verdict(scenario("holder SIGKILLed while holding"), MODE, expected, outcome)
+
+
+async def test_semaphore_fair_waiter_killed_while_queued(make_servers: MakeServers) -> None:
+    """``semaphore(NAME, 2, fair=True)``: A and B hold both slots; C, then D, wait
+    queued on the masters; C's process is SIGKILLed; A releases: D, second in the
+    queue, takes the free slot once C's entry has lapsed (a dead waiter holds up the
+    queue for its entry's life, about a second). B releases; then a round of A, B and
+    D: nothing is stuck. The hand-over from A to D is reported, not bounded."""
+    turn: dict[str, Any] = {"pause": False, "fair": True, **SLOT}
+    async with run(make_servers, 4) as r:
+        a, b, c, d = r.workers
+        for holder in (a, b):
+            await hold_paused(holder, ttl=10.0, fair=True)
+        for waiter in (c, d):
+            await waiter.cycle(ttl=2.0, wait=EVENT_GUARD, **turn)
+            await waiter.expect("waiting")  # queued on the masters, C first
+        await c.kill()
+        await go(a)
+        await d.expect("acquired")
+        await d.expect("done")
+        handed = handover(r.events(), a.index, d.index)  # before A writes again
+        await go(b)
+        await take_turns([a, b, d], 1, ttl=2.0, wait=10.0, **turn)
+        outcome = await r.outcome()
+        outcome.handover.append(handed)
+    assert outcome.acknowledged == 6  # A's, B's, D's, then a round of the three
+    assert outcome.most_valid == LIMIT
+    expected = Expected(violation=False, lost_updates=False, rejected=False)
+    verdict(scenario("fair, a queued waiter SIGKILLed"), MODE, expected, outcome)
+
+
+async def test_semaphore_holder_sigstopped_while_its_lease_extends_itself(
+    make_servers: MakeServers,
+) -> None:
+    """A holds a slot in ``async with`` (TTL 0.5 s, extending itself) and its process
+    is stopped (SIGSTOP) after reading; B holds the other slot; C takes A's slot once
+    A's key expires and increments; A is continued (SIGCONT): its lease reports itself
+    lost and its block is cancelled before it increments. B releases. As a lock's
+    stopped client (``test_client_process_sigstopped_past_its_ttl``): never more than
+    two leases valid, nor believed (A's critical section ended with its read)."""
+    async with run(make_servers, 3) as r:
+        a, b, c = r.workers
+        await a.cycle(ttl=0.5, wait=5.0, pause=False, hold=True, **SLOT)
+        a_acquired = await a.expect("acquired")
+        await a.expect("read")
+        a.freeze()
+        try:
+            await hold_paused(b, ttl=10.0)
+            await c.cycle(ttl=2.0, wait=10.0, pause=False, **SLOT)
+            taken = await c.expect("acquired")
+            await c.expect("done")  # after A's key expired
+        finally:
+            a.thaw()
+        await a.expect("lost")
+        await a.expect("done")
+        await go(b)
+        outcome = await r.outcome()
+    assert taken.fields["key"] == a_acquired.fields["key"]
+    assert outcome.acknowledged == 2  # B's and C's; A never incremented
+    assert len(outcome.detection) == 1
+    assert (outcome.most_valid, outcome.most_believed) == (LIMIT, LIMIT)
+    expected = Expected(violation=False, lost_updates=False, rejected=False)
+    what = "holder SIGSTOPped past its TTL, lease extending itself"
+    verdict(scenario(what), MODE, expected, outcome)

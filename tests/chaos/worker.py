@@ -18,9 +18,10 @@ Commands come on stdin, one JSON object per line:
   ``INCR``, so that holders at once, as many as the limit lets in, lose none of each
   other's increments).
 - ``{"cmd": "hold", "fencing": bool, "ttl": s, "timeout": s, "pause": bool}``: the
-  same inside ``async with`` (the lease extends itself); after reading (and the pause,
-  if any: ``resumed``), the job goes on for five TTLs before it writes, so that a lost
-  lease cancels it first: ``lost`` is reported when it does.
+  same inside ``async with`` (the lease extends itself, whatever ``extend`` says); after
+  reading (and the pause, if any: ``resumed``), the job goes on for five TTLs before it
+  writes (a reader reads again), so that a lost lease cancels it first: ``lost`` is
+  reported when it does. ``role``, ``fair`` and ``limit`` as for a cycle.
 - ``{"cmd": "churn", "fencing": bool, "ttl": s, "cycles": n, "seed": n}``: ``n``
   cycles, two thirds of them cancelled (``asyncio.timeout``) after a random 0 to 5 ms,
   wherever they are (acquiring, at the resource, releasing) unless done by then;
@@ -148,28 +149,13 @@ async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
     lease = await acquire(redlock, make_lock(redlock, name, spec))
     if lease is None:
         return
-    until, source, limit = deadline(lease), lease.statistics().source, spec.get("limit")
-    emit(
-        "acquired",
-        token=lease.token,
-        until=until,
-        shared=lease.shared,
-        source=source,
-        limit=limit,
-        key=lease.key,
-    )
-    fencing = bool(spec["fencing"])
-    value = await read(resource, fencing, lease.token)
+    report_acquired(lease, spec)
+    value = await read(resource, bool(spec["fencing"]), lease.token)
     if value >= 0:
         if spec.get("pause"):
             emit("paused")
             sys.stdin.readline()  # blocks the process, event loop and all, until "go"
-        if lease.shared:
-            await read(resource, fencing, lease.token)  # its reading spans the pause
-        elif limit is not None:
-            await count(resource)
-        else:
-            await write(resource, fencing, lease.token, value + 1)
+        await access(resource, lease, spec, value)
     try:
         await lease.release()
     except LockNotOwnedError:
@@ -180,20 +166,47 @@ async def cycle(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[st
         emit("released", lost=False)
 
 
+def report_acquired(lease: Lease, spec: dict[str, Any]) -> None:
+    """``acquired``, with what the checker and the scenarios look at."""
+    emit(
+        "acquired",
+        token=lease.token,
+        until=deadline(lease),
+        shared=lease.shared,
+        source=lease.statistics().source,
+        limit=spec.get("limit"),
+        key=lease.key,
+    )
+
+
+async def access(resource: Redis, lease: Lease, spec: dict[str, Any], value: int) -> None:
+    """A holder's access after its first read of ``value``: a reader reads again (its
+    reading spans what came between), a semaphore's holder counts, a writer writes
+    ``value + 1``."""
+    fencing = bool(spec["fencing"])
+    if lease.shared:
+        await read(resource, fencing, lease.token)
+    elif spec.get("limit") is not None:
+        await count(resource)
+    else:
+        await write(resource, fencing, lease.token, value + 1)
+
+
 async def hold(redlock: AsyncRedlock, resource: Redis, name: str, spec: dict[str, Any]) -> None:
-    fencing, ttl = bool(spec["fencing"]), float(spec["ttl"])
+    lock = make_lock(redlock, name, {**spec, "extend": True})
     try:
-        async with redlock.lock(name, ttl=ttl, timeout=spec["timeout"], fencing=fencing) as lease:
-            emit("acquired", token=lease.token, until=deadline(lease))
-            value = await read(resource, fencing, lease.token)
+        async with lock as lease:
+            report_acquired(lease, spec)
+            value = await read(resource, bool(spec["fencing"]), lease.token)
             if value < 0:
                 return
             if spec.get("pause"):
                 emit("paused")
                 sys.stdin.readline()  # blocks the process, event loop and all, until "go"
                 emit("resumed")
-            await asyncio.sleep(5 * ttl)  # the rest of the job: cancelled if the lease is lost
-            await write(resource, fencing, lease.token, value + 1)
+            # the rest of the job: cancelled if the lease is lost
+            await asyncio.sleep(5 * float(spec["ttl"]))
+            await access(resource, lease, spec, value)
     except LockLostError:
         emit("lost")
     except RedlockError as exc:
