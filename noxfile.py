@@ -64,7 +64,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on src/ and tests/typing/."""
+    """mypy --strict on the files pyproject.toml names (src/, tests/typing/, tests/chaos/,
+    benchmarks/)."""
     session.install("-e", ".[test]")
     session.run("mypy")
 

@@ -58,8 +58,9 @@ class Run:
             if not server.running or server.paused:
                 continue
             client = self.direct(i)
-            for key in await client.keys("*"):
-                found += not key.endswith(b":fence") and await client.pttl(key) == -1
+            for key in await client.keys("*"):  # bytes (no decode_responses), typed either
+                name = key.decode() if isinstance(key, bytes) else key
+                found += not name.endswith(":fence") and await client.pttl(key) == -1
             await client.aclose()
         return found
 

@@ -43,7 +43,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -288,7 +288,7 @@ def excluded(a: Hold, b: Hold) -> bool:
     return a.worker != b.worker and not (a.shared and b.shared) and not slots
 
 
-def crowds(parts: list[tuple[Stretch, ...]], size: int) -> tuple[int, int]:
+def crowds(parts: Sequence[tuple[Stretch, ...]], size: int) -> tuple[int, int]:
     """How many groups of ``size`` of ``parts`` (each a holder's stretches) have a
     moment in common, and the most that do. A group's moments in common begin at the
     latest start of its stretches there, so the starts are the moments to look at.
