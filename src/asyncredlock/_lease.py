@@ -22,6 +22,8 @@ from ._telemetry import RELEASE, traced
 
 __all__ = ["Lease", "make_lease"]
 
+_HELD = State.HELD  # (a global: faster to read than the enum's attribute, in `held`)
+
 
 class Lease(Keeping):
     """A lock held on a quorum of masters, returned by ``Lock.acquire()``.
@@ -83,24 +85,35 @@ class Lease(Keeping):
         if spec.auto_extend:
             # Extend once a third of the TTL is used up (at once for a lease passed
             # on with less validity than that), or when told.
-            ttl = self.ttl
+            ttl, self._keeper = self.ttl, asyncio.get_running_loop()
             self._extend_at(expires_at - 2 * ttl / 3 if extend_at is None else extend_at)
 
     def __repr__(self) -> str:
         shared = " shared" if self.shared else ""
-        return (
-            f"<Lease {self.resource!r}{shared} {self._state.value} validity={self.validity:.3f}s>"
-        )
+        state = "lost" if self.lost else self._state.value
+        return f"<Lease {self.resource!r}{shared} {state} validity={self.validity:.3f}s>"
 
     @property
     def held(self) -> bool:
-        """Whether the lease is neither released nor lost (validity may still run out)."""
-        return self._state is State.HELD
+        """Whether the lease is neither released nor lost (validity may still run out;
+        see `lost` for a lease that outlived its event loop)."""
+        if self._state is not _HELD:
+            return False
+        keeper = self._keeper  # (see `lost`)
+        return keeper is None or not keeper.is_closed() or self.validity > 0
 
     @property
     def lost(self) -> bool:
-        """Whether the lease was lost: not extended in time, or taken away."""
-        return self._state is State.LOST
+        """Whether the lease was lost: not extended in time, or taken away. A lease
+        that extends itself and outlived its event loop (closed with the lease still
+        held, without ``aclose()``: nothing extends it any more) is lost once its
+        validity has run out."""
+        if self._state is not _HELD:
+            return self._state is State.LOST
+        # Nothing can mark such a lease lost (its loop is gone), so it is found so here;
+        # read often, this reads the clock only once that loop is closed.
+        keeper = self._keeper
+        return keeper is not None and keeper.is_closed() and self.validity <= 0
 
     def statistics(self) -> LeaseStatistics:
         """How this lease was taken, and kept so far (see `LeaseStatistics`)."""

@@ -14,7 +14,10 @@ The storm of cancelled acquisitions across clients is in ``test_cancellation.py`
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
+import time
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -485,6 +488,35 @@ class TestEventLoops:
             first.run_until_complete(close())  # on its own loop it closes as usual
         finally:
             first.close()
+
+
+class TestALeaseOutlivingItsLoop:
+    """A lease held when its event loop closes (``asyncio.run()`` ended without
+    ``aclose()``): nothing can extend, release or mark it any more."""
+
+    @pytest.mark.parametrize("auto_extend", [True, False])
+    def test_one_that_extends_itself_is_lost_once_its_validity_ran_out(
+        self, servers: ServerGroup, auto_extend: bool
+    ) -> None:
+        """Held while its validity lasts (the key is still on the masters); then an
+        extending lease is lost (it said held, not lost, validity 0.0), and one with
+        ``auto_extend=False`` stays held, as it does on a running loop (its docs: its
+        validity may run out)."""
+        now = [time.monotonic()]  # its clock: moved on by hand, not waited for
+        redlock = AsyncRedlock(servers.urls, ttl=30.0, clock=lambda: now[0])
+        lease = run_elsewhere(redlock.lock("outlived", auto_extend=auto_extend).acquire())
+        before = (lease.held, lease.lost, lease.validity > 0)
+        now[0] += 30.0  # its validity runs out
+        after = (lease.held, lease.lost, lease.validity, repr(lease).split()[-2])
+        del redlock, lease  # never closed: it cannot be, from another loop
+        with warnings.catch_warnings():  # its sockets', and its own
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        assert before == (True, False, True)
+        if auto_extend:
+            assert after == (False, True, 0.0, "lost")
+        else:
+            assert after == (True, False, 0.0, "held")
 
 
 class TestConcurrentClose:
