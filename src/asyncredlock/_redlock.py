@@ -5,14 +5,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
 if TYPE_CHECKING:  # the Valkey project's fork of redis-py, accepted if installed
     from valkey.asyncio import Valkey, ValkeyCluster
 
+from ._closing import Closing
 from ._config import (
     DEFAULTS,
     LockOptions,
@@ -28,7 +28,6 @@ from ._core import Core
 from ._keys import lock_key
 from ._lease import Lease
 from ._lock import Lock
-from ._operator import shut_down
 from ._rwlock import RWLock
 from ._semaphore import Semaphore, check_limit
 from ._singleton import check_singleton, run_singleton
@@ -41,11 +40,13 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class AsyncRedlock(OperatorTools):
+class AsyncRedlock(OperatorTools, Closing):
     """Redlock over N independent Redis or Valkey masters.
 
     Construction does no I/O: connections open on first use. Use it as
-    ``async with AsyncRedlock(...) as redlock:`` or call `aclose` when done.
+    ``async with AsyncRedlock(...) as redlock:`` or call `aclose` when done, inside
+    the event loop it is used on (one used and dropped unclosed warns: a
+    `ResourceWarning`).
 
     Args:
         masters: The masters, as URLs (``redis://``, ``rediss://``, ``unix://``) or
@@ -411,40 +412,3 @@ class AsyncRedlock(OperatorTools):
             max_hold=max_hold,
             fair=fair,
         )
-
-    async def aclose(self) -> None:
-        """End held leases, finish background calls, close the connections.
-
-        A lease still held ends lost (its holder still counted on it): its
-        ``async with`` block is cancelled and raises `LockLostError`,
-        ``wait_lost()`` returns ``True``, its loss callbacks run; it is released
-        on the masters. Waits at most ``node_timeout`` in all for those releases and
-        the calls still out, then fails every call still out (the calls waiting
-        on them end with an error: ``QuorumUnavailableError`` whose outcomes say
-        the ``AsyncRedlock`` was closed) and closes the connections. A lock key
-        whose undo was cut short expires with its TTL. Safe to call twice, at once
-        (the later returns when the first has closed), and to cancel (it closes first).
-        """
-        core = self._core
-        if core.closing:
-            await core.shut.wait()
-            return
-        core.check_loop()
-        await shut_down(core)
-
-    def _check_open(self) -> None:
-        if self._core.closing:
-            raise RuntimeError("this AsyncRedlock is closed")
-
-    async def __aenter__(self) -> Self:
-        self._check_open()
-        self._core.check_loop()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -965,9 +965,9 @@ def test_forgetting_aclose_a_lease_outlives_its_loop(make_servers: MakeServers) 
     finally:
         for client in direct:
             client.close()
-        del redlock, lease
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
+            del redlock, lease
             gc.collect()
 
 

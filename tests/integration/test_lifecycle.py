@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
 import sys
 import time
 import warnings
@@ -508,15 +509,95 @@ class TestALeaseOutlivingItsLoop:
         before = (lease.held, lease.lost, lease.validity > 0)
         now[0] += 30.0  # its validity runs out
         after = (lease.held, lease.lost, lease.validity, repr(lease).split()[-2])
-        del redlock, lease  # never closed: it cannot be, from another loop
-        with warnings.catch_warnings():  # its sockets', and its own
-            warnings.simplefilter("ignore", ResourceWarning)
+        with warnings.catch_warnings():  # its sockets', and its own: never closed (it
+            warnings.simplefilter("ignore", ResourceWarning)  # cannot be, from another loop)
+            del redlock, lease
             gc.collect()
         assert before == (True, False, True)
         if auto_extend:
             assert after == (False, True, 0.0, "lost")
         else:
             assert after == (True, False, 0.0, "held")
+
+
+async def _cycle(redlock: AsyncRedlock, *, close: bool = False) -> None:
+    lease = await redlock.lock("cycle", timeout=0).acquire()
+    await lease.release()
+    if close:
+        await redlock.aclose()
+
+
+def _ours(caught: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
+    return [each for each in caught if str(each.message).startswith("unclosed <AsyncRedlock")]
+
+
+class TestDroppedUnclosed:
+    """An ``AsyncRedlock`` used and dropped without ``aclose()`` warns of it, as
+    aiohttp's ``ClientSession`` and redis-py's clients do (``ResourceWarning``); one
+    never used, or closed, does not; and its ``__del__`` never raises."""
+
+    def test_a_used_client_dropped_unclosed_warns(self, servers: ServerGroup) -> None:
+        redlock = AsyncRedlock(servers.urls)
+        run_elsewhere(_cycle(redlock))
+        described = repr(redlock)
+        gc.collect()  # (earlier garbage: only this client's warning is recorded below)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del redlock
+            gc.collect()
+        (warned,) = _ours(caught)
+        assert warned.category is ResourceWarning
+        assert str(warned.message).startswith(f"unclosed {described}: ")
+        assert "aclose()" in str(warned.message)
+        assert type(warned.source) is AsyncRedlock
+
+    def test_one_never_used_or_closed_does_not_warn(self, servers: ServerGroup) -> None:
+        unused = AsyncRedlock(servers.urls)
+        unused.lock("cycle"), unused.rwlock("cycle")  # nothing sent: not bound to a loop
+        closed = AsyncRedlock(servers.urls)
+        run_elsewhere(_cycle(closed, close=True))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del unused, closed
+            gc.collect()
+        assert _ours(caught) == []
+
+    def test_one_whose_constructor_raised_is_dropped_quietly(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Its ``__del__`` finds no engine (``_core``): nothing raised, nothing warned."""
+        unraisable: list[object] = []
+        monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for bad in ({"ttl": -1.0}, {"masters": ["nowhere://x"]}):
+                kwargs: dict[str, Any] = {"masters": ["redis://127.0.0.1:1"], **bad}
+                with pytest.raises(ValueError, match=r"ttl|master URL"):
+                    AsyncRedlock(**kwargs)
+            gc.collect()
+        assert (unraisable, _ours(caught)) == ([], [])
+
+    def test_at_interpreter_exit_it_warns_and_nothing_raises(self, servers: ServerGroup) -> None:
+        """A module-level client used by ``asyncio.run()`` and never closed, dropped as
+        the interpreter exits."""
+        script = (
+            "import asyncio, sys\n"
+            "from asyncredlock import AsyncRedlock\n"
+            "redlock = AsyncRedlock(sys.argv[1:])\n"
+            "async def main():\n"
+            "    await redlock.lock('at-exit', ttl=1.0).acquire()\n"
+            "asyncio.run(main())\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-W", "always::ResourceWarning", "-c", script, *servers.urls],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "ResourceWarning: unclosed <AsyncRedlock [" in done.stderr
+        assert "Exception ignored" not in done.stderr, done.stderr
 
 
 class TestConcurrentClose:
