@@ -32,6 +32,11 @@ class Closing:
         the ``AsyncRedlock`` was closed) and closes the connections. A lock key
         whose undo was cut short expires with its TTL. Safe to call twice, at once
         (the later returns when the first has closed), and to cancel (it closes first).
+
+        Raises:
+            RuntimeError: Called on another event loop than the one this
+                ``AsyncRedlock`` was first used on. Once that loop is closed, it can
+                no longer be closed: only that loop could close its connections.
         """
         core = self._core
         if core.closing:

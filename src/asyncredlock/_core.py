@@ -46,6 +46,11 @@ _OTHER_LOOP = (
     "this AsyncRedlock was first used on another event loop (each asyncio.run() has"
     " its own); its connections belong to that loop: make one per loop, inside it"
 )
+# (added once that loop is closed: only that loop could close its connections)
+_LOOP_CLOSED = (
+    "; that loop is closed, so this one can no longer be closed either: close each"
+    " inside its own loop, before that ends (async with, or await aclose())"
+)
 
 
 class Holding(Protocol):
@@ -179,7 +184,7 @@ class Core:
         if self.loop is None:
             self.loop = loop
         elif loop is not self.loop:
-            raise RuntimeError(_OTHER_LOOP)
+            raise RuntimeError(_OTHER_LOOP + (_LOOP_CLOSED if self.loop.is_closed() else ""))
 
     def decide(
         self, rnd: Round, classify: Classify, *, wait: float | None = None

@@ -600,6 +600,31 @@ class TestDroppedUnclosed:
         assert "Exception ignored" not in done.stderr, done.stderr
 
 
+class TestClosingAfterItsLoop:
+    """A client whose event loop closed before it was closed: only that loop could
+    close its connections."""
+
+    def test_its_client_can_no_longer_be_closed_and_says_why(self, servers: ServerGroup) -> None:
+        """aclose() from another loop, once the client's own loop is closed, raises the
+        other-loop error saying that loop is closed (its connections could be closed by
+        that loop only); while that loop is open, the error says nothing of it."""
+        redlock = AsyncRedlock(servers.urls)
+        with loops.runner() as own:  # (closed as asyncio.run() closes its loop)
+            own.run(_cycle(redlock))
+            with pytest.raises(RuntimeError, match="another event loop") as open_:
+                run_elsewhere(redlock.aclose())
+            own.run(_cycle(redlock))
+        with pytest.raises(RuntimeError, match="another event loop") as closed:
+            run_elsewhere(redlock.aclose())
+        said = (str(open_.value), str(closed.value))
+        with warnings.catch_warnings():  # never closed: it cannot be (see the error)
+            warnings.simplefilter("ignore", ResourceWarning)
+            del redlock, open_, closed  # (their tracebacks hold it too)
+            gc.collect()
+        assert "closed" not in said[0]
+        assert "that loop is closed, so this one can no longer be closed" in said[1]
+
+
 class TestConcurrentClose:
     async def test_a_second_aclose_returns_once_the_first_closed(
         self, servers: ServerGroup
