@@ -941,9 +941,9 @@ def test_asyncio_run_twice(make_servers: MakeServers) -> None:
 
     asyncio.run(own_client())
     asyncio.run(own_client())
-    shared.clear()  # never closed: it cannot be, from another loop
-    with warnings.catch_warnings():  # the unclosed client's sockets (see the next test)
+    with warnings.catch_warnings():  # the unclosed client's, and its sockets'
         warnings.simplefilter("ignore", ResourceWarning)
+        shared.clear()  # never closed: it cannot be, from another loop
         gc.collect()
 
 
