@@ -1602,6 +1602,7 @@ ARCHITECTURE = {
     "_urls": ["checked", "options", "check_client_settings", "display", "redacted"],
     "_identity": [],
     "_node": ["Node"],
+    "_closing": ["Closing"],
     "_transport": ["Link"],
     "_connection": ["Connection"],
     "_wire": ["Reply", "ClosedError", "Stream"],
