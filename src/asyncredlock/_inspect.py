@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from ._config import Settings
 from ._keys import identity_of
 from ._node import Reply
 from ._quorum import quorum_of
 
-__all__ = ["LockState", "NodeLockState", "node_state", "reply_error"]
+__all__ = ["LockState", "NodeLockState", "no_reply", "node_state", "not_asked", "reply_error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,17 @@ def reply_error(reply: Reply | None, settings: Settings) -> str | None:
     if reply.error is not None:
         return f"{type(reply.error).__name__}: {reply.error}"
     return None
+
+
+def no_reply(reply: Reply | None) -> bool:
+    """Whether the master gave no reply (``reply`` is ``None``: none came in time), or
+    could not be reached: a silent or lost master, not a refusal of its own."""
+    return reply is None or isinstance(reply.error, (RedisConnectionError, RedisTimeoutError))
+
+
+def not_asked(error: str) -> str:
+    """The error of a master not asked, as an earlier call there failed with ``error``."""
+    return f"not read, as an earlier call failed there: {error}"
 
 
 def node_state(name: str, reply: Reply | None, settings: Settings) -> NodeLockState:

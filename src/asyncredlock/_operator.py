@@ -10,8 +10,9 @@ import anyio
 
 from ._core import Core
 from ._errors import QuorumUnavailableError
-from ._inspect import LockState, node_state, reply_error
+from ._inspect import LockState, NodeLockState, no_reply, node_state, not_asked, reply_error
 from ._keys import aux_key, channel, lock_key, queue_keys, readers_key, terms_key
+from ._node import Reply
 from ._protocol import classify_deleted
 from ._quorum import Decision
 from ._refusal import why_unavailable
@@ -20,17 +21,33 @@ from ._scripts import DELETE, INSPECT
 __all__ = ["Freed", "end_leases", "force_free", "lose_leases", "read_state", "shut_down"]
 
 
-async def read_state(core: Core, name: str) -> LockState:
-    """``inspect()``: every master's view, each waited for up to the longest wait."""
+async def read_state(core: Core, name: str, failed: dict[int, str] | None = None) -> LockState:
+    """``inspect()``: every master's view, each waited for up to the longest wait.
+
+    ``failed`` (the command line's ``list``, reading lock after lock): the masters
+    where a call failed for want of a reply (`no_reply`), by index, with its error.
+    They are not asked (their state reads `not_asked`), so that a silent master is
+    waited for once, not once per read; a master where this read fails so is added.
+    """
+    failed = {} if failed is None else failed
+    skipped = frozenset(failed)  # as the calls go out (other reads may add to it meanwhile)
     key = lock_key(core.settings.prefix, name)
     keys = (key, aux_key(key, "fence"), readers_key(key), *queue_keys(key), terms_key(key))
-    rnd = core.fan_out(lambda _, node: node.call(INSPECT, keys, ()))
-    await asyncio.wait(rnd.tasks, timeout=core.timing.max_wait)
-    nodes = tuple(
-        node_state(node.name, task.result() if task.done() else None, core.settings)
-        for node, task in zip(core.nodes, rnd.tasks, strict=True)
-    )
-    return LockState(name, key, nodes)
+    unasked = Reply()  # never read: a master in ``failed`` gets no call
+    rnd = core.fan_out(lambda i, node: unasked if i in skipped else node.call(INSPECT, keys, ()))
+    asked = [task for i, task in enumerate(rnd.tasks) if i not in skipped]
+    if asked:
+        await asyncio.wait(asked, timeout=core.timing.max_wait)
+    nodes: list[NodeLockState] = []
+    for i, (node, task) in enumerate(zip(core.nodes, rnd.tasks, strict=True)):
+        if i in skipped:
+            nodes.append(NodeLockState(node.name, None, None, None, not_asked(failed[i])))
+            continue
+        reply = task.result() if task.done() else None
+        nodes.append(state := node_state(node.name, reply, core.settings))
+        if no_reply(reply) and state.error is not None:
+            failed.setdefault(i, state.error)
+    return LockState(name, key, tuple(nodes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,12 @@ class OperatorTools:
         """
         return await read_state(self._core, check_name(name))
 
+    async def _read_state(self, name: str, failed: dict[int, str]) -> LockState:
+        """`inspect`, asking no master in ``failed`` and adding those where it gets
+        no reply (the command line's ``list``: a silent master waited for once; see
+        `read_state`)."""
+        return await read_state(self._core, check_name(name), failed)
+
     async def force_release(self, name: str) -> int:
         """Delete a lock's key on every master, whoever holds it: an operator's tool.
 

@@ -7,7 +7,10 @@ left out, and a read-write lock held only by readers is found by its ``{K}:reade
 set. Each lock found is then read with
 ``inspect()``, as ``asyncredlock inspect`` does; a lock whose state a master that
 answered the scan did not give (an error, no reply) is listed all the same, named in a
-warning, and the exit status is 3 when that leaves unknown whether a lock is held.
+warning, and the exit status is 3 when that leaves unknown whether a lock is held. A
+master that gave no reply (not reached, or silent for ``--node-timeout``), to its scan
+or to a read, is not asked again: a silent master is waited for once, not once per
+batch of reads.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from typing import Any
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._config import check_name
 from .._connect import NO_CLIENT_SETINFO
-from .._inspect import LockState, NodeLockState
+from .._inspect import LockState, NodeLockState, not_asked
 from .._keys import glob_escape, identity_of, lock_key, split_aux
 from .._redlock import AsyncRedlock
 from .common import (
@@ -88,21 +93,25 @@ def add_list(commands: Subcommands, options: Parser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Scan:
-    """What SCAN found on one master: the lock keys, or why it could not walk them."""
+    """What SCAN found on one master: the lock keys, or why it could not walk them
+    (``silent``: it could not be reached, or gave no reply within ``--node-timeout``)."""
 
     node: str
     keys: frozenset[str] = frozenset()
     error: str | None = None
     truncated: bool = False
+    silent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """The scans of every master and the locks found held, by name."""
+    """The scans of every master, the locks found held, by name, and the masters not
+    asked after a call there got no reply (by index: that call's error)."""
 
     scans: tuple[Scan, ...]
     locks: tuple[LockState, ...]
     quorum: int
+    failed: dict[int, str]
 
     @property
     def answered(self) -> int:
@@ -129,7 +138,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _warn(listing: Listing, args: argparse.Namespace) -> None:
     """A warning line for each master whose scan failed or stopped short, then one for
-    each lock a master that answered the scan could not read."""
+    each lock a master that answered the scan could not read, and one for each such
+    master that was no longer asked, as a read there got no reply."""
     for scan in listing.scans:
         if scan.error is not None:
             print(f"{PROG}: warning: {scan.node}: {scan.error}", file=sys.stderr)
@@ -140,9 +150,17 @@ def _warn(listing: Listing, args: argparse.Namespace) -> None:
                 file=sys.stderr,
             )
     scanned = [scan.error is None for scan in listing.scans]
+    unasked = {not_asked(error) for error in listing.failed.values()}
     for state in listing.locks:
         for node in _unread(state, scanned):  # a master whose scan failed: named above
-            message = f"lock {shown(state.resource)} not read on {node.node}: {node.error}"
+            if node.error not in unasked:  # the locks not asked: counted below
+                message = f"lock {shown(state.resource)} not read on {node.node}: {node.error}"
+                print(f"{PROG}: warning: {message}", file=sys.stderr)
+    for i, error in listing.failed.items():
+        why = not_asked(error)
+        if scanned[i] and (count := sum(state.nodes[i].error == why for state in listing.locks)):
+            locks = "1 lock" if count == 1 else f"{count} locks"
+            message = f"{listing.scans[i].node}: {locks} not read there, as a read failed: {error}"
             print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
@@ -152,10 +170,11 @@ async def _collect(args: argparse.Namespace) -> Listing:
         scans = await asyncio.gather(*(_scan(url, node, args) for url, node in places))
         keys = sorted(frozenset[str]().union(*(scan.keys for scan in scans)))
         names = [key.removeprefix(args.prefix) for key in keys]
-        states = map(_no_lock_of_another_type, await _read_states(redlock, names))
+        failed = {i: scan.error for i, scan in enumerate(scans) if scan.silent and scan.error}
+        states = map(_no_lock_of_another_type, await _read_states(redlock, names, failed))
         scanned = [scan.error is None for scan in scans]
         listed = tuple(state for state in states if _listed(state, scanned))
-        return Listing(tuple(scans), listed, redlock.quorum)
+        return Listing(tuple(scans), listed, redlock.quorum, failed)
 
 
 def _listed(state: LockState, scanned: Sequence[bool]) -> bool:
@@ -187,16 +206,19 @@ def _unread(state: LockState, among: Sequence[bool] | None = None) -> list[NodeL
     return [node for node, this in zip(state.nodes, among, strict=True) if this and node.error]
 
 
-async def _read_states(redlock: AsyncRedlock, names: Sequence[str]) -> list[LockState]:
+async def _read_states(
+    redlock: AsyncRedlock, names: Sequence[str], failed: dict[int, str]
+) -> list[LockState]:
     """Each lock's state, ``INSPECT_BATCH`` at a time after the first alone: a master
     that lacks inspect.lua (restarted, failed over, ``SCRIPT FLUSH``; this command
     loads no script ahead) refuses the first EVALSHA, which is sent whole (EVAL,
     caching the script) only with nothing behind it on the connection; calls behind
-    it would all fail there."""
-    states: list[LockState] = [await redlock.inspect(names[0])] if names else []
+    it would all fail there. A master in ``failed`` (its scan, or a read, got no
+    reply) is not asked: a silent master is waited for once, not once per batch."""
+    states = [await redlock._read_state(names[0], failed)] if names else []
     for start in range(1, len(names), INSPECT_BATCH):
         batch = names[start : start + INSPECT_BATCH]
-        states += await asyncio.gather(*(redlock.inspect(name) for name in batch))
+        states += await asyncio.gather(*(redlock._read_state(name, failed) for name in batch))
     return states
 
 
@@ -212,7 +234,8 @@ async def _scan(url: str, node: str, args: argparse.Namespace) -> Scan:
     try:
         keys, truncated = await _scan_keys(client, args)
     except (RedisError, OSError) as exc:
-        return Scan(node, error=f"{type(exc).__name__}: {exc}")
+        silent = isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+        return Scan(node, error=f"{type(exc).__name__}: {exc}", silent=silent)
     finally:
         await client.aclose()
     return Scan(node, frozenset(keys), truncated=truncated)
