@@ -31,7 +31,9 @@ Exit codes:
   ``force-release``: too many failed, the lock may still be held; ``list``: fewer
   than a quorum answered, or a lock listed could not be read on enough masters to
   tell whether it is held (its holder reads ``(unknown)``).
-- 130: interrupted (Ctrl-C).
+- 130: interrupted (Ctrl-C): at once, without waiting for a master's reply still out
+  (an interrupted ``force-release`` may have deleted the key on some masters only:
+  run it again).
 - 141: standard output was a pipe whose reader went away (``watch NAME | head -n1``):
   nothing more is printed, no error either (128 + SIGPIPE, as a shell reports a
   command that SIGPIPE killed).

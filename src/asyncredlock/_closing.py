@@ -38,12 +38,21 @@ class Closing:
                 ``AsyncRedlock`` was first used on. Once that loop is closed, it can
                 no longer be closed: only that loop could close its connections.
         """
+        await self._close(None)
+
+    async def _close_now(self) -> None:
+        """`aclose`, waiting for nothing: the calls still out fail at once (the command
+        line, interrupted: its calls are reads, with nothing to undo, or
+        ``force-release``'s deletes, which it says may or may not have landed)."""
+        await self._close(0.0)
+
+    async def _close(self, wait: float | None) -> None:
         core = self._core
         if core.closing:
             await core.shut.wait()
             return
         core.check_loop()
-        await shut_down(core)
+        await shut_down(core, wait)
 
     def _check_open(self) -> None:
         if self._core.closing:

@@ -108,14 +108,14 @@ def end_leases(core: Core) -> None:
         lease._lose(None, "its AsyncRedlock was closed")
 
 
-async def shut_down(core: Core) -> None:
+async def shut_down(core: Core, wait: float | None = None) -> None:
     """``aclose()``: end the leases still held and the ``acquire()`` calls still
-    waiting, wait up to ``node_timeout`` for their releases, their leaving the
-    masters' queues and the calls still out, fail what is left, close the
-    connections."""
+    waiting, wait up to ``wait`` (``node_timeout`` when ``None``) for their releases,
+    their leaving the masters' queues and the calls still out, fail what is left,
+    close the connections."""
     core.gates.close()
     core.begin_closing()  # lock() and acquire() refuse from now on; waiters wake
-    closing = asyncio.get_running_loop().create_task(_closing(core))
+    closing = asyncio.get_running_loop().create_task(_closing(core, wait))
     cancelled: asyncio.CancelledError | None = None
     # anyio's scopes outside wait (they deliver nothing into a shielded one, where
     # they would cancel again at every turn of the loop); a task.cancel() is caught
@@ -132,16 +132,16 @@ async def shut_down(core: Core) -> None:
     closing.result()
 
 
-async def _closing(core: Core) -> None:
+async def _closing(core: Core, wait: float | None) -> None:
     try:
-        await _shut_down(core)
+        await _shut_down(core, core.settings.node_timeout if wait is None else wait)
     finally:
         core.shut.set()  # an aclose() called meanwhile returns now
 
 
-async def _shut_down(core: Core) -> None:
+async def _shut_down(core: Core, wait: float) -> None:
     with anyio.CancelScope(shield=True):
-        with anyio.move_on_after(core.settings.node_timeout):
+        with anyio.move_on_after(wait):
             end_leases(core)
             # the acquire() calls still waiting leave the masters' queues (and give
             # back a key a release handed them) while the connections are open

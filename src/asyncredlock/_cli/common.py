@@ -4,12 +4,14 @@ on a lock's state."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import enum
 import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import NoReturn, TypeAlias
 
 from .._config import check_name
@@ -34,6 +36,7 @@ __all__ = [
     "UsageError",
     "answered",
     "connect",
+    "connected",
     "count",
     "fail",
     "lock_name",
@@ -231,6 +234,26 @@ def connect(args: argparse.Namespace) -> AsyncRedlock:
         raise UsageError(str(exc)) from exc
     _load_no_script_ahead(redlock)
     return redlock
+
+
+@asynccontextmanager
+async def connected(args: argparse.Namespace) -> AsyncIterator[AsyncRedlock]:
+    """`connect`, closed on the way out; interrupted (cancelled, as by Ctrl-C), at
+    once: the calls still out fail, unwaited for (a master silent for
+    ``--node-timeout`` would keep the command that long). They are reads, or
+    ``force-release``'s deletes, which land or not (the docs say so: rerun it).
+
+    Raises:
+        UsageError: As `connect`.
+    """
+    redlock = connect(args)
+    try:
+        yield redlock
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        await redlock._close_now()
+        raise
+    finally:
+        await redlock.aclose()  # at once when closed already
 
 
 def _load_no_script_ahead(redlock: AsyncRedlock) -> None:

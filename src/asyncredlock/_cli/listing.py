@@ -44,7 +44,7 @@ from .common import (
     Parser,
     Status,
     Subcommands,
-    connect,
+    connected,
     count,
     fail,
     master_urls,
@@ -165,7 +165,7 @@ def _warn(listing: Listing, args: argparse.Namespace) -> None:
 
 
 async def _collect(args: argparse.Namespace) -> Listing:
-    async with connect(args) as redlock:
+    async with connected(args) as redlock:
         places = zip(master_urls(args), redlock.masters, strict=True)
         scans = await asyncio.gather(*(_scan(url, node, args) for url, node in places))
         keys = sorted(frozenset[str]().union(*(scan.keys for scan in scans)))

@@ -21,7 +21,7 @@ from .common import (
     Status,
     Subcommands,
     answered,
-    connect,
+    connected,
     fail,
     lock_name,
     masters,
@@ -78,7 +78,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 async def _read_state(args: argparse.Namespace) -> tuple[LockState, int]:
-    async with connect(args) as redlock:
+    async with connected(args) as redlock:
         return await redlock.inspect(args.name), redlock.quorum
 
 
@@ -165,7 +165,7 @@ def _force_release(args: argparse.Namespace) -> int:
 
 
 async def _delete(args: argparse.Namespace) -> tuple[Freed, int]:
-    async with connect(args) as redlock:
+    async with connected(args) as redlock:
         return await redlock._force_free(args.name), len(redlock.masters)
 
 

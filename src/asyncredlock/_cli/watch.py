@@ -14,7 +14,7 @@ from .common import (
     Status,
     Subcommands,
     answered,
-    connect,
+    connected,
     count,
     lock_name,
     masters,
@@ -59,7 +59,7 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 async def _watch_lock(args: argparse.Namespace) -> int:
-    async with connect(args) as redlock:
+    async with connected(args) as redlock:
         last, printed = None, 0
         while True:
             seen = describe(await redlock.inspect(args.name), redlock.quorum)
