@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 import anyio
 import anyio.from_thread
@@ -34,6 +35,7 @@ from .conftest import Masters, polled
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 WAIT = 30.0  # a bound on each wait, far above what it takes
+USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 
 
 async def cli(*argv: str) -> int:
@@ -302,6 +304,18 @@ async def test_a_semaphore_is_reported_free_and_its_queue_left_alone(
     assert outs[1].startswith("0 locks matching '*' held on 5 masters")
     assert outs[2].startswith("nothing to release")
     assert after == before
+
+
+def test_the_command_line_docs_say_semaphores_are_not_seen() -> None:
+    """docs/usage.md, "From the command line" (where an operator looks), says what the
+    test above shows: on a semaphore's name inspect says free, force-release has
+    nothing to release; it said so only among the semaphores' own paragraphs."""
+    page = USAGE.read_text(encoding="utf-8")
+    start = page.index("### From the command line")
+    section = " ".join(page[start : page.index("\n## ", start)].split())
+    assert "The commands see locks, not [semaphores](#counting-semaphores)" in section
+    assert "`inspect` and `watch` say `free`" in section
+    assert "`force-release` deletes nothing (`nothing to release`, exit 1)" in section
 
 
 # -- silent masters and Ctrl-C ---------------------------------------------------------
