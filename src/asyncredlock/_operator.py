@@ -52,11 +52,14 @@ async def read_state(core: Core, name: str, failed: dict[int, str] | None = None
 
 @dataclass(frozen=True, slots=True)
 class Freed:
-    """What ``force_release()`` did: on how many masters it deleted a key, and the
-    masters that did not answer in time or failed (name, why), where a key may stay."""
+    """What ``force_release()`` did: on how many masters it deleted a key, of them on
+    how many the lock key (a writer's) and the readers' entries, and the masters that
+    did not answer in time or failed (name, why), where a key may stay."""
 
     deleted: int
     missed: tuple[tuple[str, str], ...]
+    key: int
+    readers: int
 
 
 async def force_free(core: Core, name: str) -> Freed:
@@ -89,8 +92,10 @@ async def force_free(core: Core, name: str) -> Freed:
         for node, reply in zip(core.nodes, replies, strict=True)
         if (error := reply_error(reply, core.settings)) is not None
     )
-    deleted = [reply for reply in replies if reply is not None and reply.value == 1]
-    return Freed(len(deleted), tuple(missed))
+    # delete.lua's reply: 1 the lock key deleted, 2 the readers' entries, 3 both
+    gone = [int(reply.value) for reply in replies if reply is not None and not reply.error]
+    key_on, readers_on = sum(what & 1 for what in gone), sum(what >> 1 for what in gone)
+    return Freed(sum(map(bool, gone)), tuple(missed), key_on, readers_on)
 
 
 def lose_leases(core: Core, key: str, decision: Decision | None) -> None:

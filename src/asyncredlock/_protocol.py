@@ -236,7 +236,7 @@ def classify_deleted(reply: Reply) -> tuple[Verdict, str]:
     """Count a force-release reply: any answer is a success (the key is gone)."""
     if reply.error is not None:
         return Verdict.FAILED, _describe_error(reply)
-    return Verdict.YES, "deleted" if int(reply.value) == 1 else "no key"
+    return Verdict.YES, "deleted" if int(reply.value) else "no key"
 
 
 class QueueTrace:

@@ -289,7 +289,27 @@ class TestForceRelease:
             assert reading.held  # another client: told at its next extension
         assert code == 0
         assert all(node.readers == () for node in state.nodes)
-        assert "deleted the lock key of 'cli:read' on 5 of 5 masters" in capsys.readouterr().out
+        # it deleted no lock key: only the readers' entries (it said "the lock key")
+        assert (
+            capsys.readouterr().out
+            == "deleted the reader entries of 'cli:read' on 5 of 5 masters\n"
+        )
+
+    async def test_says_it_deleted_both_a_lock_key_and_reader_entries(
+        self, servers: ServerGroup, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A writer's key (another client's) on 3 masters, readers' entries on all 5:
+        it says on how many masters it deleted each."""
+        for i, url in enumerate(servers.urls):
+            async with Redis.from_url(url) as client:
+                if i < 3:
+                    await client.set("cli:both", "theirs", px=60_000)
+                await client.zadd("{cli:both}:readers", {"reader": 2**50})
+        code = await cli("force-release", "cli:both", "--yes", *master_args(servers.urls))
+        assert code == 0
+        assert capsys.readouterr().out == (
+            "deleted the lock key of 'cli:both' on 3 and its reader entries on 5 of 5 masters\n"
+        )
 
     async def test_a_master_that_did_not_answer_is_named(
         self,

@@ -57,7 +57,8 @@ def add_force_release(commands: Subcommands, options: Parser) -> None:
         "force-release",
         parents=[options],
         help="delete a lock's key on every master, whoever holds it",
-        description="Delete a lock's key on every master, whoever holds it. Only for "
+        description="Delete a lock's key (and a read-write lock's reader entries) on "
+        "every master, whoever holds it, and say which was deleted. Only for "
         "a lock whose holder is known to be dead: a live holder learns of it at its "
         "next extension. A master that failed or did not answer is named in a "
         "warning. Exit 0 when a key was deleted, 1 when there was none (or the "
@@ -154,7 +155,7 @@ def _force_release(args: argparse.Namespace) -> int:
     except QuorumUnavailableError as exc:
         return fail(str(exc), EXIT_UNAVAILABLE)
     if freed.deleted:
-        print(f"deleted the lock key of {args.name!r} on {freed.deleted} of {masters(total)}")
+        print(_deleted(freed, args.name, total))
     else:
         print(f"nothing to release: no key of {args.name!r} was deleted on any of {masters(total)}")
     for node, why in freed.missed:  # free on a quorum, but maybe not there
@@ -162,6 +163,18 @@ def _force_release(args: argparse.Namespace) -> int:
         # a reason may end with a full stop (an OSError's message): no '.:' then
         print(f"{PROG}: warning: {node}: {why.rstrip('.')}: {stays}", file=sys.stderr)
     return EXIT_OK if freed.deleted else EXIT_FAILURE
+
+
+def _deleted(freed: Freed, name: str, total: int) -> str:
+    """What was deleted, on how many masters: the lock key, the readers' entries, both."""
+    if not freed.readers:
+        return f"deleted the lock key of {name!r} on {freed.key} of {masters(total)}"
+    if not freed.key:
+        return f"deleted the reader entries of {name!r} on {freed.readers} of {masters(total)}"
+    return (
+        f"deleted the lock key of {name!r} on {freed.key} and its reader entries on "
+        f"{freed.readers} of {masters(total)}"
+    )
 
 
 async def _delete(args: argparse.Namespace) -> tuple[Freed, int]:

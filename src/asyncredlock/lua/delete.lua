@@ -6,15 +6,16 @@
 -- KEYS[1] lock key, KEYS[2] the readers of its read-write lock, KEYS[3] its queue,
 -- KEYS[4] the queue's expiries, KEYS[5] the queued waiters' hand-over terms;
 -- ARGV[1] the lock's channel
--- Returns 1 when a writer's key or reader entries were deleted, else 0.
+-- Returns what was deleted: 0 nothing, 1 the lock key (a writer's), 2 the readers'
+-- entries, 3 both.
 -- Prepended by _scripts.py: now_ms() (clock.lua), purge(), unlist() and inbox()
 -- (queue.lua).
 if redis.replicate_commands then
   redis.replicate_commands()
 end
 local value = redis.call('GET', KEYS[1])
-local deleted = redis.call('DEL', KEYS[1], KEYS[2])
-if deleted == 0 then
+local key, readers = redis.call('DEL', KEYS[1]), redis.call('DEL', KEYS[2])
+if key + readers == 0 then
   return 0
 end
 local channel, message = ARGV[1], value or 'readers'
@@ -32,4 +33,4 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 end
 -- pcall: an announcement refused (an ACL without the channel) undoes no release
 redis.pcall('PUBLISH', channel, message)
-return 1
+return key + 2 * readers
