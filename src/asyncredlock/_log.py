@@ -68,7 +68,7 @@ def log_acquired(lease: Held, attempts: int, waited: float) -> None:
     Nothing is built when INFO is off (every waited acquisition passes here)."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    reason = f"waited {waited:.3f} s, {attempts} attempts"
+    reason = f"waited {waited:.3f} s, {attempts} attempt{'' if attempts == 1 else 's'}"
     logger.info(
         "acquired %r after waiting (%s)", lease.resource, reason, extra=_facts(lease, (), reason)
     )

@@ -452,9 +452,6 @@ async def test_acquisitions_and_failed_attempts_are_parts_of_attempts(
     assert stats.acquisitions + stats.failed_attempts <= stats.attempts, stats
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the INFO line says '1 attempts' (src/asyncredlock/_log.py:71)"
-)
 @pytest.mark.timeout(60)
 async def test_acquired_after_waiting_counts_its_attempts_in_english(
     servers: ServerGroup, caplog: pytest.LogCaptureFixture
