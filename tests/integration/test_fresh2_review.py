@@ -1442,14 +1442,7 @@ WRITTEN_SIGNATURES = [
     ("testing.md", "ServerCluster", T.ServerCluster),
     ("testing.md", "start", T.ServerProcess.start),
     ("testing.md", "stop", T.ServerProcess.stop),
-    pytest.param(
-        "testing.md",
-        "restart",
-        T.ServerProcess.restart,
-        marks=pytest.mark.xfail(
-            strict=True, reason="testing.md:61 writes restart() without its keyword-only *"
-        ),
-    ),
+    ("testing.md", "restart", T.ServerProcess.restart),
     ("testing.md", "ping", T.ServerProcess.ping),
     ("testing.md", "flushall", T.ServerProcess.flushall),
     ("testing.md", "master_address", T.SentinelProcess.master_address),
@@ -1457,14 +1450,7 @@ WRITTEN_SIGNATURES = [
     ("testing.md", "client", T.ServerCluster.client),
     ("testing.md", "keyslot", T.ServerCluster.keyslot),
     ("testing.md", "primary_for", T.ServerCluster.primary_for),
-    pytest.param(
-        "testing.md",
-        "replicas_of",
-        T.ServerCluster.replicas_of,
-        marks=pytest.mark.xfail(
-            strict=True, reason="testing.md:176 names replicas_of()'s parameter node, not primary"
-        ),
-    ),
+    ("testing.md", "replicas_of", T.ServerCluster.replicas_of),
     ("testing.md", "move_slot", T.ServerCluster.move_slot),
     ("testing.md", "begin_move", T.ServerCluster.begin_move),
     ("testing.md", "end_move", T.ServerCluster.end_move),
@@ -1488,10 +1474,6 @@ def test_signatures_the_pages_write_out_are_the_codes(
     assert written in text, (written, re.findall(rf"`{shown}\([^`]*`", text))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="testing.md:11-13 'Public names' leaves out Waits, client_state, hold_calls, ...",
-)
 def test_testing_mds_public_names_are_the_packages() -> None:
     """testing.md opens with "Public names: ..." : the list a reader takes as the
     whole of ``asyncredlock.testing``."""
