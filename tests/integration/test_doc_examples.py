@@ -224,6 +224,26 @@ def test_interpreter_sessions_print_what_the_docs_show() -> None:
         assert result.attempted > 0
 
 
+def test_no_example_passes_a_dependency_as_a_default() -> None:
+    """The examples take a FastAPI dependency as ``Annotated[T, Depends(...)]``, never
+    as a parameter's default (``lease: Lease = Depends(...)``), which ruff's B008
+    flags in the reader's project: a reader copies the first form a page shows."""
+    found = []
+    for param in blocks():
+        where, code = param.values
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args
+                for default in [*arguments.defaults, *arguments.kw_defaults]:
+                    if isinstance(default, ast.Call) and ast.unparse(default.func) == "Depends":
+                        found.append(f"{where}: {node.name}() {ast.unparse(default)}")
+    assert not found, found
+
+
 #: Signatures written out in the prose of the pages, and the callable each shows:
 #: (page, the text up to the opening parenthesis, the callable).
 SIGNATURES = [

@@ -3,6 +3,8 @@ as a dependency, and the lock's errors as HTTP responses.
 
 ::
 
+    from typing import Annotated
+
     from fastapi import Depends, FastAPI
     from asyncredlock import Lease
     from asyncredlock.contrib.fastapi import add_exception_handlers, lifespan, locked
@@ -11,7 +13,7 @@ as a dependency, and the lock's errors as HTTP responses.
     add_exception_handlers(app)
 
     @app.put("/orders/{order_id}")
-    async def update(order_id: int, lease: Lease = Depends(locked("orders:{order_id}"))):
+    async def update(order_id: int, lease: Annotated[Lease, Depends(locked("orders:{order_id}"))]):
         ...  # runs holding the lock "orders:<order_id>"
 """
 
