@@ -878,11 +878,12 @@ Message = dict[str, Any]
 
 @asynccontextmanager
 async def websocket(
-    app: FastAPI, path: str
+    app: FastAPI, path: str, *, denial: bool = True
 ) -> AsyncIterator[tuple[Callable[[Message], Awaitable[None]], Callable[[], Awaitable[Message]]]]:
     """One WebSocket session with ``app``, spoken in ASGI messages (uvicorn here has
     no WebSocket library): a function sending the app a message, one receiving the
-    app's next. The app's handler is awaited at the end."""
+    app's next. The app's handler is awaited at the end. ``denial``: the server
+    offers the WebSocket denial response extension."""
     to_app, app_reads = anyio.create_memory_object_stream[Message](8)
     app_writes, from_app = anyio.create_memory_object_stream[Message](8)
     scope = {
@@ -897,7 +898,7 @@ async def websocket(
         "server": ("app", 80),
         "client": ("127.0.0.1", 1),
         "subprotocols": [],
-        "extensions": {"websocket.http.response": {}},
+        "extensions": {"websocket.http.response": {}} if denial else {},
     }
     async with to_app, from_app, anyio.create_task_group() as tg:
         tg.start_soon(app, scope, app_reads.receive, app_writes.send)
@@ -959,6 +960,43 @@ class TestWebSocket:
                 assert (await receive())["type"] == "websocket.close"
         assert held >= QUORUM
         assert await masters.holding("room:1") == 0  # released when the handler ended
+
+    async def test_refused_by_a_close_where_the_server_has_no_denial_response(
+        self, servers: ServerGroup
+    ) -> None:
+        """Without the ``websocket.http.response`` extension ASGI allows the app no
+        HTTP response: a lock error before the handshake closes the socket (the
+        server's 403), 1013 for a busy lock, 1008 for a path whose lock name is
+        refused (retrying does not mend it), each with the body's ``detail``."""
+        app = app_with(servers.urls)
+
+        @app.websocket("/rooms/{room}")
+        async def chat(
+            socket: WebSocket,
+            room: str,
+            lease: Annotated[Lease, Depends(locked("room:{room}", timeout=0))],
+        ) -> None:
+            raise AssertionError("the handler runs only holding the lock")
+
+        with anyio.fail_after(HANG_GUARD):
+            async with app.router.lifespan_context(app):
+                async with (
+                    redlock_of(app).lock("room:1"),
+                    websocket(app, "/rooms/1", denial=False) as (_, refused),
+                ):
+                    busy = await refused()
+                async with websocket(app, "/rooms/\x00", denial=False) as (_, refused):
+                    bad = await refused()
+        assert busy == {
+            "type": "websocket.close",
+            "code": 1013,
+            "reason": "locked: held by another holder past the timeout",
+        }
+        assert bad == {
+            "type": "websocket.close",
+            "code": 1008,
+            "reason": "bad path: the lock name it makes cannot be used",
+        }
 
     async def test_a_lease_lost_after_the_handshake_closes_the_socket(
         self, servers: ServerGroup, masters: Masters

@@ -810,11 +810,6 @@ async def test_a_path_pattern_comes_after_the_lock_and_a_field_takes_colons(
 RoomLease = Annotated[Lease, Depends(contrib_fastapi.locked("rooms:{room}", timeout=0))]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="add_exception_handlers answers a WebSocket handshake with an HTTP denial"
-    " response even where the server did not offer the extension (ASGI forbids it)",
-)
 @pytest.mark.timeout(60)
 async def test_a_websocket_refused_where_the_server_has_no_denial_response(
     servers: ServerGroup,

@@ -23,6 +23,7 @@ from .._redlock import AsyncRedlock
 from .._template import NameTemplate
 
 __all__ = [
+    "CLOSE_POLICY_VIOLATION",
     "CLOSE_TRY_AGAIN_LATER",
     "BadLockName",
     "ErrorResponse",
@@ -31,6 +32,7 @@ __all__ = [
     "ShuttingDown",
     "answer",
     "check_redlock",
+    "close_code",
     "errors_or_default",
     "missing_framework",
 ]
@@ -40,6 +42,10 @@ __all__ = [
 #: error after the handshake: the counterpart of the 423 and 503 answers (each with
 #: ``Retry-After``), a state of the lock that passes, not a fault of the server (1011).
 CLOSE_TRY_AGAIN_LATER = 1013
+
+#: The WebSocket close code (RFC 6455: "Policy Violation") for a refusal that trying
+#: again does not mend: a path whose lock name the library refuses (the 400).
+CLOSE_POLICY_VIOLATION = 1008
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +154,13 @@ def answer(errors: HTTPErrors, error: Exception) -> ErrorResponse | None:
     if isinstance(error, RedlockError):
         return errors.response(error)
     return None
+
+
+def close_code(response: ErrorResponse) -> int:
+    """The WebSocket close code standing for ``response``: 1013 (Try Again Later) for
+    an answer that says when to retry (``Retry-After``), 1008 (Policy Violation) for
+    one that does not (a bad path)."""
+    return CLOSE_TRY_AGAIN_LATER if "Retry-After" in response.headers else CLOSE_POLICY_VIOLATION
 
 
 def missing_framework(module: str, framework: str, extra: str) -> ImportError:

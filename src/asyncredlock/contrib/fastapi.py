@@ -30,13 +30,13 @@ from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
 from ._http import (
-    CLOSE_TRY_AGAIN_LATER,
     BadLockName,
     HTTPErrors,
     RequestLock,
     ShuttingDown,
     answer,
     check_redlock,
+    close_code,
     errors_or_default,
     missing_framework,
 )
@@ -260,6 +260,16 @@ def _unwrapped(call: Callable[..., Any]) -> Any:
     return inspect.unwrap(_impartial(call))
 
 
+def _can_deny(websocket: WebSocket) -> bool:
+    """Whether an HTTP response may still refuse ``websocket``: before the handshake,
+    on a server that lists the ASGI denial response among the scope's extensions."""
+    extensions = websocket.scope.get("extensions") or {}
+    return (
+        websocket.application_state is WebSocketState.CONNECTING
+        and "websocket.http.response" in extensions
+    )
+
+
 def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> None:
     """Answer the lock's errors with HTTP responses (see `HTTPErrors`):
     `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503, and a
@@ -270,9 +280,12 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
     body ``{"detail": ...}``.
 
     On a WebSocket route, an error before the handshake is accepted answers it the
-    same way; one after (a lease lost during the conversation) closes the socket
-    with code 1013 (Try Again Later) and the ``detail`` as its reason, as ASGI
-    allows no HTTP response once the socket is accepted.
+    same way where the server offers the ASGI WebSocket denial response (the
+    ``websocket.http.response`` extension). Elsewhere, and after the handshake (a
+    lease lost during the conversation), it closes the socket with code 1013 (Try
+    Again Later; 1008, Policy Violation, for a bad path) and the ``detail`` as its
+    reason, as ASGI allows no HTTP response there: before the handshake the server
+    answers that close with 403.
 
     Args:
         app: The application.
@@ -283,12 +296,13 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
     async def handle(connection: HTTPConnection, exc: Exception) -> Response | None:
         response = answer(mapping, exc)
         assert response is not None  # registered only for the errors it answers
-        if isinstance(connection, WebSocket) and (
-            connection.application_state is not WebSocketState.CONNECTING
-        ):
-            # accepted (or already closed): no HTTP response may follow the handshake
-            if connection.application_state is WebSocketState.CONNECTED:
-                await connection.close(CLOSE_TRY_AGAIN_LATER, response.body["detail"])
+        if isinstance(connection, WebSocket) and not _can_deny(connection):
+            # accepted, or a server without the denial response: a close, no HTTP response
+            if connection.application_state in (
+                WebSocketState.CONNECTING,
+                WebSocketState.CONNECTED,
+            ):
+                await connection.close(close_code(response), response.body["detail"])
             return None
         return JSONResponse(response.body, status_code=response.status, headers=response.headers)
 
