@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, LockLostError
-from asyncredlock.contrib.aiohttp import REDLOCK, HTTPErrors, locked, setup
+from asyncredlock.contrib.aiohttp import LEASE, REDLOCK, HTTPErrors, locked, setup
 from asyncredlock.testing import ServerGroup, Waits
 from asyncredlock.testing.pytest_plugin import MakeServers
 
@@ -328,6 +328,46 @@ class TestHandlers:
         app.router.add_view("/orders/{order_id}", Order)
         async with serving(app) as client, client.put("/orders/1") as response:
             assert await response.json() == {"held": True}
+
+    async def test_the_handler_finds_its_lease_on_the_request(self, servers: ServerGroup) -> None:
+        """``request[LEASE]`` is the handler's lease while it runs: the holder on the
+        masters, its fencing token (greater at each request), ``extend()``. Under
+        two ``@locked`` the inner one's, then the outer's again; nothing is left on
+        the request once the handler returned."""
+        app = app_with(servers.urls)
+        seen: list[tuple[str, int | None]] = []
+        requests: list[web.Request] = []
+
+        @locked("items:{order_id}")
+        async def inner(request: web.Request) -> web.Response:
+            seen.append((request[LEASE].resource, request[LEASE].token))
+            return web.json_response({})
+
+        @locked("orders:{order_id}", fencing=True)
+        async def update(request: web.Request) -> web.Response:
+            requests.append(request)
+            lease = request[LEASE]
+            await lease.extend()
+            state = await request.config_dict[REDLOCK].inspect(lease.resource)
+            assert state.holder == lease.value
+            seen.append((lease.resource, lease.token))
+            response = await inner(request)
+            seen.append((request[LEASE].resource, request[LEASE].token))
+            return response
+
+        app.router.add_put("/orders/{order_id}", update)
+        with anyio.fail_after(HANG_GUARD):
+            async with serving(app) as client:
+                for _ in range(2):
+                    async with client.put("/orders/1") as response:
+                        assert response.status == 200
+        (_, first), _, (_, again), (_, second), _, _ = seen
+        assert isinstance(first, int)
+        assert isinstance(second, int)
+        assert second > first
+        assert again == first
+        assert [resource for resource, _ in seen] == ["orders:1", "items:1", "orders:1"] * 2
+        assert [LEASE in request for request in requests] == [False, False]
 
     async def test_a_sub_applications_route_uses_the_main_apps_redlock(
         self, servers: ServerGroup

@@ -942,10 +942,6 @@ async def test_aiohttp_first_example_as_written(servers: ServerGroup) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aiohttp @locked gives its handler no way to reach its lease: no fencing token",
-)
 @pytest.mark.timeout(60)
 async def test_an_aiohttp_handler_can_reach_its_leases_token(servers: ServerGroup) -> None:
     """fastapi.md's ``locked()`` yields the lease (``lease.token`` for the writes, as

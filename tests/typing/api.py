@@ -297,6 +297,7 @@ def web_apps() -> None:
     @redlock_aiohttp.locked("orders:{order_id}", timeout=2)
     async def handler(request: web.Request) -> web.Response:
         assert_type(request.app[redlock_aiohttp.REDLOCK], AsyncRedlock)
+        assert_type(request[redlock_aiohttp.LEASE], Lease)
         return web.Response()
 
     kept: Callable[[web.Request], Coroutine[Any, Any, web.Response]] = handler  # same signature

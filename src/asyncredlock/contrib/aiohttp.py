@@ -4,14 +4,15 @@ errors as HTTP responses, and a handler decorator holding a lock per request.
 ::
 
     from aiohttp import web
-    from asyncredlock.contrib.aiohttp import REDLOCK, locked, setup
+    from asyncredlock.contrib.aiohttp import LEASE, locked, setup
 
     app = web.Application()
     setup(app, ["redis://h1", "redis://h2", "redis://h3"], ttl=10.0)
 
     @locked("orders:{order_id}", timeout=2)
     async def update(request: web.Request) -> web.Response:
-        ...  # runs holding the lock "orders:<order_id>"
+        lease = request[LEASE]  # runs holding the lock "orders:<order_id>"
+        ...
 
     app.router.add_put("/orders/{order_id}", update)
 """
@@ -21,10 +22,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._config import LockOptions
 from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
+from .._lease import Lease
 from .._redlock import AsyncRedlock
 from ._http import (
     CLOSE_TRY_AGAIN_LATER,
@@ -43,20 +45,34 @@ try:
 except ImportError:  # pragma: no cover - exercised in a subprocess
     raise missing_framework("aiohttp", "aiohttp", "aiohttp") from None
 
-__all__ = ["REDLOCK", "HTTPErrors", "locked", "setup"]
+__all__ = ["LEASE", "REDLOCK", "HTTPErrors", "locked", "setup"]
+
+Value = TypeVar("Value")
+
+
+def _request_key(name: str, kind: type[Value]) -> web.RequestKey[Value]:
+    """A key of a request's own data: a ``web.RequestKey`` where aiohttp has them
+    (3.13 and later), else the string key older versions take (typed as the
+    installed aiohttp's)."""
+    if hasattr(web, "RequestKey"):
+        return web.RequestKey(name, kind)
+    return cast("web.RequestKey[Value]", name)  # pragma: no cover - aiohttp before 3.13
+
 
 #: The app's ``AsyncRedlock``, set by `setup` while the app runs: ``app[REDLOCK]``,
 #: or ``request.config_dict[REDLOCK]`` in a handler (which also finds it from a
 #: sub-application's routes).
 REDLOCK: web.AppKey[AsyncRedlock] = web.AppKey("asyncredlock", AsyncRedlock)
 
+#: The handler's `Lease`, set by `locked` while the handler runs:
+#: ``request[LEASE]`` (its ``token`` for fenced writes, ``extend()``...). A
+#: ``web.RequestKey``; on aiohttp before 3.13, which has none, the string
+#: ``"asyncredlock.lease"``.
+LEASE: web.RequestKey[Lease] = _request_key("asyncredlock.lease", Lease)
+
 #: Where `setup`'s ``on_response_prepare`` signal keeps the response a handler
-#: prepared itself (a ``web.RequestKey`` where aiohttp has them, 3.13 and later).
-_PREPARED: Any = (
-    web.RequestKey("asyncredlock.prepared", web.StreamResponse)
-    if hasattr(web, "RequestKey")
-    else "asyncredlock.prepared"
-)
+#: prepared itself.
+_PREPARED = _request_key("asyncredlock.prepared", web.StreamResponse)
 
 #: What `setup`'s middleware answers (`answer` has a response for each).
 _ANSWERED = (LockTimeoutError, QuorumUnavailableError, LockLostError, BadLockName, ShuttingDown)
@@ -172,8 +188,9 @@ def locked(
     sub-application finds it too).
 
     ``name`` is filled with the route's ``match_info`` (``"orders:{order_id}"``);
-    the other arguments are `AsyncRedlock.lock`'s. The lock is released when the
-    handler returns, before aiohttp sends the response. A lease lost while the
+    the other arguments are `AsyncRedlock.lock`'s. The handler finds its lease as
+    ``request[LEASE]`` (the innermost's, under several ``@locked``). The lock is
+    released when the handler returns, before aiohttp sends the response. A lease lost while the
     handler runs cancels it and raises `LockLostError` (503 through `setup`'s
     middleware, or, once the handler prepared its response, a WebSocket closed
     with 1013 or a connection dropped); so does a handler still running at
@@ -200,8 +217,16 @@ def locked(
         @functools.wraps(handler)
         async def run(arg: web.Request | web.View) -> web.StreamResponse:
             request = arg.request if isinstance(arg, web.View) else arg
-            async with request_lock.held(_redlock_of(request), request.match_info):
-                return await handler(arg)
+            async with request_lock.held(_redlock_of(request), request.match_info) as lease:
+                outer = request.get(LEASE)  # an enclosing @locked's, restored after
+                request[LEASE] = lease
+                try:
+                    return await handler(arg)
+                finally:
+                    if outer is None:
+                        del request[LEASE]
+                    else:
+                        request[LEASE] = outer
 
         return run  # type: ignore[return-value]  # same signature as the handler
 
