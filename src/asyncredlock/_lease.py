@@ -425,8 +425,11 @@ def make_lease(
     taken: Taken,
     extend_at: float | None = None,
 ) -> Lease:
-    """The lease of an acquisition that succeeded (counted)."""
+    """The lease of an acquisition that succeeded (counted: a hand-over in
+    ``handovers`` too)."""
     core.counters.acquisitions += 1
+    if taken.source == "hand-over":
+        core.counters.handovers += 1
     return Lease(
         core,
         spec,

@@ -31,6 +31,7 @@ class Counters:
 
     attempts: int = 0
     acquisitions: int = 0
+    handovers: int = 0
     failed_attempts: int = 0
     timeouts: int = 0
     unavailable: int = 0
@@ -51,10 +52,19 @@ class RedlockStatistics:
     """Counters and gauges of one ``AsyncRedlock`` (see ``AsyncRedlock.statistics()``).
 
     Attributes:
-        attempts: Acquisition rounds sent to the masters (including rounds cut
-            short by cancellation, which count in neither of the next two).
-        acquisitions: Attempts that took the lock.
-        failed_attempts: Attempts that did not (contention, outage or validity).
+        attempts: Acquisition rounds sent to the masters. Each is won (a lease
+            in ``acquisitions``), failed (``failed_attempts``), or cut short
+            before its outcome (cancelled, its client closing, an error raised:
+            in neither): ``acquisitions - handovers + failed_attempts <=
+            attempts``, equal when none was cut short.
+        acquisitions: Leases taken from the masters: won by an attempt, or
+            handed over by a release (``handovers``, no attempt of their own).
+        handovers: Leases a quorum of masters handed over in a release to a
+            waiter first in their queue (``source="hand-over"``); counted in
+            ``acquisitions`` too, and the waiter's refused attempts before it in
+            ``failed_attempts``.
+        failed_attempts: Attempts that did not take the lock (contention, outage
+            or validity), those of a waiter later handed it over included.
         timeouts: ``LockTimeoutError`` raised.
         unavailable: ``QuorumUnavailableError`` raised by acquisition.
         extensions: Successful extensions (automatic or explicit).
@@ -93,6 +103,7 @@ class RedlockStatistics:
 
     attempts: int
     acquisitions: int
+    handovers: int
     failed_attempts: int
     timeouts: int
     unavailable: int

@@ -359,7 +359,8 @@ def _status_counts(run: RunResult) -> str:
 
 def _lock_line(stats: RedlockStatistics) -> str:
     return (
-        f'lock "{LOCK_NAME}": {stats.acquisitions} acquisitions in {stats.attempts} attempts '
+        f'lock "{LOCK_NAME}": {stats.acquisitions} acquisitions '
+        f"({stats.handovers} handed over by a release) in {stats.attempts} attempts "
         f"({stats.failed_attempts} failed while another handler held it), "
         f"{stats.handoffs} passed from handler to handler in-process, "
         f"{stats.timeouts} timeouts, {stats.releases} releases, {stats.lost} lost"
