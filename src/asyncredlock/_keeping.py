@@ -82,7 +82,7 @@ class Keeping(ABC):
     _limit: asyncio.TimerHandle | None = None  # ends the lease at its bound
     _holder: Span | None = None  # the span current where it was acquired (see telemetry)
     _untaken = False  # passed to a task that has not taken it yet (see Lease._take)
-    # the event loop its automatic extension runs on (None: auto_extend=False)
+    # the event loop it was taken on, whose timers extend it and end it at its bound
     _keeper: asyncio.AbstractEventLoop | None = None
     token: int | None = None
 

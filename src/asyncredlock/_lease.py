@@ -82,10 +82,11 @@ class Lease(Keeping):
         self.token = tokens[0] if tokens is not None and len(tokens) == 1 else None
         # the tokens of the acquisition this lease descends from (see `_hand_off`)
         self._first_tokens = tokens
+        self._keeper, self._extends = asyncio.get_running_loop(), spec.auto_extend
         if spec.auto_extend:
             # Extend once a third of the TTL is used up (at once for a lease passed
             # on with less validity than that), or when told.
-            ttl, self._keeper = self.ttl, asyncio.get_running_loop()
+            ttl = self.ttl
             self._extend_at(expires_at - 2 * ttl / 3 if extend_at is None else extend_at)
 
     def __repr__(self) -> str:
@@ -100,20 +101,26 @@ class Lease(Keeping):
         if self._state is not _HELD:
             return False
         keeper = self._keeper  # (see `lost`)
-        return keeper is None or not keeper.is_closed() or self.validity > 0
+        return keeper is None or not keeper.is_closed() or not self._outlived()
 
     @property
     def lost(self) -> bool:
         """Whether the lease was lost: not extended in time, or taken away. A lease
-        that extends itself and outlived its event loop (closed with the lease still
-        held, without ``aclose()``: nothing extends it any more) is lost once its
-        validity has run out."""
+        that outlived its event loop (closed with the lease still held, without
+        ``aclose()``: nothing extends or ends it any more) is lost once its validity
+        has run out if it extends itself, and once its ``max_hold`` is reached."""
         if self._state is not _HELD:
             return self._state is State.LOST
         # Nothing can mark such a lease lost (its loop is gone), so it is found so here;
         # read often, this reads the clock only once that loop is closed.
         keeper = self._keeper
-        return keeper is not None and keeper.is_closed() and self.validity <= 0
+        return keeper is not None and keeper.is_closed() and self._outlived()
+
+    def _outlived(self) -> bool:
+        """(Its loop closed.) Whether it would have ended lost by now on a running loop:
+        its validity run out while it extended itself, or its max_hold reached."""
+        now = self._core.clock()
+        return now >= self._bound or (self._extends and now >= self._expires_at)
 
     def statistics(self) -> LeaseStatistics:
         """How this lease was taken, and kept so far (see `LeaseStatistics`)."""

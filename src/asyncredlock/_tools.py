@@ -92,5 +92,7 @@ class OperatorTools:
         Rounds return at quorum; the other masters' replies, and the cleanup after a
         failed or cancelled attempt, finish in the background: await this to know
         they are done (tests, graceful shutdown). Lease extenders keep running."""
+        if self._core.loop is None:  # never used: nothing was ever sent
+            return
         self._core.check_loop()
         await self._core.settle()

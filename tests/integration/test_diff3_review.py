@@ -240,12 +240,6 @@ async def test_on_a_running_loop_a_lease_without_auto_extend_ends_lost_at_its_ma
         assert (lease.held, lease.lost, state_word(lease)) == (False, True, "lost")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a lease with auto_extend=False and a max_hold that outlived its loop says "
-    "held forever, where a running loop ends it lost at its max_hold (usage.md: 'as it "
-    "would on a running loop')",
-)
 @pytest.mark.timeout(60)
 def test_a_lease_without_auto_extend_that_outlived_its_loop_is_lost_past_its_max_hold(
     servers: ServerGroup,
@@ -287,11 +281,6 @@ def test_a_client_used_only_to_make_locks_and_read_statistics_does_not_warn(
     assert said == []  # would keep the operands, the client among them, for its report)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a client only ever asked to settle() (no connection opened, no lease) warns "
-    "'unclosed' when dropped: check_loop() binding the loop counts as use",
-)
 @pytest.mark.timeout(60)
 def test_a_client_that_never_opened_a_connection_does_not_warn(servers: ServerGroup) -> None:
     async def use() -> AsyncRedlock:
