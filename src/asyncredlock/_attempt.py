@@ -21,6 +21,7 @@ from ._keys import channel, holder_value
 from ._lease import Lease, make_lease
 from ._log import log_acquired
 from ._node import Reply
+from ._pauses import Pauses
 from ._protocol import (
     QueueEntry,
     QueueTrace,
@@ -38,6 +39,7 @@ from ._refusal import acquisition_error, refusal, why_refused
 from ._releasing import LateUndo
 from ._stats import LockCounters, Taken
 from ._telemetry import note_attempts
+from ._ticket import Needs
 from ._wakeup import Ticket, waiter_id
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class Acquisition:
         "inbox_only",
         "key",
         "late",
+        "pauses",
         "single",
         "spec",
         "started",
@@ -119,6 +122,7 @@ class Acquisition:
         self.granted: int | None = None  # masters that granted the latest round
         self.won: Sequence[asyncio.Future[Reply]] = ()  # the replies to the round that took it
         self.late: list[LateUndo] = []  # the last failed attempt's undos still to send
+        self.pauses = Pauses(core, self.deadline)
 
     async def run(self, span: Span | None = None) -> Lease:
         """Attempt until one takes the lock or the deadline passes (adding the
@@ -203,15 +207,17 @@ class Acquisition:
         masters' queue to its client's inbox: only that waiter goes. Readers (all
         woken: several may go at once), waiters of several resources and writers
         of read-write locks (queued only while a queue exists) also listen on the
-        lock's channel."""
-        core, entry = self.core, self.entry
+        lock's channel; those but readers also go once a quorum of masters has
+        their every key free (`Waker._freed`): no queue on the masters serves them."""
+        core, entry, shared = self.core, self.entry, self.spec.shared
         with anyio.move_on_after(max(0.0, self.deadline - core.clock())):
             broadcast = entry is None or not self.inbox_only
             channels = [channel(key) for key in self.spec.target.keys] if broadcast else []
             self.ticket = await core.waker.enroll(
                 channels,
-                everyone=self.spec.shared,
+                everyone=shared,
                 waiter=None if entry is None else entry.waiter,
+                needs=Needs.EVERY if broadcast and not shared else None,
             )
 
     async def _pause(self, outcome: _Failed) -> None:
@@ -224,11 +230,7 @@ class Acquisition:
         if entry is not None and outcome.in_line(core.quorum) and self._told():
             pause = max(pause, entry.refresh_pause())
         pause = max(0.0, min(pause, outcome.free_in, self.deadline - core.clock()))
-        core.note("waiting")
-        if self.ticket is None:
-            await core.pause(pause)
-        elif await core.waker.wait(self.ticket, pause):
-            core.note("woken")
+        await self.pauses.wait(self.ticket, pause)
 
     def _undo_now(self) -> None:
         """Send the last failed attempt's undos still waiting for a reply (behind
@@ -370,6 +372,7 @@ class Acquisition:
             return self._taken(rnd.tasks, value, expires_at, tokens)
         core.counters.failed_attempts += 1
         self.late = core.undo_failed(spec, value, rnd.tasks)
+        self.pauses.failed(start, self.ticket, rnd.tasks)
         await self.hand_overs.note(rnd.tasks, start, self.ticket)
         self.hand_overs.give_way(self.key, self.entry, self.ticket, rnd.tasks)
         expired = decision.reached

@@ -34,14 +34,15 @@ from ._lease import Lease
 from ._lock import Lock
 from ._log import log_acquired
 from ._node import Reply
+from ._pauses import Pauses
 from ._protocol import behind, classify_acquire, granted, holder_expires_in, ms
 from ._quorum import Decision, NodeSkippedError, Round
 from ._refusal import acquisition_error, refusal
 from ._scripts import SEM_ACQUIRE, SEM_DEQUEUE, SEM_UNDO
 from ._stats import Taken
 from ._telemetry import note_attempts
+from ._ticket import Needs, Ticket
 from ._turns import TURNS, Turns
-from ._wakeup import Ticket
 from ._wire import ClosedError
 
 if TYPE_CHECKING:
@@ -178,8 +179,7 @@ class _Acquisition:
         self.preferred = random.randrange(semaphore.limit)
         self.channels = tuple(channel(key) for key in semaphore.slot_keys)
         self.free_in = math.inf
-        self.round = 0.0  # how long the latest failed attempt took
-        self.splits = 0  # wake-ups by undos so far: each doubles the backoff's window
+        self.pauses = Pauses(self.core, self.deadline)
         self.acquired = False
         # a fair semaphore's place in the masters' queue (none for an unfair one)
         self.place = _Place.new(self.core, semaphore.key) if semaphore.fair else None
@@ -222,44 +222,12 @@ class _Acquisition:
             if self.ticket is None and not outcome.unavailable:
                 # listen for slots given back, then try again at once: one given
                 # back before the subscriptions is seen by that attempt
+                # (one slot free on a quorum wakes it: see `Waker._freed`)
                 with anyio.move_on_after(max(0.0, self.deadline - core.clock())):
-                    self.ticket = await core.waker.enroll(self.channels)
-                if self.ticket is not None:
-                    self.ticket.freed = {}  # a semaphore's waiter (see `Waker._freed`)
+                    self.ticket = await core.waker.enroll(self.channels, needs=Needs.ONE)
                 continue
-            await self._pause()
-
-    async def _pause(self) -> None:
-        core, ticket = self.core, self.ticket
-        pause = max(0.0, min(core.retry_pause(), self.free_in, self.deadline - core.clock()))
-        core.note("waiting")
-        if ticket is None:
-            await core.pause(pause)
-            return
-        if ticket.freed_on(core.quorum):  # (found so while its attempt was out)
-            pause = min(pause, self._backoff(ticket))
-        if await core.waker.wait(ticket, pause):
-            core.note("woken")
-            # woken by an undo (other waiters may have been too): a backoff first; if
-            # it runs out, not its pause: the undo that woke it stays spent (as a
-            # lock's), or waiters refused by a holder keeping a quorum would wake each
-            # other with their undos while it holds
-            if not ticket.heeding and not await core.waker.wait(ticket, self._backoff(ticket)):
-                ticket.heeding = False
-
-    def _backoff(self, ticket: Ticket) -> float:
-        """How long to wait (a release still wakes it) before attempting again when
-        the slot was given back by attempts of other clients, which may go at once
-        too: a pause drawn at random, in a window of the last attempt's duration
-        doubled at each such wake-up (up to the retry delay), so that their
-        attempts stop splitting the masters' grants. What it knew of the slot free
-        is spent: a quorum of fresh undos wakes it again."""
-        core = self.core
-        self.splits += 1
-        if ticket.freed is not None:
-            ticket.freed.clear()
-        window = min(self.round * 2 ** min(self.splits, 16), core.settings.retry_delay)
-        return max(0.0, min(random.uniform(0, window), self.deadline - core.clock()))
+            pause = min(core.retry_pause(), self.free_in, self.deadline - core.clock())
+            await self.pauses.wait(self.ticket, max(0.0, pause))
 
     async def _attempt(self) -> Lease | Decision:
         """One round: a lease if a quorum granted one slot in time, else the decision."""
@@ -296,21 +264,19 @@ class _Acquisition:
             return self._lease(value, slot, expires_at, acquired)
         core.counters.failed_attempts += 1
         self._give_back(rnd, undo_keys, value, None, announce=self.channels, as_undo=True)
-        self.free_in, self.round = holder_expires_in(rnd.tasks), core.clock() - start
-        self._failed(rnd)
+        self.free_in = holder_expires_in(rnd.tasks)
+        self._failed(rnd, start)
         if slot is not None:
             self.preferred = slot  # where most masters put it: ask for that one next
         return decision
 
-    def _failed(self, rnd: Round) -> None:
-        """After a failed attempt: the masters that granted it a slot have it
-        free for this waiter (it gave it back); one queued behind an earlier
-        waiter passes its wake-up ahead."""
+    def _failed(self, rnd: Round, start: float) -> None:
+        """After a failed attempt begun at ``start``: the masters that granted it
+        a slot have it free for this waiter (it gave it back); one queued behind
+        an earlier waiter passes its wake-up ahead."""
+        self.pauses.failed(start, self.ticket, rnd.tasks, _slot_of)
         if (ticket := self.ticket) is None:
             return
-        for index, task in enumerate(rnd.tasks):
-            if task.done() and (slot := _slot_of(task.result())) is not None:
-                ticket.free(self.channels[slot], index)
         if any(behind(task) for task in rnd.tasks):
             self.core.waker.pass_ahead(ticket)  # a waiter ahead, here, may be due it
 

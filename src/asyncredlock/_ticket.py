@@ -15,14 +15,32 @@ out, refused) passes on the wake-up it was using (`Ticket.owes`).
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Iterable, Sequence
 
-__all__ = ["OWN_KEPT", "Ticket", "keep_latest", "undone_by", "wake_first"]
+__all__ = ["OWN_KEPT", "Needs", "Ticket", "keep_latest", "undone_by", "wake_first"]
+
+
+class Needs(enum.Enum):
+    """What a waiter that counts the masters with its keys free (`Ticket.freed`)
+    needs free on a quorum of them to go: ``ONE`` of its channels' keys (a
+    semaphore's slots), or ``EVERY`` one (a lock's resources, on the same masters)."""
+
+    ONE = enum.auto()
+    EVERY = enum.auto()
 
 
 class Ticket:
     """One waiting ``acquire()``: its channels (one per resource of its lock), its
-    place in each channel's queue, and its wake-up flag."""
+    place in each channel's queue, and its wake-up flag.
+
+    A waiter that no queue on the masters serves (a semaphore's; a lock's on several
+    resources, or a read-write lock's unfair writer) ``needs`` its keys free on a
+    quorum of masters (`Needs`): ``freed`` holds, per channel, the masters (by index)
+    that have that key free for it since its latest attempt began, as far as it
+    knows (they granted that attempt the key, or announced another attempt's undo of
+    it). Both are None for the others (readers, waiters in the masters' queue).
+    """
 
     __slots__ = (
         "channels",
@@ -32,6 +50,7 @@ class Ticket:
         "handed",
         "heard",
         "heeding",
+        "needs",
         "nudge",
         "out",
         "own",
@@ -42,7 +61,12 @@ class Ticket:
     )
 
     def __init__(
-        self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
+        self,
+        channels: Sequence[str],
+        *,
+        everyone: bool = False,
+        waiter: str | None = None,
+        needs: Needs | None = None,
     ) -> None:
         self.channels = tuple(channels)
         self.event = asyncio.Event()
@@ -74,11 +98,8 @@ class Ticket:
         self.using = False
         # woken while its attempt was out (nobody waiting to be woken instead)
         self.spare = False
-        # a semaphore's waiter: per slot channel, the masters (by index) that have
-        # that slot free for it since its latest attempt began, as far as it knows
-        # (they granted that attempt the slot, or announced another attempt's undo
-        # of it); None for a lock's
-        self.freed: dict[str, set[int]] | None = None
+        self.needs = needs  # (see the class's docstring)
+        self.freed: dict[str, set[int]] | None = None if needs is None else {}
 
     def heeds(self, undone: bytes) -> bool:
         """Whether the announced undo of the attempt that held ``undone`` wakes
@@ -102,19 +123,23 @@ class Ticket:
         if self.freed is not None:
             self.freed.clear()
 
-    def free(self, channel: str, index: int) -> int:
-        """Master ``index`` has ``channel``'s slot free for this semaphore waiter
-        (0 for a lock's waiter): on how many masters it is, as far as it knows."""
-        if self.freed is None:
-            return 0
-        masters = self.freed.setdefault(channel, set())
-        masters.add(index)
-        return len(masters)
+    def free(self, channel: str, index: int) -> None:
+        """Master ``index`` has ``channel``'s key free for this waiter (nothing,
+        unless it counts them: `needs`)."""
+        if self.freed is not None:
+            self.freed.setdefault(channel, set()).add(index)
 
     def freed_on(self, quorum: int) -> bool:
-        """Whether a quorum of masters has one slot free for this semaphore waiter
-        since its latest attempt began, as far as it knows."""
-        return self.freed is not None and any(len(m) >= quorum for m in self.freed.values())
+        """Whether a quorum of masters has what it `needs` free since its latest
+        attempt began, as far as it knows: one slot of a semaphore; every key of
+        a lock, on the same masters."""
+        freed = self.freed
+        if not freed:
+            return False
+        if self.needs is Needs.ONE:
+            return any(len(masters) >= quorum for masters in freed.values())
+        masters = set.intersection(*(freed.get(each, set()) for each in self.channels))
+        return len(masters) >= quorum
 
     def owes(self, *, acquired: bool) -> int:
         """How many wake-ups it leaves unused, to pass on: a spare one; unless

@@ -45,8 +45,10 @@ pause runs out or something else wakes it (`Ticket.heeds`): while a holder keeps
 quorum, the masters that lost its key grant every waiter's attempt and undo it, and
 the waiters would otherwise wake each other (and themselves) for as long as it holds.
 A semaphore's attempt announces its give-back the same way (a failed one's, and the
-slots a granted one got besides the one it keeps); it also wakes a semaphore waiter
-once a quorum of masters has its slot free (`Waker._freed`).
+slots a granted one got besides the one it keeps). An undo also wakes a waiter that no
+queue on the masters serves (a semaphore's, a lock's on several resources, a
+read-write lock's unfair writer) once a quorum of masters has what it needs free
+(`Waker._freed`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from ._deadline import wait_until
 from ._line import Line
 from ._listener import Listener
 from ._node import Node
-from ._ticket import Ticket, keep_latest, undone_by, wake_first
+from ._ticket import Needs, Ticket, keep_latest, undone_by, wake_first
 
 __all__ = ["INBOX_PREFIX", "Ticket", "Waker", "waiter_id"]
 
@@ -106,17 +108,23 @@ class Waker:
         self.closed = False
 
     async def enroll(
-        self, channels: Sequence[str], *, everyone: bool = False, waiter: str | None = None
+        self,
+        channels: Sequence[str],
+        *,
+        everyone: bool = False,
+        waiter: str | None = None,
+        needs: Needs | None = None,
     ) -> Ticket:
         """Queue a waiter on ``channels`` (a release on any wakes it), subscribing
         first where needed. A ``waiter`` id (its entry in the masters' queue, made
         by `waiter_id`) also wakes it when the inbox hears that id; ``channels``
-        may then be empty.
+        may then be empty. A waiter that ``needs`` its keys free is also woken
+        once a quorum of masters has them free (`_freed`).
 
         Returns once a quorum of masters confirmed every subscription, or after
         ``confirm_within``.
         """
-        ticket = Ticket(channels, everyone=everyone, waiter=waiter)
+        ticket = Ticket(channels, everyone=everyone, waiter=waiter, needs=needs)
         if ticket.waiter is not None:
             self.addressed[ticket.waiter] = ticket
         for channel in ticket.channels:
@@ -308,8 +316,8 @@ class Waker:
     def _on_release(self, index: int, channel: str, value: bytes) -> None:
         """A release announced on a lock's channel by master ``index``: wake its
         first waiter (all of them, when readers wait). An attempt's undo wakes only
-        those that heed it (`Ticket.heeds`), and the semaphore waiters for whom a
-        quorum of masters now has the slot free (`_freed`)."""
+        those that heed it (`Ticket.heeds`), and the waiters for whom a quorum of
+        masters now has what they need free (`_freed`)."""
         queue = self.queues.get(channel)
         last = self.last.get(channel)
         undone = undone_by(value)
@@ -337,16 +345,17 @@ class Waker:
             self.wakeups += 1
 
     def _freed(self, index: int, channel: str, queue: Line[Ticket]) -> None:
-        """Master ``index`` announced an attempt's undo of a semaphore's slot on
-        ``channel``: the slot is free there. Wake each waiting semaphore waiter of
-        that slot for which a quorum of masters now has it free (this one, and those
-        that granted its latest attempt the slot or announced an undo of it since):
-        its attempt failed only because attempts of other clients split the masters'
-        grants, and no holder refuses it. Never for a holder keeping a quorum: only
-        the masters that lost its key grant attempts, and undo them."""
+        """Master ``index`` announced an attempt's undo on ``channel``: its key (a
+        semaphore's slot, a lock's resource) is free there. Wake each waiting
+        waiter of that key that counts such masters (`Ticket.needs`) for which a
+        quorum now has what it needs free (this one, and those that granted its
+        latest attempt the key or announced an undo of it since): its attempt
+        failed only because attempts of other clients split the masters' grants,
+        and no holder refuses it. Never for a holder keeping a quorum: only the
+        masters that lost its key grant attempts, and undo them."""
         for ticket in queue:
-            freed = ticket.free(channel, index) >= self.quorum
-            if freed and not ticket.out and not ticket.event.is_set():
+            ticket.free(channel, index)
+            if not ticket.out and not ticket.event.is_set() and ticket.freed_on(self.quorum):
                 self.wakeups += 1
                 ticket.wake(undo=True)
 

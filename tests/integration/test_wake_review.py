@@ -500,23 +500,19 @@ class TestSplitGrants:
         assert went == 3, (attempts, wakeups, left)
 
     @pytest.mark.timeout(60)
-    @pytest.mark.xfail(
-        strict=True,
-        reason="waiters that do not queue on the masters (sets of several resources,"
-        " unfair rw writers within their patience) whose attempts split the grants all"
-        " sleep out their retry delay (or the TTL) with every key free: the semaphore's"
-        " Waker._freed rule and backoff were not extended to them",
-    )
     @pytest.mark.parametrize("kind", UNQUEUED, ids=[kind.name for kind in UNQUEUED])
     async def test_unqueued_waiters_whose_attempts_split_the_grants_still_go(
         self, make_servers: MakeServers, kind: Kind
     ) -> None:
         """A release wakes one waiter per client; the three split the grants and
-        fail; their undos, announced on the lock's channel, wake each once
-        (`Ticket.heeds`); the three split again, and the next undos wake nobody.
-        Every master has the keys free, and no waiter tries before its hour-long
-        retry delay (or the two-minute TTL of the other waiters' grants, which the
-        refusing masters reported): ``went`` is 0, ``left`` [0, 0, 0]."""
+        fail. Their undos, announced on the lock's channel, tell each that a quorum
+        of masters has every key free for it (`Waker._freed`): each tries again
+        after a random backoff, so that they stop splitting the grants. Before
+        that rule covered them, the undos woke each once (`Ticket.heeds`), the
+        three split again, the next undos woke nobody, and no waiter tried before
+        its hour-long retry delay (or the two-minute TTL of the other waiters'
+        grants, which the refusing masters reported) with every key free on every
+        master: ``went`` was 0, ``left`` [0, 0, 0]."""
         group = make_servers(3)
         went, attempts, wakeups, left = await waiters_go_one_by_one(group, kind)
         assert went == 3, (attempts, wakeups, left)
