@@ -52,7 +52,7 @@ class Pauses:
         back: every key of a lock; for a semaphore, the slot ``slot_of`` a reply
         reads (its index in the ticket's channels), if any."""
         self.round = self.core.clock() - started
-        if ticket is None:
+        if ticket is None or ticket.freed is None:  # it counts no keys free
             return
         for index, reply in enumerate(replies):
             if not reply.done():
