@@ -12,7 +12,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -31,32 +31,17 @@ from asyncredlock.testing import ServerGroup
 from asyncredlock.testing.pytest_plugin import MakeServers
 
 from .conftest import Masters, polled
+from .test_force_release_queue import (  # the CLI run in a thread, as from a shell
+    _no_masters_from_the_environment,  # noqa: F401 (an autouse fixture, used so)
+    cli,
+    master_args,
+    until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 WAIT = 30.0  # a bound on each wait, far above what it takes
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
-
-
-async def cli(*argv: str) -> int:
-    """``main(argv)`` in a worker thread, as from a shell (left behind if given up)."""
-    return await anyio.to_thread.run_sync(main, list(argv), abandon_on_cancel=True)
-
-
-def master_args(urls: list[str]) -> list[str]:
-    return [arg for url in urls for arg in ("--master", url)]
-
-
-@pytest.fixture(autouse=True)
-def _no_masters_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("REDLOCK_MASTERS", raising=False)
-
-
-async def until(condition: Callable[[], Awaitable[bool]]) -> None:
-    """Await ``condition()`` until true (bounded by ``WAIT``; the masters' state, polled)."""
-    with anyio.fail_after(WAIT):
-        while not await condition():  # noqa: ASYNC110
-            await anyio.sleep(0.025)
 
 
 async def queued(urls: list[str], name: str) -> list[list[str]]:
