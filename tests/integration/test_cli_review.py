@@ -33,6 +33,7 @@ from asyncredlock.testing.pytest_plugin import MakeServers
 from .conftest import Masters, polled
 from .test_force_release_queue import (  # the CLI run in a thread, as from a shell
     _no_masters_from_the_environment,  # noqa: F401 (an autouse fixture, used so)
+    all_listed,
     cli,
     master_args,
     until,
@@ -42,20 +43,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 WAIT = 30.0  # a bound on each wait, far above what it takes
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
-
-
-async def queued(urls: list[str], name: str) -> list[list[str]]:
-    """The waiter ids in the queue of ``name`` on each master, first first."""
-    found = []
-    for url in urls:
-        async with Redis.from_url(url) as client:
-            ids = await client.zrange("{" + name + "}:queue", 0, -1)
-            found.append([raw.decode() for raw in ids])
-    return found
-
-
-async def listed_everywhere(urls: list[str], name: str, count: int) -> bool:
-    return all(len(ids) >= count for ids in await queued(urls, name))
 
 
 async def who_waits(url: str, name: str) -> dict[str, str | None]:
@@ -105,7 +92,7 @@ async def test_a_fair_lock_s_waiters_show_in_arrival_order_text_and_json_agree(
         async with anyio.create_task_group() as tg:
             for client, count in ((b, 1), (c, 2)):
                 tg.start_soon(client.lock(name, ttl=30.0, fair=True, timeout=WAIT).acquire)
-                await until(lambda count=count: listed_everywhere(urls, name, count))
+                await until(lambda count=count: all_listed(urls, name, count))
             whose = [await who_waits(url, name) for url in urls]
             text_code = await cli("inspect", name, *master_args(urls))
             text = capsys.readouterr().out
@@ -148,9 +135,9 @@ async def test_a_fair_rwlock_s_readers_and_queue_in_every_command(
         await b.settle()  # every master lists both readers
         async with anyio.create_task_group() as tg:
             tg.start_soon(c.rwlock(name, fair=True).write(ttl=30.0, timeout=WAIT).acquire)
-            await until(lambda: listed_everywhere(urls, name, 1))
+            await until(lambda: all_listed(urls, name, 1))
             tg.start_soon(a2.rwlock(name, fair=True).read(ttl=30.0, timeout=WAIT).acquire)
-            await until(lambda: listed_everywhere(urls, name, 2))
+            await until(lambda: all_listed(urls, name, 2))
             outs: list[str] = []
             codes: list[int] = []
             for argv in (
@@ -205,7 +192,7 @@ async def test_force_release_of_a_fair_lock_serves_its_waiters_in_order_and_leav
 
             for client, who, count in ((b, "b", 1), (c, "c", 2)):
                 tg.start_soon(take, client, who)
-                await until(lambda count=count: listed_everywhere(urls, name, count))
+                await until(lambda count=count: all_listed(urls, name, count))
             code = await cli("force-release", name, "--yes", *master_args(urls))
             assert await polled(lambda: "b" in got)
             assert "c" not in got  # fair: C waits for B's release
@@ -239,7 +226,7 @@ async def test_force_release_of_a_fair_writer_lets_every_queued_reader_in(
 
             for client, count in ((b, 1), (c, 2)):
                 tg.start_soon(read, client)
-                await until(lambda count=count: listed_everywhere(urls, name, count))
+                await until(lambda count=count: all_listed(urls, name, count))
             assert await cli("force-release", name, "--yes", *master_args(urls)) == 0
             assert await polled(lambda: len(got) == 2)
         state = await b.inspect(name)
