@@ -196,7 +196,9 @@ class TestSubscriptions:
         """A master goes down while a waiter waits: losing its subscription wakes
         the waiter (a release may have gone unheard), but the reconnections that
         fail after it wake nobody, or the waiter would retry at each one (every
-        0.2 s) instead of waiting for a release or its retry delay."""
+        0.2 s) instead of waiting for a release or its retry delay. (Counted by
+        events, not by a window: the five failures are counted from the waiter's
+        second wait, so a loop too busy to attempt within a second decides nothing.)"""
         group = make_servers(3)
         async with (
             AsyncRedlock(group.urls) as holder,
@@ -204,7 +206,6 @@ class TestSubscriptions:
         ):
             probe = Waits(waiter)
             lease = await holder.lock("down", ttl=NEVER).acquire()
-            failures = _FailedReconnections(waiter, 2, count=5)
             got: list[Lease] = []
 
             async def wait() -> None:
@@ -216,10 +217,16 @@ class TestSubscriptions:
                     await probe.reach(1)
                     before = waiter.statistics().attempts
                     group[2].kill()
+                    # retry_delay=NEVER: only a wake-up ends the first wait
+                    await probe.reach(2)
+                    woken = waiter.statistics().attempts - before
+                    failures = _FailedReconnections(waiter, 2, count=5)
                     await failures.reached.wait()
                     attempts = waiter.statistics().attempts - before
+                    waits = probe.waiting
                     await lease.release()
-            assert attempts == 1  # woken by the loss, not by each failed reconnection
+            assert woken == 1  # woken by the loss
+            assert (attempts, waits) == (1, 2)  # and not by any failed reconnection
             assert len(got) == 1  # woken by the release on the other two
             await got[0].release()
 
