@@ -16,6 +16,7 @@ from .._errors import (
     LostLeaseError,
     QuorumUnavailableError,
     RedlockError,
+    StaleTokenError,
 )
 from .._lease import Lease
 from .._lock import Lock
@@ -48,6 +49,11 @@ CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_POLICY_VIOLATION = 1008
 
 
+#: The ``detail`` answering `StaleTokenError`: a fenced write, delete or fenced read
+#: refused, the guard having seen a newer token (under 123 bytes: a close reason too).
+_STALE = "fenced write or read refused: a later holder of the lock had used the resource first"
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorResponse:
     """One error's response: its status, headers and JSON body."""
@@ -71,7 +77,12 @@ class HTTPErrors:
         lost: Status for `LockLostError`, the lease lost while the handler ran
             (503): the handler was cancelled and its work is not to be trusted; also
             for `LostLeaseError`, a handler's ``release()`` or ``extend()`` of a
-            lease that was lost, or the release after the handler finding it lost.
+            lease that was lost, or the release after the handler finding it lost;
+            and for `StaleTokenError`, a fenced write (or fenced read) of the
+            handler's refused because a later holder of the lock had used the
+            resource: the same for the client (its ``resource`` is the guarded key or
+            record id, not the lock's name). `MissingRecordError` (a fenced update of
+            a record that does not exist) is not answered: the app's bug (500).
         retry_after: Whole seconds sent in ``Retry-After`` with each of them (1).
     """
 
@@ -95,8 +106,8 @@ class HTTPErrors:
 
     def response(self, error: RedlockError) -> ErrorResponse | None:
         """The response for ``error``; ``None`` for an error that is a bug of the
-        caller (`LockNotOwnedError` of a lease already released), left to the
-        framework (500).
+        caller (`LockNotOwnedError` of a lease already released, `MissingRecordError`),
+        left to the framework (500).
 
         The body says what happened and to which resource, not the error's text:
         that lists each master (host and port) with its answer, which is not for
@@ -112,6 +123,8 @@ class HTTPErrors:
             status, why = self.lost, "lock lost while the handler ran: it held it no longer"
         elif isinstance(error, LockLostError):
             status, why = self.lost, "lock lost while the handler ran: its work was cancelled"
+        elif isinstance(error, StaleTokenError):
+            status, why = self.lost, _STALE
         else:
             return None
         body = {"detail": why, "resource": error.resource}

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from .._config import LockOptions
-from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
+from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, StaleTokenError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
 from ._http import (
@@ -75,7 +75,14 @@ LEASE: web.RequestKey[Lease] = _request_key("asyncredlock.lease", Lease)
 _PREPARED = _request_key("asyncredlock.prepared", web.StreamResponse)
 
 #: What `setup`'s middleware answers (`answer` has a response for each).
-_ANSWERED = (LockTimeoutError, QuorumUnavailableError, LockLostError, BadLockName, ShuttingDown)
+_ANSWERED = (
+    LockTimeoutError,
+    QuorumUnavailableError,
+    LockLostError,
+    StaleTokenError,
+    BadLockName,
+    ShuttingDown,
+)
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
 Handle = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -93,8 +100,10 @@ def setup(
 
     A cleanup context makes the ``AsyncRedlock`` at startup (``app[REDLOCK]``)
     and closes it at cleanup; a middleware answers `LockTimeoutError` with 423,
-    `QuorumUnavailableError` and `LockLostError` with 503, and a request whose
-    lock was refused because the ``AsyncRedlock`` was closing with 503, each with
+    `QuorumUnavailableError` and `LockLostError` with 503, `StaleTokenError` with
+    503 (a fenced write of the handler's refused: a later holder of the lock had
+    written; `MissingRecordError` is left a 500), and a request whose lock was
+    refused because the ``AsyncRedlock`` was closing with 503, each with
     ``Retry-After`` and a JSON body (``errors``: other codes, see `HTTPErrors`),
     and a path that makes a lock name the library refuses (a NUL in it) with 400.
     A WebSocket the handler prepared is closed with code 1013 (Try Again Later)

@@ -26,7 +26,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from .._config import LockOptions
-from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError
+from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, StaleTokenError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
 from ._http import (
@@ -272,9 +272,11 @@ def _can_deny(websocket: WebSocket) -> bool:
 
 def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> None:
     """Answer the lock's errors with HTTP responses (see `HTTPErrors`):
-    `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503, and a
-    request whose lock was refused because the app shuts down (its ``AsyncRedlock``
-    closing: the `RuntimeError` of `locked`'s acquisition) 503, each with
+    `LockTimeoutError` 423, `QuorumUnavailableError` and `LockLostError` 503,
+    `StaleTokenError` 503 (a fenced write of the handler's refused: a later holder of
+    the lock had written; `MissingRecordError` is left a 500), and a request whose
+    lock was refused because the app shuts down (its ``AsyncRedlock`` closing: the
+    `RuntimeError` of `locked`'s acquisition) 503, each with
     ``Retry-After`` and a JSON body ``{"detail": ..., "resource": ...}``; and a
     path that makes a lock name the library refuses (a NUL in it) 400, with a JSON
     body ``{"detail": ...}``.
@@ -310,6 +312,7 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
         LockTimeoutError,
         QuorumUnavailableError,
         LockLostError,
+        StaleTokenError,
         BadLockName,
         ShuttingDown,
     ):
