@@ -98,10 +98,7 @@ class Lease(Keeping):
     def held(self) -> bool:
         """Whether the lease is neither released nor lost (validity may still run out;
         see `lost` for a lease that outlived its event loop)."""
-        if self._state is not _HELD:
-            return False
-        keeper = self._keeper  # (see `lost`)
-        return keeper is None or not keeper.is_closed() or not self._outlived()
+        return self._state is _HELD and not self.lost
 
     @property
     def lost(self) -> bool:
@@ -113,18 +110,22 @@ class Lease(Keeping):
             return self._state is State.LOST
         # Nothing can mark such a lease lost (its loop is gone), so it is found so here;
         # read often, this reads the clock only once that loop is closed.
-        keeper = self._keeper
-        return keeper is not None and keeper.is_closed() and self._outlived()
+        return self._orphaned() and self._core.clock() >= self._lost_at()
 
-    def _outlived(self) -> bool:
-        """(Its loop closed.) Whether it would have ended lost by now on a running loop:
-        its validity run out while it extended itself, or its max_hold reached."""
-        now = self._core.clock()
-        return now >= self._bound or (self._extends and now >= self._expires_at)
+    def _orphaned(self) -> bool:
+        """Whether it is held on an event loop that closed (nothing extends or ends it)."""
+        keeper = self._keeper
+        return self._state is _HELD and keeper is not None and keeper.is_closed()
+
+    def _lost_at(self) -> float:
+        """(Orphaned.) When it would have ended lost on a running loop: its validity
+        run out while it extended itself, or its max_hold reached."""
+        return min(self._bound, self._expires_at) if self._extends else self._bound
 
     def statistics(self) -> LeaseStatistics:
         """How this lease was taken, and kept so far (see `LeaseStatistics`)."""
-        return self._record.snapshot(self._core.clock())
+        now = self._core.clock()  # (orphaned: held until it would have been lost, at most)
+        return self._record.snapshot(min(now, self._lost_at()) if self._orphaned() else now)
 
     async def wait_lost(self) -> bool:
         """Wait until the lease ends, by loss or by release.

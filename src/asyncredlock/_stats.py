@@ -213,7 +213,8 @@ class LeaseStatistics:
         failed_extensions: Extension rounds that did not reach a quorum in time
             (not one of a lease that ended, released or lost, while it ran).
         held: Seconds from the lease to its end (release, loss or hand-off), or
-            to now while it is held.
+            to now while it is held (for a lease that outlived its event loop, to
+            when it would have been lost there, once it reads lost).
     """
 
     source: LeaseSource

@@ -259,6 +259,32 @@ def test_a_lease_without_auto_extend_that_outlived_its_loop_is_lost_past_its_max
     assert after == (False, True, "lost")
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("auto_extend", [True, False])
+def test_a_lease_that_outlived_its_loop_was_held_until_it_was_lost_not_until_now(
+    servers: ServerGroup, auto_extend: bool
+) -> None:
+    """``statistics().held`` of a lease read lost because it outlived its loop stops
+    where it was lost (its validity run out if it extends itself, its max_hold of
+    5 s reached if not; on a clock that stands still), not at the clock's now."""
+    now = [time.monotonic()]
+    redlock = AsyncRedlock(servers.urls, clock=lambda: now[0])
+    lock = redlock.lock("d3:held-outlived", ttl=5.0, max_hold=5.0, auto_extend=auto_extend)
+    lease = run_elsewhere(lock.acquire())
+    now[0] += 3.0
+    while_held, validity = lease.statistics().held, lease.validity
+    now[0] += 7.0  # twice its max_hold and TTL in all
+    held, lost = lease.statistics().held, lease.lost
+
+    def drop() -> None:
+        nonlocal redlock, lease, lock
+        del redlock, lease, lock
+
+    forget_quietly(drop)
+    lost_at = 3.0 + validity if auto_extend else 5.0  # (validity: the TTL less the drift)
+    assert (while_held, held, lost) == (3.0, pytest.approx(lost_at), True)
+
+
 # --- 55466d8: the ResourceWarning of a client dropped unclosed -----------------------
 
 
