@@ -36,6 +36,11 @@ NEVER = 3600.0  # a retry delay no test waits out
 HOLD = 120.0  # a key's TTL no test waits out either
 WAIT = 1.5  # how long refused waiters are watched (not a threshold)
 GUARD = 6.0  # seconds for each waiter to go after a release (far below NEVER, HOLD)
+# seconds for each split waiter to go when random backoffs decide who goes: the
+# backoff's window is the last failed round's duration doubled at each undo's
+# wake-up, and a busy loop lengthens rounds (a hang guard, still far below HOLD)
+SPLIT_GUARD = 30.0
+CONFIRM = 5.0  # a node timeout: how long a subscription's confirmation may take
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,15 @@ class TestNoStorm:
 class TestEveryWaiterGoes:
     """The same waiters, the holder then releasing (on the 3 masters that still have
     its key): each gets the lock in turn, and releases it at once. Only wake-ups (or
-    the masters handing the key over) can move them: nobody waits past the bound."""
+    the masters handing the key over) can move them: nobody waits past the bound.
+
+    The waiters' clients have a node timeout of `CONFIRM` seconds: ``enroll()`` waits
+    that long (at most) for a quorum of masters to confirm the inbox's subscription,
+    and a waiter leaves hand-over terms only with its inbox confirmed. With the
+    default 0.1 s, a loaded machine's late confirmations sent every waiter's
+    attempts without terms: each release then announced the next waiter, which went
+    by an attempt, not by hand-over. Each waiter's entry lives three retry delays
+    and node timeouts, hours either way."""
 
     @pytest.mark.timeout(60)
     @pytest.mark.parametrize("extend", [True, False], ids=["handed", "announced"])
@@ -180,7 +193,10 @@ class TestEveryWaiterGoes:
     async def test_after_a_bare_quorum_holder_releases_every_waiter_is_woken_in_turn(
         self, servers: ServerGroup, masters: Masters, kind: Kind, extend: bool
     ) -> None:
-        async with AsyncRedlock(servers.urls) as holder, three_clients(servers.urls) as waiters:
+        async with (
+            AsyncRedlock(servers.urls) as holder,
+            three_clients(servers.urls, node_timeout=CONFIRM) as waiters,
+        ):
             held = await bare_quorum(holder, masters, kind, HOLD)
             locks = [kind.wait(client, NEVER, extend) for client in waiters for _ in range(2)]
             waits = Waits(*waiters)
@@ -430,12 +446,13 @@ async def held_on(group: ServerGroup, keys: tuple[str, ...]) -> list[int]:
 
 
 async def waiters_go_one_by_one(
-    group: ServerGroup, kind: Kind, extend: bool = True
+    group: ServerGroup, kind: Kind, extend: bool = True, guard: float = GUARD
 ) -> tuple[int, list[int], list[int], list[int]]:
     """Split waiters (`split_clients`) of ``kind`` behind a holder of every master,
-    which releases: how many of them got the lock in turn, each within `GUARD` of
-    the previous release (releasing it at once); then their attempts, their clients'
-    wake-ups, and how many of the keys each master had when one did not go."""
+    which releases: how many of them got the lock in turn, each within ``guard``
+    seconds of the previous release (releasing it at once); then their attempts,
+    their clients' wake-ups, and how many of the keys each master had when one did
+    not go."""
     async with (
         AsyncRedlock(group.urls) as holder,
         split_clients(group) as waiters,
@@ -455,7 +472,7 @@ async def waiters_go_one_by_one(
         await held.release()
         went, left = 0, list[int]()
         for _ in locks:
-            with anyio.move_on_after(GUARD):
+            with anyio.move_on_after(guard):
                 lease = await receive.receive()
                 went += 1
                 await lease.release()
@@ -512,7 +529,7 @@ class TestSplitGrants:
         went, attempts, wakeups, left = await waiters_go_one_by_one(group, kind, extend)
         assert went == 3, (attempts, wakeups, left)
 
-    @pytest.mark.timeout(60)
+    @pytest.mark.timeout(150)
     @pytest.mark.parametrize("kind", UNQUEUED, ids=[kind.name for kind in UNQUEUED])
     async def test_unqueued_waiters_whose_attempts_split_the_grants_still_go(
         self, make_servers: MakeServers, kind: Kind
@@ -525,7 +542,13 @@ class TestSplitGrants:
         three split again, the next undos woke nobody, and no waiter tried before
         its hour-long retry delay (or the two-minute TTL of the other waiters'
         grants, which the refusing masters reported) with every key free on every
-        master: ``went`` was 0, ``left`` [0, 0, 0]."""
+        master: ``went`` was 0, ``left`` [0, 0, 0].
+
+        Who goes is then up to random backoffs, each in a window of the waiter's
+        last failed round doubled per such wake-up: `SPLIT_GUARD` per waiter, not
+        `GUARD` (a loaded machine's slow rounds and repeated splits drew backoffs
+        past 6 s), and still far below the grants' TTL (`HOLD`) after which the
+        waiters would try without the rule."""
         group = make_servers(3)
-        went, attempts, wakeups, left = await waiters_go_one_by_one(group, kind)
+        went, attempts, wakeups, left = await waiters_go_one_by_one(group, kind, guard=SPLIT_GUARD)
         assert went == 3, (attempts, wakeups, left)
