@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._config import LockSpec
-from ._core import Core
+from ._core import Core, refuse_if_closing
 from ._errors import RedlockError
 from ._handed import HandOvers
 from ._keys import channel, holder_value
@@ -45,7 +45,7 @@ from ._wakeup import Ticket, waiter_id
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["Acquisition", "refuse_if_closing"]
+__all__ = ["Acquisition"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,7 @@ class Acquisition:
         "started",
         "ticket",
         "trace",
+        "value",
         "won",
     )
 
@@ -122,6 +123,7 @@ class Acquisition:
         self.granted: int | None = None  # masters that granted the latest round
         self.won: Sequence[asyncio.Future[Reply]] = ()  # the replies to the round that took it
         self.late: list[LateUndo] = []  # the last failed attempt's undos still to send
+        self.value = ""  # the latest attempt's (its undo, announced, is its own)
         self.pauses = Pauses(core, self.deadline)
 
     async def run(self, span: Span | None = None) -> Lease:
@@ -218,6 +220,7 @@ class Acquisition:
                 everyone=shared,
                 waiter=None if entry is None else entry.waiter,
                 needs=Needs.EVERY if broadcast and not shared else None,
+                own=self.value,
             )
 
     async def _pause(self, outcome: _Failed) -> None:
@@ -386,6 +389,7 @@ class Acquisition:
         carries: its hand-over terms only with ``terms``; one that carries them is
         remembered (a master may hand it the key with them)."""
         self._undo_now()
+        self.value = value
         if self.ticket is not None:
             self.ticket.attempting(value)
         entry = self.entry
@@ -441,9 +445,3 @@ class Acquisition:
             timeout=self.spec.timeout,
             why=slow if failed.expired else why_refused(failed.decision),
         )
-
-
-def refuse_if_closing(core: Core) -> None:
-    """No lease is made once ``aclose()`` began (it would never be released)."""
-    if core.closing:
-        raise RuntimeError("this AsyncRedlock was closed while acquire() waited")

@@ -64,7 +64,7 @@ class Holding(Protocol):
         ``reason`` says why, for the log."""
 
 
-__all__ = ["CONTENDED_KEYS", "Core", "Holding"]
+__all__ = ["CONTENDED_KEYS", "Core", "Holding", "refuse_if_closing"]
 
 
 #: How many contended keys a client remembers (see `Core.mark_contended`).
@@ -432,3 +432,9 @@ class Core:
             "notifications": self.waker.notifications,
             "wakeups": self.waker.wakeups,
         }
+
+
+def refuse_if_closing(core: Core) -> None:
+    """No lease is made once ``aclose()`` began (it would never be released)."""
+    if core.closing:
+        raise RuntimeError("this AsyncRedlock was closed while acquire() waited")

@@ -9,7 +9,7 @@ import time
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Self
 
-from ._attempt import Acquisition, refuse_if_closing
+from ._attempt import Acquisition
 from ._blocks import (
     ENDED,
     Entered,
@@ -21,7 +21,7 @@ from ._blocks import (
     may_exit_elsewhere,
 )
 from ._config import LockOptions, LockSpec, Role
-from ._core import Core
+from ._core import Core, refuse_if_closing
 from ._errors import LockTimeoutError, QuorumUnavailableError
 from ._gate import LocalTimeoutError, Waiter
 from ._keys import Resources, key_slot, lock_key

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Self
 
 import anyio
 
-from ._attempt import refuse_if_closing
-from ._core import Core
+from ._core import Core, refuse_if_closing
 from ._deadline import wait_until
 from ._errors import LockTimeoutError, RedlockError
 from ._keys import Resources, aux_key, channel, holder_value
@@ -181,6 +180,7 @@ class _Acquisition:
         self.free_in = math.inf
         self.pauses = Pauses(self.core, self.deadline)
         self.acquired = False
+        self.value = ""  # the latest attempt's (its give-back, announced, is its own)
         # a fair semaphore's place in the masters' queue (none for an unfair one)
         self.place = _Place.new(self.core, semaphore.key) if semaphore.fair else None
 
@@ -224,7 +224,9 @@ class _Acquisition:
                 # back before the subscriptions is seen by that attempt
                 # (one slot free on a quorum wakes it: see `Waker._freed`)
                 with anyio.move_on_after(max(0.0, self.deadline - core.clock())):
-                    self.ticket = await core.waker.enroll(self.channels, needs=Needs.ONE)
+                    self.ticket = await core.waker.enroll(
+                        self.channels, needs=Needs.ONE, own=self.value
+                    )
                 continue
             pause = min(core.retry_pause(), self.free_in, self.deadline - core.clock())
             await self.pauses.wait(self.ticket, max(0.0, pause))
@@ -245,6 +247,7 @@ class _Acquisition:
         args: tuple[object, ...] = (value, ms(ttl), self.preferred + 1)
         if (place := self.place) is not None:
             args = (*args, place.waiter, place.arrival, self._entry_ms())
+        self.value = value
         if self.ticket is not None:
             self.ticket.attempting(value)  # its own undos tell it nothing
         rnd = core.fan_out(lambda _, node: node.call(SEM_ACQUIRE, keys, args), skip_silent=True)

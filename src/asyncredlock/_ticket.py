@@ -67,6 +67,7 @@ class Ticket:
         everyone: bool = False,
         waiter: str | None = None,
         needs: Needs | None = None,
+        own: str = "",
     ) -> None:
         self.channels = tuple(channels)
         self.event = asyncio.Event()
@@ -86,8 +87,9 @@ class Ticket:
         # the wake-up due if fewer than a quorum of masters hand it the key
         self.nudge: asyncio.TimerHandle | None = None
         # the values of its latest attempts: the undo of one that a master granted
-        # announces this waiter there (it is first), which tells it nothing
-        self.own: dict[bytes, None] = {}
+        # announces this waiter there (it is first), which tells it nothing; the
+        # attempt made before it was enrolled among them
+        self.own: dict[bytes, None] = {own.encode(): None} if own else {}
         # whether an undo's announcement wakes it: not again once one did, until
         # its pause runs out or anything else wakes it
         self.heeding = True

@@ -114,17 +114,19 @@ class Waker:
         everyone: bool = False,
         waiter: str | None = None,
         needs: Needs | None = None,
+        own: str = "",
     ) -> Ticket:
         """Queue a waiter on ``channels`` (a release on any wakes it), subscribing
         first where needed. A ``waiter`` id (its entry in the masters' queue, made
         by `waiter_id`) also wakes it when the inbox hears that id; ``channels``
         may then be empty. A waiter that ``needs`` its keys free is also woken
-        once a quorum of masters has them free (`_freed`).
+        once a quorum of masters has them free (`_freed`). ``own``: the value of
+        its attempt made before (the undo of which, announced, is its own).
 
         Returns once a quorum of masters confirmed every subscription, or after
         ``confirm_within``.
         """
-        ticket = Ticket(channels, everyone=everyone, waiter=waiter, needs=needs)
+        ticket = Ticket(channels, everyone=everyone, waiter=waiter, needs=needs, own=own)
         if ticket.waiter is not None:
             self.addressed[ticket.waiter] = ticket
         for channel in ticket.channels:

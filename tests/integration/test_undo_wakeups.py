@@ -239,3 +239,58 @@ class TestUndoStillWakes:
 async def _give_up(lock: object) -> None:
     with contextlib.suppress(LockTimeoutError):
         await lock.acquire()  # type: ignore[attr-defined]
+
+
+class TestOwnUndoAfterEnrolling:
+    """A waiter's first attempt goes out before it listens; its undo may be
+    announced after its subscription is confirmed (held back here, as a master's
+    slow reply holds it until the next attempt). That announcement is its own: it
+    must not wake it. Before the fix it did (only later attempts counted as its
+    own): the waiter attempted again at once, and then ignored the undo that
+    could free it, waiting out its retry delay or the other keys' TTL. Counted in
+    wake-ups once the undo's announcements were heard. (The reader's case passed
+    before the fix too: a guard.)"""
+
+    @pytest.mark.parametrize("kind", ["reader", "set", "semaphore"])
+    async def test_the_undo_of_its_first_attempt_does_not_wake_it(
+        self, servers: ServerGroup, masters: Masters, kind: str
+    ) -> None:
+        script = {"reader": "release_read", "set": "release", "semaphore": "sem_undo"}[kind]
+        async with (
+            AsyncRedlock(servers.urls) as holders,
+            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as waiters,
+        ):
+            if kind == "reader":
+                held = await holders.rwlock("own").write().acquire()
+                lock: object = waiters.rwlock("own").read(timeout=HANG_GUARD)
+            elif kind == "set":
+                held = await holders.lock("own").acquire()
+                lock = waiters.lock(["own", "own2"], timeout=HANG_GUARD)
+            else:
+                held = await holders.semaphore("own", 1).acquire()
+                lock = waiters.semaphore("own", 1, timeout=HANG_GUARD)
+            await holders.settle()
+            for client in masters.clients[:2]:  # gone there: those two grant the waiter
+                await client.flushall()
+            waiting = Waiting([waiters])
+            with (
+                whole_retry_delay(waiters),
+                hold_calls(waiters, script) as undos,
+                anyio.fail_after(HANG_GUARD),
+            ):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_give_up, lock)
+                    await undos.reached.wait()  # its first attempt's undo, held back
+                    await waiting.reach(1)  # it listens (confirmed), and waits
+                    before = waiters.statistics()
+                    # the undo runs on the two masters that granted that attempt, and is
+                    # announced on each key's channel there (its next attempt, refused
+                    # there by the key it left, has nothing to undo)
+                    undos.let_go()
+                    announced = before.notifications + 2 * (2 if kind == "set" else 1)
+                    assert await polled(lambda: waiters.statistics().notifications >= announced)
+                    after = waiters.statistics()
+                    tg.cancel_scope.cancel()
+            assert after.wakeups == before.wakeups, (before, after)
+            assert after.attempts == before.attempts
+            await held.release()
