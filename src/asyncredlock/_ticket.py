@@ -86,9 +86,7 @@ class Ticket:
         self.handed: dict[int, tuple[str, int]] = {}
         # the wake-up due if fewer than a quorum of masters hand it the key
         self.nudge: asyncio.TimerHandle | None = None
-        # the values of its latest attempts: the undo of one that a master granted
-        # announces this waiter there (it is first), which tells it nothing; the
-        # attempt made before it was enrolled among them
+        # its latest attempts' values (``own``: the one before it enrolled): their undos say nothing
         self.own: dict[bytes, None] = {own.encode(): None} if own else {}
         # whether an undo's announcement wakes it: not again once one did, until
         # its pause runs out or anything else wakes it
