@@ -161,7 +161,8 @@ class AsyncRedlock(OperatorTools, Closing):
     @property
     def masters(self) -> tuple[str, ...]:
         """The masters' display names, in order: URLs without passwords,
-        ``redis-cluster://host:port`` for a cluster client and
+        ``redis-cluster://host:port`` for a cluster client (a display name only:
+        ``masters`` takes a cluster as a ``RedisCluster`` client, not as a URL) and
         ``redis-sentinel://host:port/service`` for a Sentinel-managed one."""
         return tuple(node.name for node in self._core.nodes)
 
