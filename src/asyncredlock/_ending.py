@@ -63,13 +63,20 @@ class Ending(Generic[T]):
         never once it is released.
 
         Raises:
-            TypeError: ``callback`` is not callable, or is an async function (its
-                coroutine would never run).
+            TypeError: ``callback`` is not callable, is an async function (its
+                coroutine would never run), or cannot be called with the lease alone
+                (a callable whose signature cannot be read is taken).
         """
         if not callable(callback) or inspect.iscoroutinefunction(callback):
             raise TypeError(
                 "a loss callback is a plain function taking the lease (to run async"
                 f" code, start a task from it), not {callback!r}"
+            )
+        unbound = _not_one_argument(callback)
+        if unbound is not None:
+            raise TypeError(
+                f"a loss callback is called with the lease, one argument: {callback!r}"
+                f" cannot be ({unbound})"
             )
         if not self.known:
             self._callbacks.append(callback)
@@ -108,3 +115,17 @@ class Ending(Generic[T]):
         scope, self.scope = self.scope, None
         assert scope is not None
         return bool(scope.__exit__(exc_type, exc, tb))
+
+
+def _not_one_argument(callback: Callable[..., object]) -> str | None:
+    """Why ``callback`` cannot be called with one positional argument; ``None`` if
+    it can, or if its signature cannot be read (a builtin: found at the call)."""
+    try:
+        signature = inspect.signature(callback, follow_wrapped=False)  # a wrapper's own
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        return str(exc)
+    return None

@@ -146,7 +146,7 @@ class Lease(Keeping):
         is scheduled on the event loop (``loop.call_soon``): soon after the
         loss, or soon after this call if the lease is lost already; never if it
         is released. An exception it raises goes to the loop's exception handler.
-        `TypeError` for a non-callable or an async function.
+        `TypeError` for a non-callable, an async function, or one not taking the lease.
         """
         self._ending.add(callback, self)
 

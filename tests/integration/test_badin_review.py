@@ -92,17 +92,6 @@ class TestLossCallbacks:
             assert seen == [lease]
             await _still_works(redlock, masters, "badin:cb")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "add_lost_callback takes a callback that cannot be called with the lease"
-            " (lambda: None): the TypeError comes only at the loss, from the event loop's"
-            " exception handler, and the caller's code never learns it. The check belongs"
-            " in LossEnding.add, src/asyncredlock/_ending.py:69 (bind the signature to"
-            " one argument, as check_job does for run_singleton,"
-            " src/asyncredlock/_singleton.py:57)"
-        ),
-    )
     async def test_a_callback_that_takes_no_lease_is_refused_when_added(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
