@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 import os
 import socket
@@ -282,6 +283,11 @@ class Settings:
             raise TypeError("fencing must be a bool")
         if not callable(self.clock):
             raise TypeError("clock must be a callable returning seconds")
+        if inspect.iscoroutinefunction(self.clock):  # never called here: a fake clock counts reads
+            raise TypeError(
+                "clock must be a plain function returning seconds (time.monotonic), not"
+                f" an async function: its coroutine would never be awaited ({self.clock!r})"
+            )
         object.__setattr__(self, "identity", check_identity(self.identity))
 
     def drift(self, ttl: float) -> float:

@@ -101,7 +101,7 @@ class AsyncRedlock(OperatorTools, Closing):
             usual case once the counters are in step). ``False`` gives plain
             Redlock, with ``lease.token`` ``None``.
         clock: The monotonic clock for validity (``time.monotonic``); replace it
-            only in tests.
+            only in tests, with a plain function (an async one is a TypeError).
         identity: Who holds the locks taken through this ``AsyncRedlock``, for
             people reading the masters (``"<hostname>:<pid>"`` of the process that
             made it, by default). Each lock value is the identity, a colon and 128

@@ -108,17 +108,6 @@ class TestLossCallbacks:
 
 
 class TestClock:
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "AsyncRedlock(clock=<async function>) is accepted (only callable() is"
-            " checked, src/asyncredlock/_config.py:283); every acquire() then fails with"
-            " \"unsupported operand type(s) for -: 'coroutine' and 'coroutine'\" and a"
-            " 'coroutine was never awaited' warning, naming no setting. Refuse a"
-            " coroutine function there, as Lease.add_lost_callback does"
-            " (src/asyncredlock/_ending.py:69)"
-        ),
-    )
     async def test_an_async_clock_is_refused_at_construction(
         self, servers: ServerGroup, masters: Masters
     ) -> None:
