@@ -127,15 +127,6 @@ class TestClock:
 
 
 class TestFastAPIHelpers:
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "add_exception_handlers('app') raises AttributeError: 'str' object has no"
-            " attribute 'add_exception_handler', not the TypeError the project uses for"
-            " a wrong type (aiohttp's setup() checks its app). Check app's type first in"
-            " src/asyncredlock/contrib/fastapi.py:296"
-        ),
-    )
     @pytest.mark.parametrize("app", ["app", None], ids=["str", "None"])
     def test_add_exception_handlers_refuses_an_app_that_is_no_application(
         self, app: object
@@ -154,14 +145,6 @@ class TestFastAPIHelpers:
         add_exception_handlers(app)
         assert len(app.exception_handlers) > len(handlers)
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "redlock_of(None) and redlock_of('app') raise AttributeError: ... has no"
-            " attribute 'state', not a TypeError naming app. Check the type before"
-            " reading .state, src/asyncredlock/contrib/fastapi.py:114"
-        ),
-    )
     @pytest.mark.parametrize("app", [None, "app"], ids=["None", "str"])
     def test_redlock_of_refuses_what_is_no_app_nor_connection(self, app: object) -> None:
         with pytest.raises(TypeError, match="app"):

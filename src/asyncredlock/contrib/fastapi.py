@@ -46,6 +46,7 @@ try:
     from fastapi.requests import HTTPConnection
     from fastapi.responses import JSONResponse, Response
     from fastapi.websockets import WebSocketState
+    from starlette.applications import Starlette
 except ImportError:  # pragma: no cover - exercised in a subprocess
     raise missing_framework("fastapi", "FastAPI", "fastapi") from None
 
@@ -107,10 +108,17 @@ def redlock_of(app: FastAPI | HTTPConnection) -> AsyncRedlock:
     one it closed (whose ``lock()`` raises `RuntimeError`), until the next startup.
 
     Raises:
+        TypeError: ``app`` is neither a FastAPI (Starlette) application nor a
+            request or WebSocket.
         RuntimeError: There is none: the app the server runs was not given
             `lifespan` (a lifespan of its own that enters it did not yield its
             state, for mounted apps), or has not started.
     """
+    if not isinstance(app, Starlette | HTTPConnection):
+        raise TypeError(
+            "app must be a FastAPI application (or a request or WebSocket of one),"
+            f" not {type(app).__name__}"
+        )
     state = app.app.state if isinstance(app, HTTPConnection) else app.state
     redlock = getattr(state, "redlock", None)
     if redlock is None and isinstance(app, HTTPConnection):
@@ -292,7 +300,13 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
     Args:
         app: The application.
         errors: Other status codes or ``Retry-After`` (``HTTPErrors(busy=409)``).
+
+    Raises:
+        TypeError: ``app`` is not a FastAPI (Starlette) application, or ``errors``
+            is not an `HTTPErrors`; nothing is registered.
     """
+    if not isinstance(app, Starlette):
+        raise TypeError(f"app must be a FastAPI application, not {type(app).__name__}")
     mapping = errors_or_default(errors)
 
     async def handle(connection: HTTPConnection, exc: Exception) -> Response | None:
