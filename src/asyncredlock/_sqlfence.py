@@ -176,9 +176,11 @@ class SQLFence:
             StaleTokenError: The record's fence is newer than ``token``; the row is
                 unchanged.
             MissingRecordError: No record has this key.
-            TypeError: As `update_statement`, before any statement runs.
+            TypeError: As `update_statement`, or ``connection`` has no ``cursor()``,
+                before any statement runs.
             ValueError: As `update_statement`, before any statement runs.
         """
+        _check_connection(connection)
         checked = self._check(key, values, token)
         self._run(connection, self._update(*checked), key, checked[2])
 
@@ -198,9 +200,11 @@ class SQLFence:
                 the row is unchanged.
             MissingRecordError: Only if another transaction deleted the record
                 between the refused upsert and the read of its fence.
-            TypeError: As `update_statement`, before any statement runs.
+            TypeError: As `update_statement`, or ``connection`` has no ``cursor()``,
+                before any statement runs.
             ValueError: As `update_statement`, before any statement runs.
         """
+        _check_connection(connection)
         checked = self._check(key, values, token)
         self._run(connection, self._upsert(*checked), key, checked[2])
 
@@ -279,6 +283,15 @@ class SQLFence:
         raise MissingRecordError(
             f"fenced write to {self.table}: no record with {self.key_column} = {key!r}",
             resource=str(key),
+        )
+
+
+def _check_connection(connection: object) -> None:
+    """Refuse, before any statement, a ``connection`` that cannot make a cursor."""
+    if not callable(getattr(connection, "cursor", None)):
+        raise TypeError(
+            "connection must be a DB-API 2 connection (with a cursor() method),"
+            f" not {type(connection).__name__}"
         )
 
 

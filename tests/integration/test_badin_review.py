@@ -162,16 +162,6 @@ def _orders() -> sqlite3.Connection:
 
 
 class TestSQLFenceConnection:
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "SQLFence.update/upsert with a connection that has no cursor() (None, a"
-            " str) crash with"
-            " AttributeError: ... has no attribute 'cursor', though docs/fencing.md says"
-            " bad input raises TypeError or ValueError before any statement runs. Check"
-            " it in SQLFence._run (or _check), src/asyncredlock/_sqlfence.py:260"
-        ),
-    )
     @pytest.mark.parametrize("method", ["update", "upsert"])
     @pytest.mark.parametrize("connection", [None, "sqlite://orders"], ids=["None", "str"])
     def test_a_connection_without_cursor_is_a_type_error(
