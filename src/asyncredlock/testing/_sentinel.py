@@ -31,10 +31,13 @@ class SentinelProcess(ServerProcess):
         workdir: As for `ServerProcess`.
 
     Raises:
-        ValueError: ``monitor`` is empty, ``quorum`` is below 1, or ``down_after``
-            is not above 0 (NaN included) or infinite.
-        TypeError: ``port`` or ``quorum`` is not an int (a bool is no count), or
-            ``down_after`` not an int or a float (a bool is no 1 s).
+        ValueError: ``monitor`` is empty or has a service name that is not one word
+            (empty, or with whitespace or control characters), ``quorum`` is below
+            1, or ``down_after`` is not above 0 (NaN included) or infinite.
+        TypeError: ``monitor`` has a service name that is not a str or a server
+            that is not a `ServerProcess`, ``port`` or ``quorum`` is not an int (a
+            bool is no count), or ``down_after`` not an int or a float (a bool is
+            no 1 s).
     """
 
     def __init__(
@@ -49,6 +52,8 @@ class SentinelProcess(ServerProcess):
     ) -> None:
         if not monitor:
             raise ValueError("monitor names no server to watch")
+        for service, server in dict(monitor).items():  # before a port is picked
+            _check_service(service, server)
         check_count("quorum", quorum, minimum=1)  # else only the started sentinel fails
         check_period("down_after", down_after)  # True is no 1 s
         super().__init__(binary=binary, port=port, workdir=workdir)
@@ -100,6 +105,28 @@ class SentinelProcess(ServerProcess):
         for service, server in self._monitor.items():
             lines += _monitor_lines(service, server, self._quorum, self._down_after_ms)
         return "\n".join(lines) + "\n"
+
+
+def _check_service(service: object, server: object) -> None:
+    """Refuse a ``monitor`` entry the sentinel's configuration cannot hold.
+
+    Raises:
+        TypeError: ``service`` is not a str, or ``server`` not a `ServerProcess`.
+        ValueError: ``service`` is empty, or holds whitespace or a control character
+            (Sentinel reads its configuration a word at a time).
+    """
+    if not isinstance(service, str):
+        raise TypeError(f"monitor's service names must be str, not {type(service).__name__}")
+    if not service or not service.isprintable() or any(c.isspace() for c in service):
+        raise ValueError(
+            "monitor's service name must be one word, without whitespace or control"
+            f" characters, got {service!r}"
+        )
+    if not isinstance(server, ServerProcess):
+        raise TypeError(
+            f"monitor maps each service name to a ServerProcess, not {type(server).__name__}"
+            f" (for {service!r})"
+        )
 
 
 def _monitor_lines(service: str, server: ServerProcess, quorum: int, down_ms: int) -> Sequence[str]:
