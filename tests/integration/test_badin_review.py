@@ -4,10 +4,10 @@ public function, constructor and method for the gaps the suite left).
 
 Most of the sweep found the checks in place (the lock, rwlock, semaphore, locked,
 run_singleton, extend, fencing and testing-helper arguments, the CLI's options). The
-tests here cover what no test guarded yet, and, as strict xfails, the entry points
-that let a wrong type through to a crash later: an ``AttributeError`` deep inside, a
-spawned process that dies on its configuration, or an error that does not say which
-argument was wrong.
+tests here cover what no test guarded yet, and the entry points that let a wrong type
+through to a crash later (strict xfails until they were fixed): an ``AttributeError``
+deep inside, a spawned process that dies on its configuration, or an error that does
+not say which argument was wrong.
 """
 
 from __future__ import annotations
@@ -233,16 +233,6 @@ class TestSentinelProcessMonitor:
 
 
 class TestServerProcessPaths:
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "ServerProcess(binary=5) (and ServerGroup(n, binary=5)) is accepted:"
-            " `binary or find_server_binary()` keeps any truthy object, and start()"
-            " fails spawning it with 'expected str, bytes or os.PathLike object, not"
-            " int', naming no argument. docs/testing.md: a wrong type is a TypeError"
-            " when the object is made. Check it at src/asyncredlock/testing/_servers.py:97"
-        ),
-    )
     @pytest.mark.parametrize("make", ["process", "group"])
     def test_a_binary_that_is_no_path_is_refused_when_made(self, make: str) -> None:
         refused: TypeError | None = None
@@ -255,15 +245,6 @@ class TestServerProcessPaths:
         assert refused is not None, "binary=5 was accepted"
         assert "binary" in str(refused)
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "ServerProcess(workdir=5) raises 'expected str, bytes or os.PathLike object,"
-            " not int' from Path(), which does not say which argument; the project's"
-            " messages name it (as extra_args, appendonly, password do)."
-            " src/asyncredlock/testing/_servers.py:105"
-        ),
-    )
     def test_a_workdir_that_is_no_path_names_the_argument(self) -> None:
         with pytest.raises(TypeError, match="workdir"):
             ServerProcess(workdir=5)  # type: ignore[arg-type]

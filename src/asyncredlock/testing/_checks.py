@@ -4,6 +4,7 @@ made, started, stopped or sent."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from .._config import check_seconds
@@ -113,3 +114,19 @@ def check_period(name: str, seconds: object) -> float:
     if isinstance(seconds, int | float) and not isinstance(seconds, bool) and not seconds > 0:
         raise ValueError(f"{name} must be above 0 s, got {seconds}")  # NaN too
     return check_seconds(name, seconds)
+
+
+def check_path(name: str, path: object) -> str | None:
+    """``path`` as a str, if it is None, a str or an ``os.PathLike`` of a str (a
+    server binary, a working directory); None stays None.
+
+    Raises:
+        TypeError: It is of another type (an int, bytes), naming it.
+    """
+    if path is None:
+        return None
+    if isinstance(path, str | os.PathLike):
+        text = os.fspath(path)
+        if isinstance(text, str):
+            return text
+    raise TypeError(f"{name} must be a str or os.PathLike (or None), not {type(path).__name__}")

@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Self
 
 from .._config import check_seconds
-from ._checks import check_count, check_server_args, check_start_args
+from ._checks import check_count, check_path, check_server_args, check_start_args
 from ._servers import ServerProcess
 from ._support import (
     STOP_GRACE,
@@ -35,8 +35,9 @@ class ServerGroup:
     Raises:
         ValueError: `n` is less than 1.
         TypeError: `n` is not an int (nor a bool: ``ServerGroup(True)`` is no count).
-        TypeError: `appendonly` or `fake_clock` is not a bool, or `extra_args` is a
-            str (as for `ServerProcess`; no server is made).
+        TypeError: `appendonly` or `fake_clock` is not a bool, `extra_args` is a
+            str, or `binary` or `workdir` neither None nor a str or os.PathLike (as
+            for `ServerProcess`; no server is made).
         ServerBinaryNotFoundError: `binary` is None and no server binary is found.
         FakeClockUnavailableError: `fake_clock` is set and libfaketime is unavailable.
     """
@@ -54,7 +55,8 @@ class ServerGroup:
         if check_count("n (the number of servers)", n, minimum=None) < 1:
             raise ValueError(f"a server group needs at least one server, got n={n}")
         check_server_args(appendonly=appendonly, extra_args=extra_args, fake_clock=fake_clock)
-        binary = binary or find_server_binary()
+        check_path("workdir", workdir)  # before the binary is looked up
+        binary = check_path("binary", binary) or find_server_binary()
         self._servers = [
             ServerProcess(
                 binary=binary,

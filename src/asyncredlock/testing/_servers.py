@@ -23,7 +23,7 @@ from typing import Self
 from urllib.parse import quote
 
 from .._config import check_seconds
-from ._checks import check_server_args, check_start_args
+from ._checks import check_path, check_server_args, check_start_args
 from ._clock import CLOCK_NAME, FakeClock, faketime_library
 from ._support import (
     ADDRESS_IN_USE,
@@ -78,7 +78,8 @@ class ServerProcess:
         FakeClockUnavailableError: `fake_clock` is set and the platform is not Linux
             or no ``libfaketime.so.1`` is found.
         TypeError: `port` is not an int, `appendonly` or `fake_clock` not a bool,
-            `password` neither None nor a str, or `extra_args` a str (nothing is made).
+            `password` neither None nor a str, `extra_args` a str, or `binary` or
+            `workdir` neither None nor a str or os.PathLike (nothing is made).
         ValueError: `port` is out of range, or `password` is empty.
     """
 
@@ -94,14 +95,14 @@ class ServerProcess:
         fake_clock: bool = False,
     ) -> None:
         check_server_args(port, appendonly, extra_args, password=password, fake_clock=fake_clock)
-        self._binary = binary or find_server_binary()
+        self._own_workdir = check_path("workdir", workdir) is None  # before any look-up
+        self._binary = check_path("binary", binary) or find_server_binary()
         library = faketime_library() if fake_clock else None  # before making a workdir
         self._auto_port = port == 0
         self._port = port or pick_port()
         self._appendonly = appendonly
         self._password = password
         self._extra_args = tuple(extra_args) + (("--requirepass", password) if password else ())
-        self._own_workdir = workdir is None
         self._workdir = Path(workdir or tempfile.mkdtemp(prefix="asyncredlock-server-")).resolve()
         self._workdir.mkdir(parents=True, exist_ok=True)
         if self._own_workdir:
@@ -110,9 +111,7 @@ class ServerProcess:
         self._clock = None if library is None else FakeClock(clock_file, library=library)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
-        self._paused = False
-        self._started_once = False
-        self._closed = False
+        self._paused = self._started_once = self._closed = False
 
     def __repr__(self) -> str:
         state = "paused" if self.paused else "running" if self.running else "stopped"
