@@ -214,6 +214,22 @@ class TestServerProcess:
         with pytest.raises(RuntimeError, match="closed"):
             server.start()
 
+    def test_an_empty_workdir_is_a_private_one_removed_at_close(self) -> None:
+        """``workdir=""`` makes a temporary directory, as ``None`` does: it is the
+        server's own, removed at close (it was left behind)."""
+        with ServerProcess(workdir="") as server:
+            workdir = server.workdir
+            assert workdir in registry.tempdirs
+        assert not workdir.exists()
+
+    def test_an_empty_workdir_gives_a_group_private_ones(self) -> None:
+        """``ServerGroup(workdir="")`` as ``None``: each server's own temporary
+        directory, removed at close (it made ``node-i`` in the current directory)."""
+        with ServerGroup(2, workdir="") as group:
+            workdirs = [server.workdir for server in group]
+            assert all(path in registry.tempdirs for path in workdirs)
+        assert not any(path.exists() for path in workdirs)
+
     def test_given_workdir_is_kept(self, tmp_path: Path) -> None:
         with ServerProcess(workdir=tmp_path, appendonly=True) as server:
             client(server).set("k", "v")

@@ -61,7 +61,7 @@ class ServerGroup:
             ServerProcess(
                 binary=binary,
                 appendonly=appendonly,
-                workdir=None if workdir is None else Path(workdir) / f"node-{i}",
+                workdir=Path(workdir) / f"node-{i}" if workdir else None,
                 extra_args=extra_args,
                 fake_clock=fake_clock,
             )

@@ -95,7 +95,7 @@ class ServerProcess:
         fake_clock: bool = False,
     ) -> None:
         check_server_args(port, appendonly, extra_args, password=password, fake_clock=fake_clock)
-        self._own_workdir = check_path("workdir", workdir) is None  # before any look-up
+        self._own_workdir = not check_path("workdir", workdir)  # ("": one of its own too)
         self._binary = check_path("binary", binary) or find_server_binary()
         library = faketime_library() if fake_clock else None  # before making a workdir
         self._auto_port = port == 0
