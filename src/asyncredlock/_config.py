@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import inspect
 import math
 import os
 import socket
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from ._ending import is_async_callable
 from ._keys import Resources
 
 __all__ = [
@@ -283,7 +283,7 @@ class Settings:
             raise TypeError("fencing must be a bool")
         if not callable(self.clock):
             raise TypeError("clock must be a callable returning seconds")
-        if inspect.iscoroutinefunction(self.clock):  # never called here: a fake clock counts reads
+        if is_async_callable(self.clock):  # never called here: a fake clock counts reads
             raise TypeError(
                 "clock must be a plain function returning seconds (time.monotonic), not"
                 f" an async function: its coroutine would never be awaited ({self.clock!r})"

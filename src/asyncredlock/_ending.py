@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 import anyio
 
-__all__ = ["Ending"]
+__all__ = ["Ending", "is_async_callable"]
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ class Ending(Generic[T]):
                 coroutine would never run), or cannot be called with the lease alone
                 (a callable whose signature cannot be read is taken).
         """
-        if not callable(callback) or inspect.iscoroutinefunction(callback):
+        if not callable(callback) or is_async_callable(callback):
             raise TypeError(
                 "a loss callback is a plain function taking the lease (to run async"
                 f" code, start a task from it), not {callback!r}"
@@ -129,3 +129,10 @@ def _not_one_argument(callback: Callable[..., object]) -> str | None:
     except TypeError as exc:
         return str(exc)
     return None
+
+
+def is_async_callable(obj: object) -> bool:
+    """Whether calling ``obj`` makes a coroutine: an async function (a partial of one
+    included), or an object whose class's ``__call__`` is one."""
+    call = getattr(type(obj), "__call__", None)  # noqa: B004 (its class's, not callable())
+    return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(call)

@@ -52,14 +52,22 @@ async def _async_clock() -> float:
     return 1.0
 
 
+class _AsyncCall:
+    """An object whose ``__call__`` is async: calling it makes a coroutine, as an
+    async function's call does (``inspect.iscoroutinefunction`` says False of it)."""
+
+    async def __call__(self, *args: object) -> float:
+        return 1.0
+
+
 class TestLossCallbacks:
     """``Lease.add_lost_callback`` documents ``TypeError`` for a non-callable or an
     async function; no test guarded it, nor that a refused callback is not kept."""
 
     @pytest.mark.parametrize(
         "callback",
-        [None, 5, "on_lost", _async_clock],
-        ids=["None", "int", "str", "async-function"],
+        [None, 5, "on_lost", _async_clock, _AsyncCall()],
+        ids=["None", "int", "str", "async-function", "async-call"],
     )
     async def test_a_refused_callback_is_a_type_error_and_is_not_kept(
         self, servers: ServerGroup, masters: Masters, callback: Any
@@ -108,13 +116,14 @@ class TestLossCallbacks:
 
 
 class TestClock:
+    @pytest.mark.parametrize("clock", [_async_clock, _AsyncCall()], ids=["function", "call"])
     async def test_an_async_clock_is_refused_at_construction(
-        self, servers: ServerGroup, masters: Masters
+        self, servers: ServerGroup, masters: Masters, clock: object
     ) -> None:
         before = await _client_count(masters)
         refused: TypeError | None = None
         try:
-            redlock = AsyncRedlock(servers.urls, clock=_async_clock)  # type: ignore[arg-type]
+            redlock = AsyncRedlock(servers.urls, clock=clock)  # type: ignore[arg-type]
         except TypeError as exc:
             refused = exc
         else:
