@@ -713,7 +713,8 @@ async def asgi_websocket(
         "subprotocols": [],
         "extensions": {"websocket.http.response": {}} if denial else {},
     }
-    async with to_app, from_app, anyio.create_task_group() as tg:
+    # all four ends closed (the app's too): one left open warns when collected
+    async with to_app, app_reads, app_writes, from_app, anyio.create_task_group() as tg:
         tg.start_soon(app, scope, app_reads.receive, app_writes.send)
         await to_app.send({"type": "websocket.connect"})
         yield from_app.receive
