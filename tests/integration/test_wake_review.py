@@ -482,6 +482,8 @@ async def waiters_go_one_by_one(
         tg.cancel_scope.cancel()
         attempts = [lock.statistics().attempts for lock in locks]
         wakeups = [client.statistics().wakeups for client in waiters]
+    send.close()  # (its takers ended with the task group) unclosed, they warn when collected
+    receive.close()
     return went, attempts, wakeups, left
 
 
