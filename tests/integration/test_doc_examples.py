@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 import pytest
+from redis.asyncio import Redis
 
 from asyncredlock import AsyncRedlock, Lease
 from asyncredlock.testing import ServerGroup
@@ -207,6 +208,9 @@ async def test_python_examples_run(
                     await task
             await namespace["data_client"].aclose()
             await namespace["my_redis_client"].aclose()
+            for value in list(namespace.values()):  # a block's own client (docs/fencing.md's)
+                if isinstance(value, Redis):
+                    await value.aclose()
     assert not failures, "\n".join(failures)
 
 
