@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import anyio
 import anyio.from_thread
@@ -41,6 +42,11 @@ class Lines:
     def __init__(self) -> None:
         self._send, self._receive = anyio.create_memory_object_stream[str](100)
         self._partial = ""
+        _MADE.append(self)
+
+    def close(self) -> None:
+        self._send.close()
+        self._receive.close()
 
     def write(self, text: str) -> int:
         self._partial += text
@@ -95,9 +101,16 @@ def print_to_lines(monkeypatch: pytest.MonkeyPatch) -> Lines:
     return out
 
 
+#: The `Lines` a test made: closed after it (an unclosed stream warns, ResourceWarning).
+_MADE: list[Lines] = []
+
+
 @pytest.fixture(autouse=True)
-def _no_masters_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_masters_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("REDLOCK_MASTERS", raising=False)
+    yield
+    while _MADE:
+        _MADE.pop().close()
 
 
 async def test_a_line_per_change_until_count(
