@@ -189,7 +189,7 @@ class Acquisition:
         It is enrolled first, so that none goes unheard."""
         waker, entry = self.core.waker, self.entry
         if self.ticket is None and entry is not None and self.inbox_only and waker.inbox_ready():
-            self.ticket = await waker.enroll((), waiter=entry.waiter)
+            self.ticket = await waker.enroll((), waiter=entry.waiter, own=self.value)
 
     def _contended(self) -> None:
         """Refused: a lock on one resource queues from now on, and its next

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Callable
 from types import TracebackType
@@ -132,7 +133,9 @@ def _not_one_argument(callback: Callable[..., object]) -> str | None:
 
 
 def is_async_callable(obj: object) -> bool:
-    """Whether calling ``obj`` makes a coroutine: an async function (a partial of one
-    included), or an object whose class's ``__call__`` is one."""
+    """Whether calling ``obj`` makes a coroutine: an async function, or an object
+    whose class's ``__call__`` is one (either in a ``functools.partial`` too)."""
+    while isinstance(obj, functools.partial):
+        obj = obj.func
     call = getattr(type(obj), "__call__", None)  # noqa: B004 (its class's, not callable())
     return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(call)

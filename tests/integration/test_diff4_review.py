@@ -256,12 +256,6 @@ class _AsyncCall:
         return 0.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="is_async_callable (src/asyncredlock/_ending.py:134-138) does not unwrap a"
-    " functools.partial of an object whose __call__ is async def: add_lost_callback takes"
-    " it, and at the loss its call makes a coroutine that is never awaited",
-)
 async def test_a_partial_of_an_async_callable_object_is_refused_as_a_loss_callback(
     servers: ServerGroup,
 ) -> None:
@@ -274,12 +268,6 @@ async def test_a_partial_of_an_async_callable_object_is_refused_as_a_loss_callba
             await lease.release()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="is_async_callable (src/asyncredlock/_ending.py:134-138) misses a partial of"
-    " an object whose __call__ is async def: Settings (src/asyncredlock/_config.py:286)"
-    " takes it as clock",
-)
 def test_a_partial_of_an_async_callable_object_is_refused_as_clock(servers: ServerGroup) -> None:
     with pytest.raises(TypeError, match="clock"):
         AsyncRedlock(servers.urls, clock=functools.partial(_AsyncCall()))
@@ -288,12 +276,6 @@ def test_a_partial_of_an_async_callable_object_is_refused_as_clock(servers: Serv
 # --- 3a616ed: SentinelProcess's service names -------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_check_service (src/asyncredlock/testing/_sentinel.py:119-124) takes a"
-    " service name with a quote; _monitor_lines writes it unquoted and the sentinel"
-    " exits at start on 'FATAL CONFIG FILE ERROR ... Unbalanced quotes'",
-)
 @pytest.mark.parametrize("service", ['o"k', "o'k"], ids=["double", "single"])
 def test_a_service_name_with_a_quote_is_refused_or_monitored(service: str) -> None:
     """A name Sentinel cannot read (a quote opens a quoted argument in its config
@@ -308,13 +290,6 @@ def test_a_service_name_with_a_quote_is_refused_or_monitored(service: str) -> No
             assert sentinel.master_address(service) == ("127.0.0.1", server.port)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SentinelProcess.__init__ (src/asyncredlock/testing/_sentinel.py:55-60) checks"
-    " dict(monitor) and then makes self._monitor = dict(monitor) again: a one-shot"
-    " iterable of pairs (zip) is used up by the check, and the sentinel monitors nothing"
-    " (it did before 3a616ed)",
-)
 def test_monitor_given_as_pairs_once_is_monitored() -> None:
     with ServerProcess() as server:
         pairs = zip(["svc"], [server], strict=True)

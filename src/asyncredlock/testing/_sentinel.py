@@ -50,14 +50,15 @@ class SentinelProcess(ServerProcess):
         port: int = 0,
         workdir: str | Path | None = None,
     ) -> None:
+        monitor = dict(monitor)  # once: pairs given by a one-shot iterable are read once
         if not monitor:
             raise ValueError("monitor names no server to watch")
-        for service, server in dict(monitor).items():  # before a port is picked
+        for service, server in monitor.items():  # before a port is picked
             _check_service(service, server)
         check_count("quorum", quorum, minimum=1)  # else only the started sentinel fails
         check_period("down_after", down_after)  # True is no 1 s
         super().__init__(binary=binary, port=port, workdir=workdir)
-        self._monitor = dict(monitor)
+        self._monitor = monitor
         self._quorum = quorum
         self._down_after_ms = max(1, round(down_after * 1000))
 
@@ -112,15 +113,19 @@ def _check_service(service: object, server: object) -> None:
 
     Raises:
         TypeError: ``service`` is not a str, or ``server`` not a `ServerProcess`.
-        ValueError: ``service`` is empty, or holds whitespace or a control character
-            (Sentinel reads its configuration a word at a time).
+        ValueError: ``service`` is empty, or holds whitespace, a control character,
+            a quote or a backslash (Sentinel reads its configuration a word at a time).
     """
     if not isinstance(service, str):
         raise TypeError(f"monitor's service names must be str, not {type(service).__name__}")
-    if not service or not service.isprintable() or any(c.isspace() for c in service):
+    if (
+        not service
+        or not service.isprintable()
+        or any(c.isspace() or c in "\"'\\" for c in service)
+    ):
         raise ValueError(
-            "monitor's service name must be one word, without whitespace or control"
-            f" characters, got {service!r}"
+            "monitor's service name must be one word, without whitespace, control"
+            f" characters, quotes or backslashes, got {service!r}"
         )
     if not isinstance(server, ServerProcess):
         raise TypeError(
