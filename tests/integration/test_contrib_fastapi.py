@@ -910,19 +910,18 @@ async def websocket(
 @asynccontextmanager
 async def in_uvicorn(app: FastAPI) -> AsyncIterator[int]:
     """``app`` served by uvicorn in this process (its lifespan run); its port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = Server(Config(app, lifespan="on", log_level="warning"))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        while not server.started:  # noqa: ASYNC110 - uvicorn sets a flag, no event
-            await anyio.sleep(0.01)
-        try:
-            yield int(sock.getsockname()[1])
-        finally:
-            server.should_exit = True
-    sock.close()
+    with socket.socket() as sock:  # closed however the server ends
+        sock.bind(("127.0.0.1", 0))
+        server = Server(Config(app, lifespan="on", log_level="warning"))
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, [sock])
+            while not server.started:  # noqa: ASYNC110 - uvicorn sets a flag, no event
+                await anyio.sleep(0.01)
+            try:
+                yield int(sock.getsockname()[1])
+            finally:
+                server.should_exit = True
 
 
 class TestWebSocket:
