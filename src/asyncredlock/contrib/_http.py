@@ -24,6 +24,7 @@ from .._redlock import AsyncRedlock
 from .._template import NameTemplate
 
 __all__ = [
+    "ANSWERED",
     "CLOSE_POLICY_VIOLATION",
     "CLOSE_TRY_AGAIN_LATER",
     "BadLockName",
@@ -153,6 +154,17 @@ class ShuttingDown(RuntimeError):
     def __init__(self, resource: str) -> None:
         super().__init__(f"the lock {resource!r} was refused: its AsyncRedlock is closing")
         self.resource = resource
+
+
+#: The errors the web helpers answer (`answer` has a response for each).
+ANSWERED: tuple[type[Exception], ...] = (
+    LockTimeoutError,
+    QuorumUnavailableError,
+    LockLostError,
+    StaleTokenError,
+    BadLockName,
+    ShuttingDown,
+)
 
 
 def answer(errors: HTTPErrors, error: Exception) -> ErrorResponse | None:

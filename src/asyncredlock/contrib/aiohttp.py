@@ -25,15 +25,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from .._config import LockOptions
-from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, StaleTokenError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
 from ._http import (
+    ANSWERED,
     CLOSE_TRY_AGAIN_LATER,
-    BadLockName,
     HTTPErrors,
     RequestLock,
-    ShuttingDown,
     answer,
     check_redlock,
     errors_or_default,
@@ -74,15 +72,6 @@ LEASE: web.RequestKey[Lease] = _request_key("asyncredlock.lease", Lease)
 #: prepared itself.
 _PREPARED = _request_key("asyncredlock.prepared", web.StreamResponse)
 
-#: What `setup`'s middleware answers (`answer` has a response for each).
-_ANSWERED = (
-    LockTimeoutError,
-    QuorumUnavailableError,
-    LockLostError,
-    StaleTokenError,
-    BadLockName,
-    ShuttingDown,
-)
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
 Handle = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -137,7 +126,7 @@ def setup(
     async def answer_lock_errors(request: web.Request, handler: Handle) -> web.StreamResponse:
         try:
             return await handler(request)
-        except _ANSWERED as exc:
+        except ANSWERED as exc:
             response = answer(mapping, exc)
             assert response is not None  # each of these has one
             started: web.StreamResponse | None = request.get(_PREPARED)

@@ -26,14 +26,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from .._config import LockOptions
-from .._errors import LockLostError, LockTimeoutError, QuorumUnavailableError, StaleTokenError
 from .._lease import Lease
 from .._redlock import AsyncRedlock
 from ._http import (
-    BadLockName,
+    ANSWERED,
     HTTPErrors,
     RequestLock,
-    ShuttingDown,
     answer,
     check_redlock,
     close_code,
@@ -322,13 +320,6 @@ def add_exception_handlers(app: FastAPI, errors: HTTPErrors | None = None) -> No
             return None
         return JSONResponse(response.body, status_code=response.status, headers=response.headers)
 
-    for error in (
-        LockTimeoutError,
-        QuorumUnavailableError,
-        LockLostError,
-        StaleTokenError,
-        BadLockName,
-        ShuttingDown,
-    ):
+    for error in ANSWERED:
         # handle() takes the Request or the WebSocket Starlette gives
         app.add_exception_handler(error, handle)  # type: ignore[arg-type]
