@@ -357,7 +357,7 @@ def notes(report: PeersReport) -> str:
         "- asyncredlock runs with its defaults: leases auto-extend and carry fencing "
         "tokens; the `fencing=False` row (a, b, e) differs in that only, and so does "
         "the `busy_poll=0` row (a, d: no poll for a reply before the loop sleeps, see "
-        "docs/configuration.md). In d every "
+        "docs/configuration.md). In d's first two cases (N=5, N=1) every "
         "worker of a library uses one client object (one `AsyncRedlock` for "
         "asyncredlock), so asyncredlock's waiting tasks queue in the process and a "
         "released lease is handed to the next of them without a call to the masters "
