@@ -416,17 +416,21 @@ async def _sent_then(call: Coroutine[Any, Any, T], then: Callable[[], None]) -> 
 async def test_a_longer_round_confirmed_before_a_shorter_one_sent_after_it_is_capped(
     masters: Masters, otel: Telemetry
 ) -> None:
-    """extend(ttl=30) and, while it is out, extend(ttl=2): the masters keep the later
-    PX, so the validity, the TTL and the next automatic extension go by 2 s; both are
-    successful extensions with ``ok`` spans."""
+    """extend(ttl=30) and, while it is out, extend(ttl=6): the masters keep the later
+    PX, so the validity, the TTL and the next automatic extension go by 6 s; both are
+    successful extensions with ``ok`` spans. (An automatic extension, due a third of
+    the TTL later, may add an ``ok`` span of its own on a slow machine: with a TTL of
+    2 s one did, in CI.)"""
     async with AsyncRedlock(masters.urls) as redlock:
         lease = await redlock.lock("robs2-cap", ttl=10).acquire()
         with anyio.fail_after(HANG_GUARD):  # (sent in this order: gather's tasks run so)
-            await asyncio.gather(lease.extend(30), lease.extend(2))
-        assert lease.validity <= 2
-        assert lease.ttl == 2
+            await asyncio.gather(lease.extend(30), lease.extend(6))
+        assert lease.validity <= 6
+        assert lease.ttl == 6
         assert lease.statistics().extensions == 2
         pttls = [await client.pttl(lease.key) for client in masters.clients]
-        assert all(0 < pttl <= 2000 for pttl in pttls), pttls
+        assert all(0 < pttl <= 6000 for pttl in pttls), pttls
         await lease.release()
-    assert [attrs(s)["asyncredlock.outcome"] for s in otel.spans(EXTEND)] == ["ok", "ok"]
+    outcomes = [attrs(s)["asyncredlock.outcome"] for s in otel.spans(EXTEND)]
+    assert outcomes[:2] == ["ok", "ok"], outcomes
+    assert set(outcomes) == {"ok"}, outcomes
