@@ -1,5 +1,6 @@
-"""Review of the day's changes (673027d..main): a waiter's own first attempt's undo
-(fair readers, unfair read-write writers), ``statistics().held`` of leases on a loop
+"""Review of the day's changes (673027d..main) (its own-undo cases, a fair reader and
+an unfair read-write writer, are in test_undo_wakeups' TestOwnUndoAfterEnrolling):
+``statistics().held`` of leases on a loop
 that closed (released, or held and not yet lost), the web helpers' checks of ``app``
 (a plain Starlette app, a FastAPI subclass) and their ``StaleTokenError`` answer,
 the async-callable refusal of ``add_lost_callback`` / ``clock=``, and
@@ -34,12 +35,9 @@ from asyncredlock.testing import (
     ServerGroup,
     ServerProcess,
     Waits,
-    hold_calls,
-    whole_retry_delay,
 )
 
 from .. import loops
-from .conftest import Masters, Waiting, polled
 
 pytestmark = pytest.mark.anyio
 
@@ -55,55 +53,6 @@ def run_elsewhere(coroutine: Coroutine[Any, Any, Any]) -> Any:
 async def _give_up(lock: object) -> None:
     with contextlib.suppress(LockTimeoutError):
         await lock.acquire()  # type: ignore[attr-defined]
-
-
-# --- 8b1d06c: the undo of a waiter's first attempt is its own ------------------------
-
-
-class TestOwnFirstUndoOfOtherWaiters:
-    """TestOwnUndoAfterEnrolling (test_undo_wakeups) covers a plain reader, a set and
-    a semaphore; these are the other waiters that listen on the lock's channel: a
-    fair reader and the writer of a read-write lock that is not fair. The first
-    attempt's undo, held back until the waiter listens, then announced, must not
-    wake it (counted in wake-ups and attempts once the announcements were heard)."""
-
-    @pytest.mark.parametrize("kind", ["fair reader", "rw writer"])
-    async def test_the_undo_of_its_first_attempt_does_not_wake_it(
-        self, servers: ServerGroup, masters: Masters, kind: str
-    ) -> None:
-        script = "release_read" if kind == "fair reader" else "release"
-        async with (
-            AsyncRedlock(servers.urls) as holders,
-            AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as waiters,
-        ):
-            if kind == "fair reader":
-                held = await holders.rwlock("own4", fair=True).write().acquire()
-                lock: object = waiters.rwlock("own4", fair=True).read(timeout=HANG_GUARD)
-            else:
-                held = await holders.rwlock("own4").write().acquire()
-                lock = waiters.rwlock("own4").write(timeout=HANG_GUARD)
-            await holders.settle()
-            for client in masters.clients[:2]:  # gone there: those two grant the waiter
-                await client.flushall()
-            waiting = Waiting([waiters])
-            with (
-                whole_retry_delay(waiters),
-                hold_calls(waiters, script) as undos,
-                anyio.fail_after(HANG_GUARD),
-            ):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_give_up, lock)
-                    await undos.reached.wait()  # its first attempt's undo, held back
-                    await waiting.reach(1)  # it listens (confirmed), and waits
-                    before = waiters.statistics()
-                    undos.let_go()  # run on the two masters that granted it, announced
-                    announced = before.notifications + 2
-                    assert await polled(lambda: waiters.statistics().notifications >= announced)
-                    after = waiters.statistics()
-                    tg.cancel_scope.cancel()
-            assert after.wakeups == before.wakeups, (before, after)
-            assert after.attempts == before.attempts
-            await held.release()
 
 
 # --- 776a134: statistics().held of a lease on a loop that closed ---------------------

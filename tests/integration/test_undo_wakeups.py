@@ -248,21 +248,28 @@ class TestOwnUndoAfterEnrolling:
     must not wake it. Before the fix it did (only later attempts counted as its
     own): the waiter attempted again at once, and then ignored the undo that
     could free it, waiting out its retry delay or the other keys' TTL. Counted in
-    wake-ups once the undo's announcements were heard. (The reader's case passed
-    before the fix too: a guard.)"""
+    wake-ups once the undo's announcements were heard. (The reader's and the fair
+    reader's cases passed before the fix too: guards. The unfair rw writer's came
+    from the diff4 review.)"""
 
-    @pytest.mark.parametrize("kind", ["reader", "set", "semaphore"])
+    @pytest.mark.parametrize("kind", ["reader", "fair reader", "rw writer", "set", "semaphore"])
     async def test_the_undo_of_its_first_attempt_does_not_wake_it(
         self, servers: ServerGroup, masters: Masters, kind: str
     ) -> None:
-        script = {"reader": "release_read", "set": "release", "semaphore": "sem_undo"}[kind]
+        script = {"set": "release", "rw writer": "release", "semaphore": "sem_undo"}.get(
+            kind, "release_read"
+        )
         async with (
             AsyncRedlock(servers.urls) as holders,
             AsyncRedlock(servers.urls, retry_delay=HANG_GUARD) as waiters,
         ):
-            if kind == "reader":
+            if kind.endswith("reader"):
+                fair = kind == "fair reader"
+                held = await holders.rwlock("own", fair=fair).write().acquire()
+                lock: object = waiters.rwlock("own", fair=fair).read(timeout=HANG_GUARD)
+            elif kind == "rw writer":
                 held = await holders.rwlock("own").write().acquire()
-                lock: object = waiters.rwlock("own").read(timeout=HANG_GUARD)
+                lock = waiters.rwlock("own").write(timeout=HANG_GUARD)
             elif kind == "set":
                 held = await holders.lock("own").acquire()
                 lock = waiters.lock(["own", "own2"], timeout=HANG_GUARD)
