@@ -215,6 +215,12 @@ class TestSubscriptions:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(wait)
                     await probe.reach(1)
+                    # its subscription there confirmed (enroll waits for a quorum only): a
+                    # connection lost before that lost nothing, and wakes nobody
+                    listener: Any = waiter._core.waker.listeners[2]
+                    assert await polled(
+                        lambda: listener.connection is not None and listener.connection.subscribed
+                    )
                     before = waiter.statistics().attempts
                     group[2].kill()
                     # retry_delay=NEVER: only a wake-up ends the first wait
